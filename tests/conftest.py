@@ -1,0 +1,20 @@
+"""Test tiers by folder: ``unit/`` (pure), ``integration/`` (API emulator + kopf in-loop),
+``e2e/`` (real processes, real NIXL, real signals).  Each test gets its tier's marker, so
+``-m unit`` selects the fast tier; CI runs all of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+_TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        for tier in _TIERS:
+            if tier in parts:
+                item.add_marker(getattr(pytest.mark, tier))
