@@ -1,0 +1,71 @@
+"""Synthetic and safetensors weight sources.  Pure (tensors in memory, files in tmp_path)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from refit_worker.config import SafetensorsWeights, SyntheticWeights
+from refit_worker.weights import (
+    advance,
+    dtype_from_name,
+    load_safetensors,
+    synthetic_nbytes,
+    synthetic_shapes,
+    synthetic_state_dict,
+)
+
+
+def _equal_bits(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(
+        torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float16", "int8", "float8_e4m3fn"])
+def test_synthetic_is_deterministic_and_advances(dtype: str) -> None:
+    spec = SyntheticWeights(layers=2, hidden=16, vocab=32, dtype=dtype, seed=7)
+    first, again = synthetic_state_dict(spec), synthetic_state_dict(spec)
+    assert _equal_bits(first, again)
+    stepped = synthetic_state_dict(spec)
+    advance(stepped, 1)
+    assert not any(torch.equal(first[k].view(torch.uint8), stepped[k].view(torch.uint8))
+                   for k in first)
+    assert _equal_bits(stepped, synthetic_state_dict(spec, refit=1))
+    other_seed = synthetic_state_dict(spec.model_copy(update={"seed": 8}))
+    assert not _equal_bits(first, other_seed)
+
+
+def test_shapes_and_nbytes_agree() -> None:
+    spec = SyntheticWeights(layers=3, hidden=8, vocab=10, experts=2)
+    state = synthetic_state_dict(spec)
+    assert {k: tuple(v.shape) for k, v in state.items()} == synthetic_shapes(spec)
+    assert sum(t.numel() * t.element_size() for t in state.values()) == synthetic_nbytes(spec)
+    assert "model.layers.2.mlp.experts.1.down_proj.weight" in state
+
+
+def test_unknown_dtype_is_named() -> None:
+    with pytest.raises(ValueError, match="'complex32'"):
+        dtype_from_name("complex32")
+
+
+def test_safetensors_directory(tmp_path: Path) -> None:
+    save_file({"b": torch.arange(4, dtype=torch.float16)}, str(tmp_path / "2.safetensors"))
+    save_file({"a": torch.ones(2, 2)}, str(tmp_path / "1.safetensors"))
+    state = load_safetensors(SafetensorsWeights(path=str(tmp_path)))
+    assert list(state) == ["a", "b"]
+    assert torch.equal(state["b"], torch.arange(4, dtype=torch.float16))
+
+
+def test_safetensors_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors"):
+        load_safetensors(SafetensorsWeights(path=str(tmp_path)))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_safetensors(SafetensorsWeights(path=str(tmp_path / "missing")))
+    save_file({"a": torch.ones(1)}, str(tmp_path / "1.safetensors"))
+    save_file({"a": torch.zeros(1)}, str(tmp_path / "2.safetensors"))
+    with pytest.raises(ValueError, match="more than one file"):
+        load_safetensors(SafetensorsWeights(path=str(tmp_path)))

@@ -1,0 +1,149 @@
+"""Where a policy rank's weights come from, and how they change between refits.
+
+Two sources, chosen by ``WorkerConfig.weights``:
+
+- a **synthetic**, transformer-shaped state dict generated from a seed (for demos,
+  benchmarks and end-to-end checks: any process can regenerate the exact tensors of refit
+  ``k`` and compare bit for bit), and
+- every ``*.safetensors`` file of a directory (real checkpoints on a mounted volume).
+
+Between refits the policy "trains": :func:`advance` changes every tensor in place in a
+deterministic way, so each refit carries new values and a stale refit cannot pass as fresh.
+
+Must not import: the operator, nixl, kubernetes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from refit_worker.config import SafetensorsWeights, SyntheticWeights, WeightsSource
+
+StateDict = dict[str, torch.Tensor]
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "int8": torch.int8,
+}
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """Map a dtype name such as ``"bfloat16"`` to the torch dtype (``ValueError`` if unknown)."""
+    key = name.removeprefix("torch.")
+    if key not in _DTYPES:
+        raise ValueError(f"unsupported weight dtype {name!r}; expected one of {sorted(_DTYPES)}")
+    return _DTYPES[key]
+
+
+def synthetic_shapes(spec: SyntheticWeights) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the synthetic model, in a fixed order (a Llama-like layout)."""
+    h, inter = spec.hidden, 2 * spec.hidden
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (spec.vocab, h)}
+    for layer in range(spec.layers):
+        prefix = f"model.layers.{layer}"
+        shapes[f"{prefix}.input_layernorm.weight"] = (h,)
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            shapes[f"{prefix}.self_attn.{proj}.weight"] = (h, h)
+        shapes[f"{prefix}.post_attention_layernorm.weight"] = (h,)
+        mlps = (
+            [f"{prefix}.mlp.experts.{e}" for e in range(spec.experts)]
+            if spec.experts
+            else [f"{prefix}.mlp"]
+        )
+        if spec.experts:
+            shapes[f"{prefix}.mlp.gate.weight"] = (spec.experts, h)
+        for mlp in mlps:
+            shapes[f"{mlp}.gate_proj.weight"] = (inter, h)
+            shapes[f"{mlp}.up_proj.weight"] = (inter, h)
+            shapes[f"{mlp}.down_proj.weight"] = (h, inter)
+    shapes["model.norm.weight"] = (h,)
+    shapes["lm_head.weight"] = (spec.vocab, h)
+    return shapes
+
+
+def synthetic_nbytes(spec: SyntheticWeights) -> int:
+    """Total bytes of the synthetic model (without generating it)."""
+    itemsize = torch.empty((), dtype=dtype_from_name(spec.dtype)).element_size()
+    total = 0
+    for shape in synthetic_shapes(spec).values():
+        n = 1
+        for dim in shape:
+            n *= dim
+        total += n * itemsize
+    return total
+
+
+def _tensor_seed(seed: int, name: str) -> int:
+    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def synthetic_state_dict(spec: SyntheticWeights, refit: int = 0) -> StateDict:
+    """The synthetic model as it is at refit ``refit`` (0: freshly initialised)."""
+    dtype = dtype_from_name(spec.dtype)
+    state: StateDict = {}
+    for name, shape in synthetic_shapes(spec).items():
+        gen = torch.Generator().manual_seed(_tensor_seed(spec.seed, name))
+        values = torch.randn(shape, generator=gen, dtype=torch.float32)
+        if dtype in (torch.int8,):
+            state[name] = (values * 16).clamp_(-127, 127).to(dtype)
+        else:
+            state[name] = values.to(dtype)
+    for step in range(1, refit + 1):
+        advance(state, step)
+    return state
+
+
+def advance(state: StateDict, refit: int) -> None:
+    """Change every tensor in place for refit ``refit`` (a stand-in for an optimiser step).
+
+    Deterministic: applying steps ``1..k`` to a fresh state always gives the same bits, which
+    is what lets a rollout rank (or a test) check a received refit exactly.
+    """
+    for tensor in state.values():
+        if tensor.dtype == torch.bool:
+            tensor.logical_not_()
+        elif tensor.dtype in (torch.int8, torch.float8_e4m3fn):
+            # No arithmetic on fp8 on CPU; a byte-wise rotation still changes every value.
+            raw = tensor.view(torch.uint8)
+            raw.add_(refit % 7 + 1)
+        else:
+            tensor.add_(0.5 * refit)
+
+
+def load_safetensors(source: SafetensorsWeights) -> StateDict:
+    """Load every ``*.safetensors`` file under ``source.path`` (sorted by file name)."""
+    from safetensors.torch import load_file
+
+    root = Path(source.path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"weights directory {root} does not exist or is not a directory")
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {root}")
+    state: StateDict = {}
+    for file in files:
+        for name, tensor in load_file(str(file)).items():
+            if name in state:
+                raise ValueError(f"tensor {name!r} appears in more than one file under {root}")
+            state[name] = tensor
+    return state
+
+
+def load_weights(source: WeightsSource) -> StateDict:
+    """The initial state dict for ``source``."""
+    if isinstance(source, SyntheticWeights):
+        return synthetic_state_dict(source)
+    return load_safetensors(source)
+
+
+def named_tensors(state: StateDict) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` pairs in a stable order, as ``named_parameters()`` would give."""
+    yield from state.items()
