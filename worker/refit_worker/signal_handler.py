@@ -1,0 +1,208 @@
+"""Gang-wide preemption signals: ``DistributedSignalHandler`` and its collective helpers.
+
+Same public names and signatures as ``nemo_automodel.components.training.signal_handler``
+(``SignalLike``, ``resolve_signal``, ``all_gather_item``, ``get_device``,
+``DistributedSignalHandler``), with these differences:
+
+- ``signals_received()`` is a ``list[bool]`` in one process and across processes alike;
+- ``all_gather_item(..., async_op=True)`` waits for the gather before reading its buffers;
+- the device follows the backend of the group passed (mixed strings such as
+  ``cpu:gloo,cuda:nccl`` included), and an unsupported backend is named in the error;
+- entering off the main thread, or for a signal that cannot be caught, is a clear error;
+- with ``REFIT_SIGNAL_PID_DIR`` set, entering registers the process for the preStop
+  delivery command (``refit_worker.signal_delivery``) and leaving removes it.
+
+Must not import: the operator, nixl, kubernetes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from refit_worker.config import SIGNAL_PID_DIR_ENV
+from refit_worker.signal_delivery import SignalLike, register, resolve_signal
+
+__all__ = [
+    "DistributedSignalHandler",
+    "SignalLike",
+    "all_gather_item",
+    "device_for_backend",
+    "get_device",
+    "resolve_signal",
+]
+
+#: Signals a process cannot catch; listening for them would fail inside ``signal.signal``.
+UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
+
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+def device_for_backend(backend: str, local_rank: int | None = None) -> torch.device:
+    """The device for a small collective on a group with ``backend`` (pure).
+
+    ``backend`` is what ``torch.distributed.get_backend`` returns: ``gloo``, ``nccl``, or a
+    per-device list such as ``cpu:gloo,cuda:nccl``.  A CPU backend is preferred when there is
+    one (no device sync for a one-element tensor); ``nccl`` gives ``cuda`` (``cuda:<local_rank>``
+    when given).  Raises ``RuntimeError`` naming the backend when neither is present.
+    """
+    pairs: list[tuple[str, str]] = []
+    for part in backend.split(","):
+        device, sep, name = part.strip().partition(":")
+        pairs.append((device.lower(), name.lower()) if sep else ("", device.lower()))
+    if any(name == "gloo" and device in ("", "cpu") for device, name in pairs):
+        return torch.device("cpu")
+    if any(name == "nccl" and device in ("", "cuda") for device, name in pairs):
+        return torch.device("cuda") if local_rank is None else torch.device("cuda", local_rank)
+    raise RuntimeError(
+        f"unsupported torch.distributed backend {backend!r}: need gloo (cpu) or nccl (cuda)"
+    )
+
+
+def get_device(
+    local_rank: int | None = None, *, group: dist.ProcessGroup | None = None
+) -> torch.device:
+    """The device to gather on for ``group`` (default: the default group), by its backend."""
+    return device_for_backend(str(dist.get_backend(group)), local_rank)
+
+
+def all_gather_item(
+    item: Any,
+    dtype: torch.dtype,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+    local_rank: int | None = None,
+) -> list[Any]:
+    """Gather one scalar from every rank of ``group``; ``[item]`` when not distributed.
+
+    With ``async_op=True`` the gather is started asynchronously but still completed before
+    the results are read; the group's own timeout (set at ``init_process_group``) bounds it.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return [item]
+    device = get_device(local_rank, group=group)
+    mine = torch.tensor([item], dtype=dtype, device=device)
+    gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+    work = dist.all_gather(gathered, mine, group=group, async_op=async_op)
+    if work is not None:
+        work.wait()  # never read a buffer the gather may still be writing
+    return [tensor.item() for tensor in gathered]
+
+
+def _resolve_many(sig: SignalLike | Sequence[SignalLike]) -> tuple[signal.Signals, ...]:
+    many: Sequence[SignalLike] = [sig] if isinstance(sig, int | str | signal.Signals) else sig
+    if not isinstance(many, Sequence):
+        raise TypeError(
+            f"sig must be a signal or a sequence of signals, not {type(sig).__name__} ({sig!r})"
+        )
+    signals = tuple(resolve_signal(one) for one in many)
+    if not signals:
+        raise ValueError("sig is an empty sequence: name at least one signal")
+    repeated = sorted({s.name for s in signals if signals.count(s) > 1})
+    if repeated:
+        raise ValueError(f"signal(s) {', '.join(repeated)} given more than once in {sig!r}")
+    bad = sorted(s.name for s in signals if s in UNCATCHABLE)
+    if bad:
+        raise ValueError(f"{', '.join(bad)} cannot be caught, so cannot be handled")
+    return signals
+
+
+class DistributedSignalHandler:
+    """Context manager: notice a signal on any rank, so that all ranks stop together.
+
+    Entering installs a handler for each signal that only raises a flag; a training loop
+    calls :meth:`signals_received` at a step boundary (a collective over ``group``: every
+    rank must call it at the same point) and stops when any entry is true.  Leaving
+    restores the handlers found on entry.
+    """
+
+    def __init__(
+        self,
+        sig: SignalLike | Sequence[SignalLike] = signal.SIGTERM,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        self.sigs: tuple[signal.Signals, ...] = _resolve_many(sig)
+        self.group = group
+        self.original_handlers: dict[signal.Signals, _Handler] = {}
+        self._received = False
+        self._released = True
+        self._registration: Path | None = None
+
+    @property
+    def sig(self) -> signal.Signals:
+        """The first configured signal (kept for callers of the single-signal API)."""
+        return self.sigs[0]
+
+    def __enter__(self) -> DistributedSignalHandler:
+        _require_main_thread("enter DistributedSignalHandler")
+        if not self._released:
+            raise RuntimeError("this DistributedSignalHandler is already entered")
+        directory = os.environ.get(SIGNAL_PID_DIR_ENV, "")
+        previous = {s: signal.getsignal(s) for s in self.sigs}
+        self._received = False
+        try:
+            for s in self.sigs:
+                signal.signal(s, self._on_signal)
+            self._registration = register(directory, self.sigs) if directory else None
+        except BaseException:
+            _restore(previous)  # a failed enter leaves the process as it found it
+            raise
+        self.original_handlers = previous
+        self._released = False
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Only a flag: anything more could run in the middle of a collective.
+        self._received = True
+
+    def signals_received(self) -> list[bool]:
+        """Per rank of the group, whether it got a signal; ``[flag]`` when not distributed.
+
+        A collective: every rank of the group must call it at the same step.
+        """
+        gathered = all_gather_item(int(self._received), dtype=torch.uint8, group=self.group)
+        return [bool(flag) for flag in gathered]
+
+    def release(self) -> bool:
+        """Restore the handlers found on entry; ``False`` if there was nothing to release."""
+        if self._released:
+            return False
+        _require_main_thread("release DistributedSignalHandler")
+        _restore(self.original_handlers)
+        if self._registration is not None:
+            self._registration.unlink(missing_ok=True)
+            self._registration = None
+        self._released = True
+        return True
+
+
+def _restore(handlers: dict[signal.Signals, _Handler]) -> None:
+    for s, handler in handlers.items():
+        # getsignal gives None for a handler installed outside Python; the default is the
+        # closest thing signal.signal accepts.
+        signal.signal(s, signal.SIG_DFL if handler is None else handler)
+
+
+def _require_main_thread(action: str) -> None:
+    current = threading.current_thread()
+    if current is not threading.main_thread():
+        raise RuntimeError(
+            f"cannot {action} on thread {current.name!r}: Python runs signal handlers only on"
+            " the main thread, so the handler must be entered and released there"
+        )
