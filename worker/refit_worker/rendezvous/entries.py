@@ -1,0 +1,255 @@
+"""Rendezvous keys and the typed entries stored under them, with their JSON encoding.
+
+Holds the key grammar (``meta.<role>.<rank>``, ``progress.<role>.<rank>``, ``barrier``,
+``preempt``), the pydantic entry models (each with protocol version and epoch; per-rank
+entries also with the writer's pod uid), the size limits, and :func:`encode_entry` /
+:func:`decode_entry`, whose every error is an :class:`EntryError` naming the key.
+Import these names from :mod:`refit_worker.rendezvous.protocol`, which re-exports them.
+
+Must not import: kubernetes, torch, nixl, the operator, or anything that does I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from refit_worker.config import Role
+
+PROTOCOL_VERSION = 1
+
+#: Ranks whose entries share one ConfigMap.  Sized so that a full shard 0 (128 ranks at
+#: their metadata and progress limits, plus the barrier of MAX_RANKS ranks and the notice)
+#: stays under SHARD_BUDGET_BYTES; ``tests/unit/test_rendezvous_protocol.py`` checks it.
+RANKS_PER_SHARD = 128
+#: Ranks (policy + rollout) one job may have: bounds the barrier value in shard 0.
+MAX_RANKS = 4096
+#: What one ConfigMap may hold of data, leaving room for metadata under the 1 MiB limit.
+SHARD_BUDGET_BYTES = 1_000_000
+
+#: Size limits of encoded values, by key kind.  NIXL agent metadata is ~451 bytes raw,
+#: ~600 as base64 in JSON; the rest of the limit leaves room for buffer descriptors.
+MAX_META_BYTES = 5120
+MAX_PROGRESS_BYTES = 512
+MAX_PREEMPT_BYTES = 1024
+#: Pod uids are 36 characters; local runs may use their own ids up to this length.
+MAX_UID_CHARS = 40
+_BARRIER_BASE_BYTES = 128
+
+BARRIER_KEY = "barrier"
+PREEMPT_KEY = "preempt"
+ROLES: tuple[Role, Role] = ("policy", "rollout")
+
+KeyKind: TypeAlias = Literal["meta", "progress", "barrier", "preempt"]
+ProgressState: TypeAlias = Literal["running", "done", "preempted", "failed"]
+
+_KEY_RE = re.compile(r"(meta|progress)\.(policy|rollout)\.(0|[1-9][0-9]{0,8})")
+_DATA_KEY_RE = re.compile(r"[-._a-zA-Z0-9]+")
+_UID_RE = r"^[-._a-zA-Z0-9]{1,40}$"
+
+
+class EntryError(ValueError):
+    """A rendezvous value is garbage, tampered with or out of place; names the key."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"rendezvous key {key!r}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """A parsed key: its kind and, for per-rank keys, the rank it belongs to."""
+
+    kind: KeyKind
+    role: Role | None = None
+    rank: int | None = None
+
+    @property
+    def name(self) -> str:
+        if self.role is None or self.rank is None:
+            return self.kind
+        return f"{self.kind}.{self.role}.{self.rank}"
+
+
+def meta_key(role: Role, rank: int) -> str:
+    """The key where rank ``rank`` of ``role`` publishes its NIXL agent metadata."""
+    return Key("meta", check_role(role), _check_rank(rank)).name
+
+
+def progress_key(role: Role, rank: int) -> str:
+    """The key where rank ``rank`` of ``role`` reports its progress."""
+    return Key("progress", check_role(role), _check_rank(rank)).name
+
+
+def parse_key(key: str) -> Key | None:
+    """The parsed key, or ``None`` for a key outside the protocol's grammar."""
+    if key in (BARRIER_KEY, PREEMPT_KEY):
+        return Key(key)  # type: ignore[arg-type]  # narrowed by the membership test
+    match = _KEY_RE.fullmatch(key)
+    if match is None:
+        return None
+    kind, role, rank = match.groups()
+    return Key(kind, role, int(rank))  # type: ignore[arg-type]  # narrowed by the regex
+
+
+def is_valid_data_key(key: str) -> bool:
+    """Whether ``key`` may name an entry of a ConfigMap's ``data``."""
+    return len(key) <= 253 and _DATA_KEY_RE.fullmatch(key) is not None
+
+
+# -- entries -------------------------------------------------------------------------------
+
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    v: int = PROTOCOL_VERSION
+    epoch: int = Field(ge=0)
+
+
+class _RankEntry(_Entry):
+    uid: str = Field(pattern=_UID_RE)
+    role: Role
+    rank: int = Field(ge=0)
+
+
+class MetadataEntry(_RankEntry):
+    """A rank's NIXL agent metadata: an opaque JSON text made by the NIXL engine."""
+
+    agent: str = Field(min_length=2)
+
+    @field_validator("agent")
+    @classmethod
+    def _agent_is_json(cls, value: str) -> str:
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"agent metadata is not JSON: {exc}") from exc
+        return value
+
+
+class ProgressEntry(_RankEntry):
+    """A rank's progress in its epoch; rollout ranks count what they committed."""
+
+    state: ProgressState = "running"
+    refits_completed: int = Field(0, ge=0)
+    bytes_total: int = Field(0, ge=0)
+    last_refit_seconds: float = Field(0.0, ge=0)
+    last_refit_bytes: int = Field(0, ge=0)
+    message: str = Field("", max_length=200)
+
+
+class BarrierEntry(_Entry):
+    """The coordinator's word that every rank of ``epoch`` published, with their uids."""
+
+    policy_uids: tuple[str, ...] = Field(min_length=1)
+    rollout_uids: tuple[str, ...] = Field(min_length=1)
+
+    def uid_of(self, role: Role, rank: int) -> str:
+        uids = self.policy_uids if role == "policy" else self.rollout_uids
+        if not 0 <= rank < len(uids):
+            raise ValueError(f"{role} rank {rank} is not in the barrier of epoch {self.epoch}")
+        return uids[rank]
+
+
+class PreemptNotice(_Entry):
+    """Job-wide: every rank of ``epoch`` stops at its next safe point."""
+
+    pod: str = Field(min_length=1, max_length=253)
+    uid: str = Field(pattern=_UID_RE)
+    reason: str = Field(min_length=1, max_length=200)
+
+
+Entry: TypeAlias = MetadataEntry | ProgressEntry | BarrierEntry | PreemptNotice
+_MODELS: dict[KeyKind, type[_Entry]] = {
+    "meta": MetadataEntry,
+    "progress": ProgressEntry,
+    "barrier": BarrierEntry,
+    "preempt": PreemptNotice,
+}
+
+
+def max_value_bytes(kind: KeyKind) -> int:
+    """The largest encoded value a key of ``kind`` may hold."""
+    if kind == "barrier":
+        return _BARRIER_BASE_BYTES + MAX_RANKS * (MAX_UID_CHARS + 3)
+    return {"meta": MAX_META_BYTES, "progress": MAX_PROGRESS_BYTES}.get(kind, MAX_PREEMPT_BYTES)
+
+
+def encode_entry(key: str, entry: Entry) -> str:
+    """The compact JSON value of ``entry`` under ``key``; EntryError if it does not belong."""
+    parsed = parse_known_key(key)
+    if not isinstance(entry, _MODELS[parsed.kind]):
+        raise EntryError(key, f"a {type(entry).__name__} cannot be stored under this key")
+    _check_owner(key, parsed, entry)
+    text = entry.model_dump_json()
+    _check_size(key, parsed.kind, len(text.encode()))
+    return text
+
+
+def decode_entry(key: str, text: str) -> Entry:
+    """The entry stored as ``text`` under ``key``; EntryError says what is wrong with it."""
+    parsed = parse_known_key(key)
+    _check_size(key, parsed.kind, len(text.encode()))
+    try:
+        raw: Any = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise EntryError(key, f"value is not JSON ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise EntryError(key, f"value is a JSON {type(raw).__name__}, not an object")
+    version = raw.get("v")
+    if version != PROTOCOL_VERSION:
+        raise EntryError(key, f"protocol version {version!r}, this reader speaks "
+                              f"{PROTOCOL_VERSION}")
+    model = _MODELS[parsed.kind]
+    try:
+        # From the text in JSON mode: strict there still takes arrays for tuples.
+        entry: Entry = model.model_validate_json(text)  # type: ignore[assignment]
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, err['loc'])) or 'value'}: {err['msg']}" for err in exc.errors()
+        )
+        raise EntryError(key, f"does not match the {parsed.kind} schema ({problems})") from exc
+    _check_owner(key, parsed, entry)
+    return entry
+
+
+# -- checks -------------------------------------------------------------------------------
+
+
+def check_role(role: str) -> Role:
+    """``role`` as a Role; ValueError naming it otherwise."""
+    if role not in ROLES:
+        raise ValueError(f"role {role!r} is neither 'policy' nor 'rollout'")
+    return role
+
+
+def _check_rank(rank: int) -> int:
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"rank {rank!r} is not a non-negative int")
+    return rank
+
+
+def parse_known_key(key: str) -> Key:
+    """The parsed key; EntryError if ``key`` is outside the grammar."""
+    parsed = parse_key(key)
+    if parsed is None:
+        raise EntryError(key, "not a rendezvous key (expected meta.<role>.<rank>, "
+                              "progress.<role>.<rank>, barrier or preempt)")
+    return parsed
+
+
+def _check_owner(key: str, parsed: Key, entry: Entry) -> None:
+    if isinstance(entry, _RankEntry) and (entry.role, entry.rank) != (parsed.role, parsed.rank):
+        raise EntryError(key, f"holds the entry of {entry.role} rank {entry.rank}")
+
+
+def _check_size(key: str, kind: KeyKind, size: int) -> None:
+    limit = max_value_bytes(kind)
+    if size > limit:
+        raise EntryError(key, f"value is {size} bytes, over the {limit}-byte limit")

@@ -1,0 +1,273 @@
+"""The rendezvous protocol, as pure data and pure decisions.
+
+Holds (re-exported from :mod:`.entries`) the key names, the typed entries a key may carry
+(each with protocol version, epoch and the writer's pod uid) and their encoding and
+decoding (every error names the key); and here the assignment of ranks to ConfigMap
+shards, and the decisions the coordinator (the operator,
+or the local runner) takes from what ranks published: is the barrier of an epoch ready,
+what the job's progress is, what a job-wide preemption notice says.
+
+Reading rules, so every reader acts alike:
+
+- an entry of another epoch is ignored (stale pods, or pods of the next gang);
+- a value that is not JSON, does not match its key's schema, speaks another protocol
+  version, is over its size limit, or sits under another rank's key is an
+  :class:`EntryError` naming the key, whatever its epoch (its epoch cannot be trusted);
+- a key outside the grammar below is ignored, so tools may annotate the map.
+
+Keys (valid ConfigMap data keys): ``meta.<role>.<rank>``, ``progress.<role>.<rank>``,
+``barrier`` and ``preempt`` (the last two always in shard 0).
+
+Must not import: kubernetes, torch, nixl, the operator, or anything that does I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from refit_worker.config import Role
+from refit_worker.rendezvous.entries import (
+    BARRIER_KEY,
+    MAX_META_BYTES,
+    MAX_PREEMPT_BYTES,
+    MAX_PROGRESS_BYTES,
+    MAX_RANKS,
+    MAX_UID_CHARS,
+    PREEMPT_KEY,
+    PROTOCOL_VERSION,
+    RANKS_PER_SHARD,
+    ROLES,
+    SHARD_BUDGET_BYTES,
+    BarrierEntry,
+    Entry,
+    EntryError,
+    Key,
+    KeyKind,
+    MetadataEntry,
+    PreemptNotice,
+    ProgressEntry,
+    ProgressState,
+    check_role,
+    decode_entry,
+    encode_entry,
+    is_valid_data_key,
+    max_value_bytes,
+    meta_key,
+    parse_key,
+    parse_known_key,
+    progress_key,
+)
+
+__all__ = [
+    "BARRIER_KEY", "MAX_META_BYTES", "MAX_PREEMPT_BYTES", "MAX_PROGRESS_BYTES", "MAX_RANKS",
+    "MAX_UID_CHARS", "PREEMPT_KEY", "PROTOCOL_VERSION", "RANKS_PER_SHARD", "ROLES",
+    "SHARD_BUDGET_BYTES", "BarrierEntry", "Entry", "EntryError", "Key", "KeyKind",
+    "MetadataEntry", "PreemptNotice", "ProgressEntry", "ProgressState", "ProgressSummary",
+    "Snapshot", "aggregate_progress", "barrier_ready", "configmap_name", "decode_entry",
+    "encode_entry", "is_valid_data_key", "make_barrier", "make_preempt_notice", "max_value_bytes",
+    "merge_patch", "meta_key", "parse_key", "progress_key", "read_snapshot", "shard_of",
+    "shard_of_key", "shards_needed",
+]
+
+
+def _worlds(policy_world_size: int, rollout_world_size: int) -> tuple[tuple[Role, int], ...]:
+    """(role, world size) pairs in rank-numbering order, typed for the loops below."""
+    return (("policy", policy_world_size), ("rollout", rollout_world_size))
+
+
+# -- shards --------------------------------------------------------------------------------
+
+
+def shards_needed(total_ranks: int) -> int:
+    """How many ConfigMaps a job of ``total_ranks`` (policy + rollout) spreads over."""
+    if not 1 <= total_ranks <= MAX_RANKS:
+        raise ValueError(f"total ranks {total_ranks} is outside 1..{MAX_RANKS}")
+    return math.ceil(total_ranks / RANKS_PER_SHARD)
+
+
+def shard_of(role: Role, rank: int, policy_world_size: int, rollout_world_size: int,
+             shards: int) -> int:
+    """The shard holding the per-rank keys of ``role`` rank ``rank``.
+
+    Ranks are numbered policy first, then rollout, and cut into ``shards`` contiguous,
+    equal blocks (so 200 ranks over 2 shards put 100 in each).
+    """
+    world = policy_world_size if check_role(role) == "policy" else rollout_world_size
+    if policy_world_size < 1 or rollout_world_size < 1:
+        raise ValueError(f"world sizes must be >= 1, got policy={policy_world_size} "
+                         f"rollout={rollout_world_size}")
+    if not 0 <= rank < world:
+        raise ValueError(f"{role} rank {rank} is outside world size {world}")
+    total = policy_world_size + rollout_world_size
+    needed = shards_needed(total)
+    if shards < needed:
+        raise ValueError(f"shards={shards} is too few for {total} ranks "
+                         f"(at most {RANKS_PER_SHARD} per shard: need {needed})")
+    index = rank if role == "policy" else policy_world_size + rank
+    return index // math.ceil(total / shards)
+
+
+def shard_of_key(key: str, policy_world_size: int, rollout_world_size: int,
+                 shards: int) -> int:
+    """The shard that holds ``key`` (barrier and preemption notice: shard 0)."""
+    parsed = parse_known_key(key)
+    if parsed.role is None or parsed.rank is None:
+        return 0
+    return shard_of(parsed.role, parsed.rank, policy_world_size, rollout_world_size, shards)
+
+
+def configmap_name(base: str, shard: int) -> str:
+    """Shard 0 is ``base`` itself; shard i > 0 is ``<base>-<i>``."""
+    if not base:
+        raise ValueError("the rendezvous ConfigMap base name is empty")
+    if shard < 0:
+        raise ValueError(f"shard {shard} is negative")
+    name = base if shard == 0 else f"{base}-{shard}"
+    if len(name) > 253:
+        raise ValueError(f"ConfigMap name {name!r} is longer than 253 characters")
+    return name
+
+
+def merge_patch(key: str, value: str) -> dict[str, dict[str, str]]:
+    """The JSON merge patch that sets ``key`` alone, leaving every other key as it is."""
+    if not is_valid_data_key(key):
+        raise ValueError(f"{key!r} is not a valid ConfigMap data key")
+    return {"data": {key: value}}
+
+
+# -- decisions -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The decoded entries of one epoch, from the data of all shards."""
+
+    epoch: int
+    meta: dict[tuple[Role, int], MetadataEntry] = field(default_factory=dict)
+    progress: dict[tuple[Role, int], ProgressEntry] = field(default_factory=dict)
+    barrier: BarrierEntry | None = None
+    preempt: PreemptNotice | None = None
+
+
+def read_snapshot(data: Mapping[str, str], epoch: int, policy_world_size: int,
+                  rollout_world_size: int,
+                  decode: Callable[[str, str], Entry] = decode_entry) -> Snapshot:
+    """Decode ``data`` (all shards merged) into what concerns ``epoch``.
+
+    ``decode`` may be a memoised :func:`decode_entry` (it is pure), for callers that decode
+    the same map again on every change.
+    """
+    snap = Snapshot(epoch)
+    barrier: BarrierEntry | None = None
+    preempt: PreemptNotice | None = None
+    for key in sorted(data):
+        parsed = parse_key(key)
+        if parsed is None:
+            continue
+        entry = decode(key, data[key])
+        if parsed.role is not None and parsed.rank is not None:
+            world = policy_world_size if parsed.role == "policy" else rollout_world_size
+            if parsed.rank >= world:
+                raise EntryError(key, f"rank {parsed.rank} is outside the {parsed.role} "
+                                      f"world size {world}")
+        if entry.epoch != epoch:
+            continue
+        if isinstance(entry, MetadataEntry):
+            snap.meta[(entry.role, entry.rank)] = entry
+        elif isinstance(entry, ProgressEntry):
+            snap.progress[(entry.role, entry.rank)] = entry
+        elif isinstance(entry, BarrierEntry):
+            sizes = (len(entry.policy_uids), len(entry.rollout_uids))
+            if sizes != (policy_world_size, rollout_world_size):
+                raise EntryError(key, f"lists {sizes[0]} policy and {sizes[1]} rollout ranks, "
+                                      f"the job has {policy_world_size} and {rollout_world_size}")
+            barrier = entry
+        else:
+            preempt = entry
+    return Snapshot(epoch, snap.meta, snap.progress, barrier, preempt)
+
+
+def barrier_ready(snap: Snapshot, policy_world_size: int, rollout_world_size: int,
+                  pod_uids: Mapping[tuple[Role, int], str] | None = None) -> bool:
+    """Whether every policy and rollout rank of the snapshot's epoch has published.
+
+    With ``pod_uids`` (the coordinator's view of the live pods), an entry written by
+    another pod than the one now holding the rank is an EntryError: such a value can
+    only be tampered with, since a recreated pod runs in a new epoch.
+    """
+    for role, world in _worlds(policy_world_size, rollout_world_size):
+        for rank in range(world):
+            entry = snap.meta.get((role, rank))
+            if entry is None:
+                return False
+            expected = None if pod_uids is None else pod_uids.get((entry.role, rank))
+            if expected is not None and expected != entry.uid:
+                raise EntryError(meta_key(entry.role, rank),
+                                 f"written by pod uid {entry.uid!r}, but the rank's pod is "
+                                 f"{expected!r}")
+    return True
+
+
+def make_barrier(snap: Snapshot, policy_world_size: int, rollout_world_size: int) -> BarrierEntry:
+    """The barrier value for the snapshot's epoch; ValueError if a rank has not published."""
+    if not barrier_ready(snap, policy_world_size, rollout_world_size):
+        missing = [meta_key(role, rank)
+                   for role, world in _worlds(policy_world_size, rollout_world_size)
+                   for rank in range(world) if (role, rank) not in snap.meta]
+        raise ValueError(f"barrier of epoch {snap.epoch} is not ready: missing "
+                         f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+    return BarrierEntry(
+        epoch=snap.epoch,
+        policy_uids=tuple(snap.meta[("policy", r)].uid for r in range(policy_world_size)),
+        rollout_uids=tuple(snap.meta[("rollout", r)].uid for r in range(rollout_world_size)),
+    )
+
+
+def make_preempt_notice(epoch: int, pod: str, uid: str, reason: str) -> PreemptNotice:
+    """The job-wide notice the coordinator writes when any pod of ``epoch`` is disrupted."""
+    return PreemptNotice(epoch=epoch, pod=pod, uid=uid, reason=reason)
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressSummary:
+    """What the job's status shows of an epoch's progress."""
+
+    refits_completed: int
+    bytes_total: int
+    last_refit_seconds: float
+    last_refit_gbps: float
+    ranks_reporting: int
+    ranks_done: int
+    ranks_preempted: int
+    ranks_failed: int
+
+
+def aggregate_progress(snap: Snapshot, policy_world_size: int,
+                       rollout_world_size: int) -> ProgressSummary:
+    """Fold per-rank progress of one epoch into the job's numbers.
+
+    A refit counts once every rollout rank committed it (the minimum; a silent rank
+    counts 0).  Bytes are what rollout ranks received.  The last refit took as long as
+    its slowest rollout rank, and its throughput is all bytes it moved over that time;
+    a rank already one refit ahead contributes its own latest refit, which moves the
+    same weights, so the figure stays honest.
+    """
+    rollout = [snap.progress.get(("rollout", r)) for r in range(rollout_world_size)]
+    reported = [p for p in snap.progress.values()
+                if p.rank < (policy_world_size if p.role == "policy" else rollout_world_size)]
+    refits = min((p.refits_completed if p is not None else 0) for p in rollout)
+    present = [p for p in rollout if p is not None and p.refits_completed > 0]
+    seconds = max((p.last_refit_seconds for p in present), default=0.0)
+    last_bytes = sum(p.last_refit_bytes for p in present)
+    return ProgressSummary(
+        refits_completed=refits,
+        bytes_total=sum(p.bytes_total for p in rollout if p is not None),
+        last_refit_seconds=seconds,
+        last_refit_gbps=last_bytes / seconds / 1e9 if seconds > 0 else 0.0,
+        ranks_reporting=len(reported),
+        ranks_done=sum(p.state == "done" for p in reported),
+        ranks_preempted=sum(p.state == "preempted" for p in reported),
+        ranks_failed=sum(p.state == "failed" for p in reported),
+    )
