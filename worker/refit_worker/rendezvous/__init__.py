@@ -10,3 +10,28 @@ Must not import: the operator; torch or nixl (the payload is opaque JSON text).
 """
 
 from __future__ import annotations
+
+from refit_worker.config import WorkerConfig
+from refit_worker.rendezvous.configmap_store import ConfigMapStore
+from refit_worker.rendezvous.file_store import FileStore
+from refit_worker.rendezvous.store import (
+    Layout,
+    Member,
+    PreemptedError,
+    RendezvousError,
+    RendezvousStore,
+    RendezvousTimeout,
+)
+
+__all__ = [
+    "ConfigMapStore", "FileStore", "Layout", "Member", "PreemptedError", "RendezvousError",
+    "RendezvousStore", "RendezvousTimeout", "open_store",
+]
+
+
+def open_store(config: WorkerConfig) -> RendezvousStore:
+    """The store ``config.rendezvous`` names: the job's ConfigMaps, or a local directory."""
+    layout = Layout.from_config(config)
+    if config.rendezvous.store == "file":
+        return FileStore(config.rendezvous.location, layout)
+    return ConfigMapStore(config.rendezvous.location, config.namespace, layout)

@@ -1,0 +1,91 @@
+"""The file-backed rendezvous store, for local runs: same keys, same entries, no cluster.
+
+Layout: ``<directory>/shard-<i>/<key>``, one file per key, so writers of different keys
+never touch the same file.  A write goes to a temporary file in the same directory and is
+renamed over the key (atomic on POSIX): a reader sees the old value or the new one,
+never a torn one.  Waits poll with a bounded back-off (5 ms growing to 200 ms).
+
+Must not import: kubernetes, torch, nixl, the operator.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from refit_worker.rendezvous.protocol import is_valid_data_key, max_value_bytes, parse_key
+from refit_worker.rendezvous.store import Check, Layout, RendezvousStore, RendezvousTimeout, T
+
+_TMP_PREFIX = ".tmp-"
+_FIRST_DELAY = 0.005
+_MAX_DELAY = 0.2
+#: A file longer than any entry may be is read only this far: decoding then reports it
+#: as oversized instead of this process reading a huge file.
+_READ_LIMIT = max(max_value_bytes(kind) for kind in ("meta", "progress", "barrier", "preempt"))
+
+
+class FileStore(RendezvousStore):
+    """Rendezvous over a directory shared by the processes of one machine."""
+
+    def __init__(self, directory: str | os.PathLike[str], layout: Layout) -> None:
+        super().__init__(layout)
+        self.directory = Path(directory)
+        for shard in range(layout.shards):
+            self._shard_dir(shard).mkdir(parents=True, exist_ok=True)
+
+    def _shard_dir(self, shard: int) -> Path:
+        if not 0 <= shard < self.layout.shards:
+            raise ValueError(f"shard {shard} is outside 0..{self.layout.shards - 1}")
+        return self.directory / f"shard-{shard}"
+
+    def _put(self, shard: int, key: str, value: str) -> None:
+        if not is_valid_data_key(key) or key.startswith("."):
+            raise ValueError(f"{key!r} is not a valid rendezvous key")
+        folder = self._shard_dir(shard)
+        fd, tmp = tempfile.mkstemp(prefix=f"{_TMP_PREFIX}{key}-", dir=folder)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(value)
+            # No fsync: the store lives as long as the local run; readers need atomicity,
+            # not durability across a power cut.
+            os.replace(tmp, folder / key)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def _read(self, shard: int) -> dict[str, str]:
+        data: dict[str, str] = {}
+        folder = self._shard_dir(shard)
+        for path in folder.iterdir():
+            if path.name.startswith(_TMP_PREFIX) or parse_key(path.name) is None:
+                continue
+            try:
+                with path.open("rb") as src:
+                    raw = src.read(_READ_LIMIT + 1)
+            except FileNotFoundError:
+                continue  # removed between listing and reading: as if never listed
+            data[path.name] = raw.decode("utf-8", errors="replace")
+        return data
+
+    def _wait(self, shards: Sequence[int], check: Check[T], timeout: float, what: str) -> T:
+        deadline = time.monotonic() + timeout
+        delay = _FIRST_DELAY
+        while True:
+            data: dict[str, str] = {}
+            for shard in shards:
+                data.update(self._read(shard))
+            result = check(data)
+            if result is not None:
+                return result
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RendezvousTimeout(f"timed out after {timeout:g}s waiting for {what} "
+                                        f"in {self.directory}")
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, _MAX_DELAY)
+
+    def close(self) -> None:
+        """Nothing to release: every call opens and closes its own files."""

@@ -1,0 +1,271 @@
+"""The rendezvous store interface: what workers and the coordinator do through it.
+
+:class:`RendezvousStore` is abstract over three primitives an implementation provides —
+set one key of one shard, read one shard, and wait until a check over some shards'
+data passes — and builds on them, the same for every implementation:
+
+- the worker's steps (:meth:`publish_metadata`, :meth:`wait_barrier`, :meth:`peers`,
+  :meth:`write_progress`, :meth:`preemption_notice`, :meth:`wait_preemption`);
+- the coordinator's (:meth:`open_barrier`, :meth:`post_preemption`, :meth:`snapshot`),
+  used by the local runner and the benchmark; the operator takes the same decisions
+  from :mod:`.protocol` over its own API calls.
+
+Every write sets the writer's own key alone; every wait has a timeout whose error says
+what it waited for.
+
+Must not import: kubernetes (only :mod:`.configmap_store` talks to the API), torch,
+nixl, the operator.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from refit_worker.config import Role, WorkerConfig
+from refit_worker.rendezvous.protocol import (
+    BARRIER_KEY,
+    MAX_RANKS,
+    PREEMPT_KEY,
+    BarrierEntry,
+    Entry,
+    EntryError,
+    MetadataEntry,
+    PreemptNotice,
+    ProgressEntry,
+    ProgressState,
+    Snapshot,
+    barrier_ready,
+    decode_entry,
+    encode_entry,
+    make_barrier,
+    meta_key,
+    progress_key,
+    read_snapshot,
+    shard_of_key,
+    shards_needed,
+)
+
+T = TypeVar("T")
+
+#: What a wait checks: the merged data of the watched shards -> a result, or None to go on.
+Check = Callable[[Mapping[str, str]], "T | None"]
+
+
+class RendezvousError(RuntimeError):
+    """The store could not be read or written (API error, lost connection)."""
+
+
+class RendezvousTimeout(TimeoutError):
+    """A rendezvous wait ran out of time; the message says what it waited for."""
+
+
+class PreemptedError(RuntimeError):
+    """A job-wide preemption notice for this epoch arrived while waiting."""
+
+    def __init__(self, notice: PreemptNotice) -> None:
+        super().__init__(f"job preempted in epoch {notice.epoch}: {notice.reason} "
+                         f"(pod {notice.pod})")
+        self.notice = notice
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The shape of a job's rendezvous: world sizes and how many shards hold it."""
+
+    policy_world_size: int
+    rollout_world_size: int
+    shards: int
+
+    def __post_init__(self) -> None:
+        total = self.policy_world_size + self.rollout_world_size
+        if self.policy_world_size < 1 or self.rollout_world_size < 1:
+            raise ValueError(f"world sizes must be >= 1, got policy={self.policy_world_size} "
+                             f"rollout={self.rollout_world_size}")
+        if self.shards < shards_needed(total):
+            raise ValueError(f"shards={self.shards} is too few for {total} ranks "
+                             f"(need {shards_needed(total)})")
+
+    @classmethod
+    def from_config(cls, config: WorkerConfig) -> Layout:
+        return cls(config.policy_world_size, config.rollout_world_size,
+                   config.rendezvous.shards)
+
+    def shard_of(self, key: str) -> int:
+        return shard_of_key(key, self.policy_world_size, self.rollout_world_size, self.shards)
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """Who a worker is in the rendezvous: its rank, the epoch it runs in, its pod uid."""
+
+    role: Role
+    rank: int
+    epoch: int
+    uid: str
+
+    @classmethod
+    def from_config(cls, config: WorkerConfig) -> Member:
+        if not config.pod_uid:
+            raise ValueError("REFIT_POD_UID is empty: the rendezvous needs the pod uid to "
+                             "tell this pod's entries from a stale pod's")
+        return cls(config.role, config.rank, config.epoch, config.pod_uid)
+
+
+class RendezvousStore(ABC):
+    """One interface over the ConfigMap and the file-backed store."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+
+    # -- primitives an implementation provides ----------------------------------------
+
+    @abstractmethod
+    def _put(self, shard: int, key: str, value: str) -> None:
+        """Set ``key`` of ``shard`` to ``value``, leaving every other key untouched."""
+
+    @abstractmethod
+    def _read(self, shard: int) -> dict[str, str]:
+        """All keys of ``shard`` now."""
+
+    @abstractmethod
+    def _wait(self, shards: Sequence[int], check: Check[T], timeout: float, what: str) -> T:
+        """Until ``check`` over the merged data of ``shards`` returns non-None; raise
+        RendezvousTimeout naming ``what`` after ``timeout`` seconds."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release what the store holds (connections); idempotent."""
+
+    # -- generic --------------------------------------------------------------------------
+
+    def put_entry(self, key: str, entry: Entry) -> None:
+        """Encode ``entry`` and set ``key`` to it in the key's shard."""
+        self._put(self.layout.shard_of(key), key, encode_entry(key, entry))
+
+    def read_data(self) -> dict[str, str]:
+        """The data of all shards, merged."""
+        data: dict[str, str] = {}
+        for shard in range(self.layout.shards):
+            data.update(self._read(shard))
+        return data
+
+    def snapshot(self, epoch: int) -> Snapshot:
+        """The decoded entries of ``epoch`` across all shards."""
+        return self._decode(self.read_data(), epoch)
+
+    def wait_for(self, what: str, check: Callable[[Snapshot], T | None], *, epoch: int,
+                 timeout: float, shards: Sequence[int] | None = None) -> T:
+        """Until ``check`` of the snapshot of ``epoch`` (over ``shards``, default all)
+        returns non-None."""
+        _check_timeout(timeout, what)
+        watched = list(range(self.layout.shards)) if shards is None else list(shards)
+        return self._wait(watched, lambda data: check(self._decode(data, epoch)), timeout,
+                          what)
+
+    # -- worker side ----------------------------------------------------------------------
+
+    def publish_metadata(self, me: Member, agent_json: str) -> None:
+        """Publish this rank's NIXL agent metadata (opaque JSON text) for its epoch."""
+        entry = MetadataEntry(epoch=me.epoch, uid=me.uid, role=me.role, rank=me.rank,
+                              agent=agent_json)
+        self.put_entry(meta_key(me.role, me.rank), entry)
+
+    def wait_barrier(self, me: Member, timeout: float) -> BarrierEntry:
+        """The barrier of this rank's epoch, once the coordinator opened it.
+
+        Raises PreemptedError if a preemption notice of the epoch comes first, and
+        EntryError if the barrier lists another pod under this rank.
+        """
+        def opened(snap: Snapshot) -> BarrierEntry | None:
+            if snap.preempt is not None:
+                raise PreemptedError(snap.preempt)
+            return snap.barrier
+
+        barrier = self.wait_for(f"the barrier of epoch {me.epoch} (key {BARRIER_KEY!r})",
+                                opened, epoch=me.epoch, timeout=timeout, shards=[0])
+        listed = barrier.uid_of(me.role, me.rank)
+        if listed != me.uid:
+            raise EntryError(BARRIER_KEY, f"lists pod uid {listed!r} for {me.role} rank "
+                                          f"{me.rank}, but this pod is {me.uid!r}")
+        return barrier
+
+    def peers(self, me: Member, barrier: BarrierEntry) -> dict[tuple[Role, int], MetadataEntry]:
+        """Every rank's metadata of the barrier's epoch, each checked against the pod uid
+        the barrier recorded for it."""
+        snap = self.snapshot(barrier.epoch)
+        found: dict[tuple[Role, int], MetadataEntry] = {}
+        roles: tuple[tuple[Role, tuple[str, ...]], ...] = (
+            ("policy", barrier.policy_uids), ("rollout", barrier.rollout_uids))
+        for role, uids in roles:
+            for rank, uid in enumerate(uids):
+                key = meta_key(role, rank)
+                entry = snap.meta.get((role, rank))
+                if entry is None:
+                    raise EntryError(key, f"missing for epoch {barrier.epoch}, though the "
+                                          "barrier is open")
+                if entry.uid != uid:
+                    raise EntryError(key, f"written by pod uid {entry.uid!r}, but the barrier "
+                                          f"recorded {uid!r}")
+                found[(entry.role, rank)] = entry
+        return found
+
+    def write_progress(self, me: Member, *, state: ProgressState = "running",
+                       refits_completed: int = 0, bytes_total: int = 0,
+                       last_refit_seconds: float = 0.0, last_refit_bytes: int = 0,
+                       message: str = "") -> ProgressEntry:
+        """Report this rank's progress in its epoch (replaces its previous report)."""
+        entry = ProgressEntry(epoch=me.epoch, uid=me.uid, role=me.role, rank=me.rank,
+                              state=state, refits_completed=refits_completed,
+                              bytes_total=bytes_total, last_refit_seconds=last_refit_seconds,
+                              last_refit_bytes=last_refit_bytes, message=message)
+        self.put_entry(progress_key(me.role, me.rank), entry)
+        return entry
+
+    def preemption_notice(self, me: Member) -> PreemptNotice | None:
+        """The preemption notice of this rank's epoch, if there is one now."""
+        return self._decode(self._read(0), me.epoch).preempt
+
+    def wait_preemption(self, me: Member, timeout: float) -> PreemptNotice:
+        """Block until a preemption notice of this rank's epoch is posted."""
+        return self.wait_for(f"a preemption notice for epoch {me.epoch} (key "
+                             f"{PREEMPT_KEY!r})", lambda snap: snap.preempt,
+                             epoch=me.epoch, timeout=timeout, shards=[0])
+
+    # -- coordinator side -----------------------------------------------------------------
+
+    def open_barrier(self, epoch: int, timeout: float) -> BarrierEntry:
+        """Wait until every rank of ``epoch`` published, then write the barrier."""
+        policy, rollout = self.layout.policy_world_size, self.layout.rollout_world_size
+        snap = self.wait_for(
+            f"metadata of all {policy + rollout} ranks of epoch {epoch}",
+            lambda s: s if barrier_ready(s, policy, rollout) else None,
+            epoch=epoch, timeout=timeout,
+        )
+        barrier = make_barrier(snap, policy, rollout)
+        self.put_entry(BARRIER_KEY, barrier)
+        return barrier
+
+    def post_preemption(self, notice: PreemptNotice) -> None:
+        """Write the job-wide preemption notice (every rank of its epoch stops)."""
+        self.put_entry(PREEMPT_KEY, notice)
+
+    def _decode(self, data: Mapping[str, str], epoch: int) -> Snapshot:
+        return read_snapshot(data, epoch, self.layout.policy_world_size,
+                             self.layout.rollout_world_size, _decode_cached)
+
+
+#: Waits decode the whole map on every change; most values did not change since the last
+#: time, and decoding is pure, so remember the results.
+_decode_cached = functools.lru_cache(maxsize=4 * MAX_RANKS)(decode_entry)
+
+
+def _check_timeout(timeout: float, what: str) -> None:
+    if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout for {what} must be a finite number of seconds > 0, "
+                         f"got {timeout!r}")
+
