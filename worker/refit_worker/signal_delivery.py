@@ -323,19 +323,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--dir",
+        metavar="DIR",
         default=os.environ.get(SIGNAL_PID_DIR_ENV, ""),
         help=f"pid directory (default: ${SIGNAL_PID_DIR_ENV})",
     )
     parser.add_argument(
         "--signal",
+        metavar="NAME[,NAME]",
         default=os.environ.get(PREEMPTION_SIGNAL_ENV) or "SIGTERM",
         help=(
-            "NAME[,NAME]: signal for registrations that name none; the first is sent"
+            "signal for registrations that name none; the first is sent"
             f" (default: ${PREEMPTION_SIGNAL_ENV}, else SIGTERM)"
         ),
     )
     parser.add_argument(
         "--timeout",
+        metavar="SECONDS",
         type=float,
         default=DEFAULT_TIMEOUT_SECONDS,
         help=f"seconds to wait for the signalled processes to exit (default: "
