@@ -1,0 +1,109 @@
+"""The chart's RBAC covers what the operator actually does, in both install modes.
+
+The operator's own tables say which kinds it touches (``refit_operator.kube.PLURALS``) and
+which Role it creates per job (``refit_operator.render.render_rbac``); the chart, rendered
+by the real helm v4, must grant those rights, or the operator fails with 403 on a cluster.
+Kubernetes refuses to let an account create a Role granting more than it holds itself, so
+the per-job Role must be a subset of the operator's rights.
+
+Real: helm, the chart, the operator's pure renderers.  Emulated: nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from binaries import ensure_tools
+from chart_tools import Helm, by_kind
+from refit_operator import kube, models
+from refit_operator.render import JobRef, render_rbac
+
+MODES = {"cluster-wide": None, "namespaced": {"watchNamespaces": ["team-a"]}}
+#: What the API wrapper does with any child kind (create, delete, get, list, merge patch).
+CHILD_VERBS = {"get", "list", "watch", "create", "delete"}
+Grant = tuple[str, str, str, str | None]  # group, resource, verb, resourceName (None: any)
+
+
+@pytest.fixture(scope="module")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    return Helm(ensure_tools().helm, tmp_path_factory.mktemp("helm-home"))
+
+
+def grants(role: dict[str, Any]) -> set[Grant]:
+    out: set[Grant] = set()
+    for rule in role["rules"]:
+        for name in rule.get("resourceNames") or [None]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    out |= {(group, resource, verb, name) for verb in rule["verbs"]}
+    return out
+
+
+def allowed(held: set[Grant], wanted: Grant) -> bool:
+    """Whether ``held`` covers ``wanted`` (a grant without names covers every name)."""
+    group, resource, verb, _ = wanted
+    return wanted in held or (group, resource, verb, None) in held
+
+
+def operator_grants(objects: list[dict[str, Any]], namespace: str) -> set[Grant]:
+    """What the operator may do in ``namespace``: its ClusterRole plus Roles there."""
+    roles = by_kind(objects, "ClusterRole") + [
+        r for r in by_kind(objects, "Role") if r["metadata"]["namespace"] == namespace
+    ]
+    return set().union(*(grants(r) for r in roles))
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_every_kind_the_operator_touches_is_granted(helm: Helm, tmp_path: Path, mode: str) -> None:
+    held = operator_grants(helm.render(MODES[mode], tmp_path), "team-a")
+    missing = []
+    for (api_version, kind), plural in kube.PLURALS.items():
+        group = api_version.rpartition("/")[0]
+        if kind == "Event":
+            verbs = {"create"}
+        elif kind == models.KIND:
+            verbs = {"get", "list", "watch", "patch"}
+        else:
+            verbs = CHILD_VERBS
+        missing += [
+            f"{verb} {group or 'core'}/{plural}"
+            for verb in sorted(verbs)
+            if not allowed(held, (group, plural, verb, None))
+        ]
+    for verb in ("get", "patch"):
+        if not allowed(held, (models.GROUP, f"{models.PLURAL}/status", verb, None)):
+            missing.append(f"{verb} {models.GROUP}/{models.PLURAL}/status")
+    # The operator merge-patches these children (rendezvous barrier, pod labels).
+    for plural in ("pods", "services", "configmaps"):
+        if not allowed(held, ("", plural, "patch", None)):
+            missing.append(f"patch core/{plural}")
+    assert missing == []
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_per_job_role_does_not_escalate(helm: Helm, tmp_path: Path, mode: str) -> None:
+    held = operator_grants(helm.render(MODES[mode], tmp_path), "team-a")
+    spec = models.RefitJobSpec(image="registry.example.com/ml/refit:0.1.0")
+    children = render_rbac(JobRef(name="demo", namespace="team-a", uid="u-1"), spec)
+    (role,) = [c for c in children if c["kind"] == "Role"]
+    beyond = sorted(g for g in grants(role) if not allowed(held, g))
+    assert grants(role), "render_rbac produced a Role without rules"
+    assert beyond == []
+
+
+def test_namespaced_mode_grants_nothing_outside_the_list(helm: Helm, tmp_path: Path) -> None:
+    held = operator_grants(helm.render(MODES["namespaced"], tmp_path), "team-b")
+    assert {(g, r) for g, r, _, _ in held} == {
+        ("apiextensions.k8s.io", "customresourcedefinitions")
+    }
+
+
+def test_grant_check_notices_a_missing_right() -> None:
+    # Guards the guard: a held set without patch must not cover a wanted patch.
+    held: set[Grant] = {("", "configmaps", "get", None), ("", "pods", "patch", "only-this")}
+    assert allowed(held, ("", "configmaps", "get", "demo-rendezvous"))
+    assert not allowed(held, ("", "configmaps", "patch", "demo-rendezvous"))
+    assert not allowed(held, ("", "pods", "patch", "another-pod"))
