@@ -1,0 +1,135 @@
+"""The engine-neutral contract: :class:`CheckpointEngine`, :class:`TensorMeta` and dtypes.
+
+A checkpoint engine moves a model's named tensors from policy ranks to rollout ranks.
+``TensorMeta`` describes one piece of one tensor inside a transfer bucket (a whole tensor,
+or a chunk of one larger than a bucket).  Dtypes travel by name; only the names in
+:data:`WIRE_DTYPES` are accepted, so a message cannot make the receiver build anything else.
+
+Must not import: nixl, the transport modules of this package, the operator.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import AsyncGenerator, Iterable
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+#: dtype name on the wire -> torch dtype.  Names are torch's own attribute names.
+WIRE_DTYPES: dict[str, torch.dtype] = {
+    name: dtype
+    for name, dtype in (
+        ("float64", torch.float64),
+        ("float32", torch.float32),
+        ("float16", torch.float16),
+        ("bfloat16", torch.bfloat16),
+        ("int64", torch.int64),
+        ("int32", torch.int32),
+        ("int16", torch.int16),
+        ("int8", torch.int8),
+        ("uint8", torch.uint8),
+        ("bool", torch.bool),
+        ("float8_e4m3fn", getattr(torch, "float8_e4m3fn", None)),
+        ("float8_e5m2", getattr(torch, "float8_e5m2", None)),
+    )
+    if dtype is not None
+}
+_NAMES = {dtype: name for name, dtype in WIRE_DTYPES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The wire name of ``dtype``; ``ValueError`` for a dtype the wire does not carry."""
+    try:
+        return _NAMES[dtype]
+    except KeyError:
+        raise ValueError(
+            f"dtype {dtype} cannot be transferred; supported: {sorted(WIRE_DTYPES)}"
+        ) from None
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """The torch dtype for wire name ``name``; ``ValueError`` for an unknown name."""
+    try:
+        return WIRE_DTYPES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown dtype name {name!r}; supported: {sorted(WIRE_DTYPES)}"
+        ) from None
+
+
+def element_size(name: str) -> int:
+    """Bytes per element of the wire dtype ``name``."""
+    return torch.empty((), dtype=dtype_from_name(name)).element_size()
+
+
+class TensorMeta(BaseModel):
+    """One piece of a tensor inside a bucket.
+
+    ``chunk_offset`` and ``chunk_size`` are byte positions inside the tensor; ``offset`` is the
+    byte position inside the bucket.  A tensor that fits in a bucket has one piece with
+    ``chunk_offset == 0`` and ``chunk_size == nbytes``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    shape: tuple[int, ...]
+    dtype: str
+    chunk_offset: int = Field(ge=0)
+    chunk_size: int = Field(ge=0)
+    offset: int = Field(ge=0)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole tensor (not just this piece)."""
+        return math.prod(self.shape) * element_size(self.dtype)
+
+    @property
+    def is_whole(self) -> bool:
+        """Whether this piece is the entire tensor."""
+        return self.chunk_offset == 0 and self.chunk_size == self.nbytes
+
+
+class CheckpointEngine(abc.ABC):
+    """Moves named tensors from policy ranks to rollout ranks.
+
+    Flow on every rank: ``prepare()`` returns this rank's metadata; the caller exchanges the
+    metadata of all ranks out of band and calls ``init_policy_process_group`` or
+    ``init_rollout_process_group``; then policy ranks ``await send_weights(...)`` while
+    rollout ranks iterate ``receive_weight_batches()``; ``finalize()`` tears down.
+    """
+
+    @abc.abstractmethod
+    def prepare(self) -> Any:
+        """Allocate transfer resources; return this rank's metadata for its peers."""
+
+    @abc.abstractmethod
+    def init_policy_process_group(
+        self, *, worker_rank: int, train_world_size: int, rollout_world_size: int, metadata: Any
+    ) -> None:
+        """Connect a policy (sending) rank to its rollout peers."""
+
+    @abc.abstractmethod
+    def init_rollout_process_group(
+        self, *, rollout_rank: int, train_world_size: int, rollout_world_size: int, metadata: Any
+    ) -> None:
+        """Connect a rollout (receiving) rank to its policy peers."""
+
+    @abc.abstractmethod
+    async def send_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Send every named tensor of ``weights`` to this rank's rollout peers."""
+
+    @abc.abstractmethod
+    def receive_weight_batches(self) -> AsyncGenerator[list[tuple[str, torch.Tensor]], None]:
+        """Yield batches of received named tensors until the refit is complete."""
+
+    @abc.abstractmethod
+    def finalize(self) -> None:
+        """Disconnect from peers and free transfer resources."""
+
+    def get_target_weight_layout(self) -> dict[str, Any] | None:
+        """The weights this rank wants (experts, tensor-parallel slices); ``None``: all."""
+        return None

@@ -1,0 +1,291 @@
+"""``NIXLCheckpointEngine``: bucketed weight streaming from policy to rollout ranks over NIXL.
+
+Same names and signatures as upstream ``nemo_rl.utils.checkpoint_engines.nixl``, plus:
+fan-out and striping (:mod:`.mapping`), push by WRITE of only the used bytes straight from
+the source tensors, typed JSON control messages with refit ids (:mod:`.messages`),
+timeouts on every wait, manifest completeness checks and optional checksums.
+
+Flow on every rank::
+
+    meta = engine.prepare()                     # NixlAgentMetadata, JSON-serialisable
+    # publish meta.model_dump_json(); gather all ranks' metadata, ORDERED as
+    # [policy rank 0 .. T-1, rollout rank 0 .. R-1]
+    engine.init_policy_process_group(worker_rank=p, train_world_size=T,
+                                     rollout_world_size=R, metadata=all_meta)
+    await engine.send_weights(model.named_parameters())         # policy
+    async for batch in engine.receive_weight_batches(): ...     # rollout (copy the views)
+    engine.finalize()
+
+Refit identity: :attr:`NIXLCheckpointEngine.refit_id` is the id of the next refit; each
+``send_weights`` / ``receive_weight_batches`` uses it and then increments it, so both sides
+stay in step when they run the same refits.  Pass ``refit_id=`` to either call to set it
+explicitly (e.g. from the rendezvous store's counter after a restart).  Control messages of
+other refits are never taken for the current one; those of earlier refits are dropped.
+
+With ``release_after_refit=True`` the receive buffers are deregistered and freed after each
+refit and the peers disconnected; call ``prepare()`` again, re-exchange the metadata and
+call ``init_*`` again before the next refit.
+
+Must not import: torch.distributed, the operator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from .agent import (
+    NIXL_DEFAULT_BACKEND_NAME,
+    NIXL_TRANSFER_BUFFER_COUNT,
+    NixlAgent,
+    take_preinit_agent,
+)
+from .base import CheckpointEngine
+from .layout import TargetWeightLayout
+from .mapping import check_world_sizes, rollout_targets_for_policy, source_ranks_for_rollout
+from .messages import BufferDesc, NixlAgentMetadata
+from .planning import check_bucket_size
+from .receiver import RefitReceiver, Source
+from .sender import RefitSender, Target, prepare_sources
+
+MetadataLike = NixlAgentMetadata | str | dict[str, Any]
+
+
+def _sync_device(device: torch.device) -> None:
+    """Finish queued device work before a buffer is exposed to NIXL or a peer."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _parse_metadata(metadata: Sequence[MetadataLike], expected: int) -> list[NixlAgentMetadata]:
+    if isinstance(metadata, str | bytes) or len(metadata) != expected:
+        got = "a string" if isinstance(metadata, str | bytes) else f"{len(metadata)} entries"
+        raise ValueError(
+            f"metadata must list {expected} ranks (policy ranks, then rollout ranks), got {got}"
+        )
+    parsed: list[NixlAgentMetadata] = []
+    for index, item in enumerate(metadata):
+        if isinstance(item, NixlAgentMetadata):
+            parsed.append(item)
+        elif isinstance(item, str):
+            parsed.append(NixlAgentMetadata.model_validate_json(item))
+        elif isinstance(item, dict):
+            parsed.append(NixlAgentMetadata.model_validate(item))
+        else:
+            raise TypeError(f"metadata[{index}] is a {type(item).__name__}, not NixlAgentMetadata")
+    return parsed
+
+
+class NIXLCheckpointEngine(CheckpointEngine):
+    """Transfer checkpoint weight buckets through a NIXL backend (see the module docstring)."""
+
+    def __init__(  # noqa: PLR0917 - upstream's positional signature
+        self,
+        bucket_size: int,
+        device: str | torch.device = "cuda",
+        backend_name: str = NIXL_DEFAULT_BACKEND_NAME,
+        backend_init_params: dict[str, Any] | None = None,
+        shard_expert_weights: bool = False,
+        release_after_refit: bool = False,
+        *,
+        timeout_s: float = 120.0,
+        checksum: bool = False,
+        stripe: bool = True,
+        target_layout: TargetWeightLayout | None = None,
+        buffer_count: int = NIXL_TRANSFER_BUFFER_COUNT,
+    ) -> None:
+        self.bucket_size = check_bucket_size(bucket_size)
+        self.device = torch.device(device)
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but CUDA is not available")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+        if isinstance(buffer_count, bool) or not isinstance(buffer_count, int) or (
+            buffer_count < 2
+        ):
+            raise ValueError(f"buffer_count must be an int >= 2, got {buffer_count!r}")
+        self.backend_name = backend_name
+        self.backend_init_params = backend_init_params
+        self.shard_expert_weights = shard_expert_weights
+        self.release_after_refit = release_after_refit
+        self.timeout_s, self.checksum, self.stripe = float(timeout_s), checksum, stripe
+        self.buffer_count = buffer_count
+        self.refit_id = 0
+        self._layout = target_layout
+        self._agent: NixlAgent | None = None
+        self._buffers: list[torch.Tensor] = []
+        self._registration: Any = None
+        self._role: str | None = None
+        self._rank = -1
+        self._targets: list[Target] = []
+        self._sources: list[Source] = []
+
+    # -- set-up -------------------------------------------------------------------------
+    @property
+    def mem_type(self) -> str:
+        return "VRAM" if self.device.type == "cuda" else "DRAM"
+
+    @property
+    def agent(self) -> NixlAgent:
+        if self._agent is None:
+            raise RuntimeError("call prepare() first: the engine has no NIXL agent yet")
+        return self._agent
+
+    def _allocate_transfer_buffer(self) -> torch.Tensor:
+        pin = self.device.type == "cpu" and torch.cuda.is_available()
+        return torch.empty(self.bucket_size, dtype=torch.uint8, device=self.device, pin_memory=pin)
+
+    def set_target_weight_layout(self, layout: TargetWeightLayout | None) -> None:
+        """Declare the experts / tensor-parallel slice this rollout rank holds."""
+        self._layout = layout
+
+    def get_target_weight_layout(self) -> dict[str, Any] | None:
+        if not self.shard_expert_weights or self._layout is None:
+            return None
+        return self._layout.as_dict()
+
+    def prepare(self) -> NixlAgentMetadata:
+        """Create the agent (once) and register fresh receive buffers; return the metadata."""
+        if self._agent is None:
+            self._agent = take_preinit_agent(self.backend_name, self.backend_init_params) or (
+                NixlAgent(self.backend_name, self.backend_init_params)
+            )
+        if not self._buffers:
+            self._buffers = [self._allocate_transfer_buffer() for _ in range(self.buffer_count)]
+            _sync_device(self.device)
+            self._registration = self.agent.register(self._regions(), self.mem_type)
+        return self.agent.get_agent_metadata().model_copy(
+            update={
+                "mem_type": self.mem_type,
+                "buffers": tuple(BufferDesc(addr=a, length=n, dev_id=d) for a, n, d in
+                                 self._regions()),
+                "layout": self.get_target_weight_layout(),
+            }
+        )
+
+    def _regions(self) -> list[tuple[int, int, int]]:
+        return [(b.data_ptr(), b.numel(), b.device.index or 0) for b in self._buffers]
+
+    def init_policy_process_group(
+        self, *, worker_rank: int, train_world_size: int, rollout_world_size: int,
+        metadata: Sequence[MetadataLike],
+    ) -> None:
+        check_world_sizes(train_world_size, rollout_world_size)
+        parsed = _parse_metadata(metadata, train_world_size + rollout_world_size)
+        ranks = rollout_targets_for_policy(
+            worker_rank, train_world_size=train_world_size,
+            rollout_world_size=rollout_world_size, stripe=self.stripe,
+        )
+        self._disconnect_peers()
+        # A policy rank only sends from its own tensors; its receive buffers are not needed.
+        self._release_transfer_buffers()
+        for rollout_rank in ranks:
+            peer = parsed[train_world_size + rollout_rank]
+            self._check_buffers(peer, rollout_rank)
+            self._targets.append(Target(
+                rank=rollout_rank,
+                agent=self.agent.add_remote_agent(peer),
+                buffers=peer.buffers,
+                sources=source_ranks_for_rollout(
+                    rollout_rank, train_world_size=train_world_size,
+                    rollout_world_size=rollout_world_size, stripe=self.stripe,
+                ),
+                layout=TargetWeightLayout.model_validate(peer.layout) if peer.layout else None,
+                dev_id=peer.buffers[0].dev_id,
+            ))
+        self._role, self._rank = "policy", worker_rank
+
+    def _check_buffers(self, peer: NixlAgentMetadata, rollout_rank: int) -> None:
+        if len(peer.buffers) < 2 or peer.mem_type != self.mem_type or any(
+            b.length < self.bucket_size for b in peer.buffers
+        ):
+            raise ValueError(
+                f"rollout rank {rollout_rank} offers buffers {list(peer.buffers)} in "
+                f"{peer.mem_type}; need >= 2 of >= {self.bucket_size} bytes in {self.mem_type}"
+                " (same bucket_size and device on both sides?)"
+            )
+
+    def init_rollout_process_group(
+        self, *, rollout_rank: int, train_world_size: int, rollout_world_size: int,
+        metadata: Sequence[MetadataLike],
+    ) -> None:
+        parsed = _parse_metadata(metadata, train_world_size + rollout_world_size)
+        ranks = source_ranks_for_rollout(
+            rollout_rank, train_world_size=train_world_size,
+            rollout_world_size=rollout_world_size, stripe=self.stripe,
+        )
+        if not self._buffers:
+            raise RuntimeError("call prepare() before init_rollout_process_group()")
+        self._disconnect_peers()
+        self._sources = [Source(rank=r, agent=self.agent.add_remote_agent(parsed[r]))
+                         for r in ranks]
+        self._role, self._rank = "rollout", rollout_rank
+
+    # -- refits ---------------------------------------------------------------------------
+    def _next_refit(self, refit_id: int | None) -> int:
+        if refit_id is not None:
+            if isinstance(refit_id, bool) or not isinstance(refit_id, int) or refit_id < 0:
+                raise ValueError(f"refit_id must be an int >= 0, got {refit_id!r}")
+            self.refit_id = refit_id
+        current = self.refit_id
+        self.refit_id += 1
+        return current
+
+    def _require(self, role: str) -> None:
+        if self._role != role:
+            raise RuntimeError(
+                f"this engine is set up as {self._role or 'nothing'}; call "
+                f"init_{role}_process_group() first"
+            )
+
+    async def send_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], *, refit_id: int | None = None
+    ) -> None:
+        """Send all of ``weights`` to this rank's rollout peers; return once they confirm."""
+        self._require("policy")
+        items = prepare_sources(weights, self.device)
+        _sync_device(self.device)
+        sender = RefitSender(
+            self.agent, rank=self._rank, refit=self._next_refit(refit_id),
+            bucket_size=self.bucket_size, mem_type=self.mem_type, timeout_s=self.timeout_s,
+            with_checksums=self.checksum,
+        )
+        await sender.run(items, self._targets)
+        if self.release_after_refit:
+            self._disconnect_peers()
+
+    async def receive_weight_batches(
+        self, *, refit_id: int | None = None
+    ) -> AsyncGenerator[list[tuple[str, torch.Tensor]], None]:
+        """Yield lists of ``(name, tensor)``; tensors are views valid until the next batch."""
+        self._require("rollout")
+        receiver = RefitReceiver(
+            self.agent, rank=self._rank, refit=self._next_refit(refit_id),
+            buffers=self._buffers, sources=self._sources, timeout_s=self.timeout_s,
+        )
+        async for batch in receiver.run():
+            yield batch
+        if self.release_after_refit:
+            self._disconnect_peers()
+            self._release_transfer_buffers()
+
+    # -- teardown -------------------------------------------------------------------------
+    def _disconnect_peers(self) -> None:
+        if self._agent is not None:
+            for name in {t.agent for t in self._targets} | {s.agent for s in self._sources}:
+                self._agent.remove_remote_agent(name)
+        self._targets, self._sources, self._role = [], [], None
+
+    def _release_transfer_buffers(self) -> None:
+        if self._registration is not None and self._agent is not None:
+            self._agent.deregister(self._registration)
+        self._registration, self._buffers = None, []
+
+    def finalize(self) -> None:
+        """Disconnect from all peers and free the transfer buffers (``prepare()`` redoes it)."""
+        self._disconnect_peers()
+        self._release_transfer_buffers()

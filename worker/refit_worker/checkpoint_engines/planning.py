@@ -1,0 +1,138 @@
+"""Pure bucket planning: which bytes of which tensor go where in which bucket.
+
+:func:`plan_buckets` turns an ordered list of :class:`TensorSpec` into buckets of
+:class:`~.base.TensorMeta` pieces before any byte moves.  Rules, in order:
+
+* every piece starts at an offset aligned to its element size, so the receiver can view
+  the bucket bytes as the tensor's dtype without copying;
+* a tensor that fits in the rest of the current bucket goes there; one that fits in an
+  empty bucket opens a new bucket (never split needlessly);
+* a tensor larger than a bucket is cut into chunks whose sizes are whole elements,
+  filling the current bucket first, then whole buckets;
+* a zero-size tensor still gets a (zero-byte) piece, so it arrives;
+* duplicate names are an error before anything is sent.
+
+An empty input plans one empty bucket, so a receiver always gets a message.
+
+Must not import: nixl, torch.distributed, the transport modules of this package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .base import TensorMeta, element_size
+
+Bucket = list[TensorMeta]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """What the planner needs of one tensor: its name, wire dtype name and shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return element_size(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole tensor."""
+        return math.prod(self.shape) * self.itemsize
+
+
+def _align(value: int, alignment: int) -> int:
+    return -(-value // alignment) * alignment
+
+
+def check_bucket_size(bucket_size: object, specs: Sequence[TensorSpec] = ()) -> int:
+    """Validate ``bucket_size``: a positive int at least as large as every element size."""
+    if isinstance(bucket_size, bool) or not isinstance(bucket_size, int):
+        raise TypeError(f"bucket_size must be an int number of bytes, got {bucket_size!r}")
+    if bucket_size <= 0:
+        raise ValueError(f"bucket_size must be > 0 bytes, got {bucket_size}")
+    widest = max((spec.itemsize for spec in specs), default=1)
+    if bucket_size < widest:
+        raise ValueError(
+            f"bucket_size {bucket_size} is smaller than one element ({widest} bytes)"
+        )
+    return bucket_size
+
+
+def check_unique_names(names: Sequence[str]) -> None:
+    """Raise ``ValueError`` naming every name that occurs more than once."""
+    dupes = sorted(name for name, count in Counter(names).items() if count > 1)
+    if dupes:
+        raise ValueError(f"duplicate tensor names: {dupes}")
+
+
+def plan_buckets(specs: Sequence[TensorSpec], bucket_size: int) -> list[Bucket]:
+    """Plan the buckets for ``specs`` (in order) with ``bucket_size`` bytes each."""
+    check_bucket_size(bucket_size, specs)
+    check_unique_names([spec.name for spec in specs])
+    buckets: list[Bucket] = []
+    current: Bucket = []
+    cursor = 0
+
+    def close() -> None:
+        nonlocal current, cursor
+        if current:
+            buckets.append(current)
+        current, cursor = [], 0
+
+    for spec in specs:
+        size, item = spec.nbytes, spec.itemsize
+        offset = _align(cursor, item)
+        if offset + size > bucket_size and size <= bucket_size:
+            close()
+            offset = 0
+        if size <= bucket_size:
+            current.append(_piece(spec, 0, size, offset))
+            cursor = offset + size
+            continue
+        done = 0
+        while done < size:
+            offset = _align(cursor, item)
+            room = (bucket_size - offset) // item * item if offset < bucket_size else 0
+            if room <= 0:
+                close()
+                continue
+            take = min(room, size - done)
+            current.append(_piece(spec, done, take, offset))
+            done += take
+            cursor = offset + take
+    close()
+    return buckets or [[]]
+
+
+def _piece(spec: TensorSpec, chunk_offset: int, chunk_size: int, offset: int) -> TensorMeta:
+    return TensorMeta(
+        name=spec.name,
+        shape=spec.shape,
+        dtype=spec.dtype,
+        chunk_offset=chunk_offset,
+        chunk_size=chunk_size,
+        offset=offset,
+    )
+
+
+def used_bytes(bucket: Bucket) -> int:
+    """Bytes of a bucket that carry data: what a transfer of it must move."""
+    return max((piece.offset + piece.chunk_size for piece in bucket), default=0)
+
+
+def plan_digest(specs: Sequence[TensorSpec], bucket_size: int) -> str:
+    """A digest of the inputs of a plan; senders striping one receiver must agree on it."""
+    text = json.dumps(
+        [bucket_size, [[s.name, s.dtype, list(s.shape)] for s in specs]], separators=(",", ":")
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
