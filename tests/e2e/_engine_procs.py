@@ -133,6 +133,7 @@ async def _receive(engine: Any, job: Job, out_q: Any, rank: int) -> dict[str, st
 class Run:
     reports: dict[tuple[str, int], dict[str, Any]]
     events: list[dict[str, Any]]
+    arrived: dict[tuple[str, int], float]  # time.monotonic() when each report came in
 
 
 def run_job(job: Job, on_event: Callable[[dict[str, Any], dict[tuple[str, int], Any]], None]
@@ -155,12 +156,15 @@ def run_job(job: Job, on_event: Callable[[dict[str, Any], dict[tuple[str, int], 
     os.environ.clear()
     os.environ.update(env_before)
     reports: dict[tuple[str, int], dict[str, Any]] = {}
+    arrived: dict[tuple[str, int], float] = {}
     events: list[dict[str, Any]] = []
     rounds = job.refits if job.release_cycles else 1
     deadline = time.monotonic() + JOIN_TIMEOUT_S * (1 + rounds)
     pending_meta: dict[int, str] = {}
     try:
-        while len(reports) < len(ranks):
+        while len(reports) < len(ranks) - sum(not p.is_alive() and k not in reports
+                                              for k, p in procs.items() if p.exitcode is not None
+                                              and p.exitcode < 0):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"ranks {sorted(set(ranks) - set(reports))} did not report")
             try:
@@ -184,10 +188,11 @@ def run_job(job: Job, on_event: Callable[[dict[str, Any], dict[tuple[str, int], 
                     on_event(message, procs)
             else:
                 reports[key] = message
+                arrived[key] = time.monotonic()
     finally:
         for proc in procs.values():
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=10)
-    return Run(reports, events)
+    return Run(reports, events, arrived)

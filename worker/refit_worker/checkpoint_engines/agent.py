@@ -165,13 +165,18 @@ class NixlAgent:
         """Start a WRITE of ``local`` regions into ``remote`` ones; notify ``notif`` after."""
         if len(local) != len(remote) or not local:
             raise ValueError(f"need equal, non-empty region lists, got {len(local)}/{len(remote)}")
-        handle = self._agent.initialize_xfer(
-            "WRITE",
-            self._agent.get_xfer_descs(list(local), mem_type),
-            self._agent.get_xfer_descs(list(remote), mem_type),
-            peer,
-            notif,
-        )
+        try:
+            handle = self._agent.initialize_xfer(
+                "WRITE",
+                self._agent.get_xfer_descs(list(local), mem_type),
+                self._agent.get_xfer_descs(list(remote), mem_type),
+                peer,
+                notif,
+            )
+        except Exception as exc:  # nixl raises its own error types per status code
+            raise PeerError(
+                f"cannot start a WRITE to {peer!r}: {type(exc).__name__}: {exc}"
+            ) from exc
         if self._agent.transfer(handle) == "ERR":
             handle.release()
             raise PeerError(f"posting a WRITE to {peer!r} failed")
@@ -197,8 +202,15 @@ class NixlAgent:
             handle.release()
 
     # -- messages -----------------------------------------------------------------------
-    def send_control(self, peer: str, message: ControlMessage) -> None:
-        self._agent.send_notif(peer, encode(message))
+    def send_control(self, peer: str, message: ControlMessage, *, who: str = "") -> None:
+        """Send a control message; ``PeerError`` naming ``who`` (or the agent) if it fails."""
+        try:
+            self._agent.send_notif(peer, encode(message))
+        except Exception as exc:  # nixl raises its own error types per status code
+            raise PeerError(
+                f"{who or 'peer'} (agent {peer!r}) unreachable while sending {message.kind} "
+                f"of refit {message.refit}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def abort(self, peer: str, refit: int, reason: str) -> None:
         """Tell ``peer`` that refit ``refit`` failed here; best effort (it may be gone)."""

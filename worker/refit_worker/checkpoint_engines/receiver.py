@@ -75,7 +75,10 @@ class RefitReceiver:
                 if last:
                     self._check_complete(entries)
                     for source in self.sources:
-                        self.agent.send_control(source.agent, Done(refit=self.refit))
+                        self.agent.send_control(
+                            source.agent, Done(refit=self.refit),
+                            who=f"rollout rank {self.rank}: policy rank {source.rank}",
+                        )
                 if batch:
                     yield batch
                 if seq + len(self.buffers) < manifest.total_buckets:
@@ -87,8 +90,10 @@ class RefitReceiver:
 
     def _credit(self, seq: int) -> None:
         buffer = seq % len(self.buffers)
+        source = self._sender(seq)
         self.agent.send_control(
-            self._sender(seq).agent, Credit(refit=self.refit, seq=seq, buffer=buffer)
+            source.agent, Credit(refit=self.refit, seq=seq, buffer=buffer),
+            who=f"rollout rank {self.rank}: policy rank {source.rank}",
         )
 
     async def _wait(self, source: Source, kind: str, seq: int, what: str) -> object:

@@ -152,7 +152,9 @@ class RefitSender:
     async def _stream_all(self, streams: list[_Stream]) -> None:
         for stream in streams:
             if stream.target.sources[0] == self.rank:
-                self.agent.send_control(stream.target.agent, self._manifest(stream))
+                self.agent.send_control(
+                    stream.target.agent, self._manifest(stream), who=self._who(stream.target)
+                )
         longest = max((len(s.buckets) for s in streams), default=0)
         for seq in range(longest):
             for stream in streams:
@@ -167,6 +169,9 @@ class RefitSender:
             stream.pending.clear()
         for stream in streams:
             await self._wait(stream, "done", 0, f"confirmation of refit {self.refit}")
+
+    def _who(self, target: Target) -> str:
+        return f"policy rank {self.rank}: rollout rank {target.rank}"
 
     def _manifest(self, stream: _Stream) -> Manifest:
         entries = tuple(
@@ -235,9 +240,14 @@ class RefitSender:
             local.append((source.data_ptr() + piece.chunk_offset, piece.chunk_size, _dev(source)))
             remote.append((desc.addr + piece.offset, piece.chunk_size, target.dev_id))
         if not local:
-            self.agent.send_control(target.agent, message)
+            self.agent.send_control(target.agent, message, who=self._who(target))
             return
-        handle = self.agent.post_write(target.agent, local, remote, self.mem_type, encode(message))
+        try:
+            handle = self.agent.post_write(
+                target.agent, local, remote, self.mem_type, encode(message)
+            )
+        except PeerError as exc:
+            raise PeerError(f"{self._who(target)}: bucket {seq}: {exc}") from exc
         stream.pending.append((handle, f"bucket {seq} of refit {self.refit}"))
 
 
