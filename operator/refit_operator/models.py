@@ -1,0 +1,307 @@
+"""The ``RefitJob`` API: pydantic models of spec and status, the one source of the schema.
+
+``crd.py`` generates the CRD's OpenAPI schema from these models; handlers parse the raw
+spec with :func:`parse_spec` before anything else.  Field names are camelCase on the wire
+(Kubernetes convention) and snake_case in Python.
+
+Must not import: kopf, kubernetes (pure; the local runner and the CRD generator use it).
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from refit_operator.quantity import QUANTITY_PATTERN, QuantityError, parse_quantity
+from refit_worker.config import ENV_PREFIX, SyntheticWeights
+
+GROUP = "refit.dev"
+VERSION = "v1alpha1"
+KIND = "RefitJob"
+PLURAL = "refitjobs"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+#: Signal names the kubelet accepts in ``lifecycle.stopSignal`` on Linux (those that a
+#: process can catch; SIGKILL and SIGSTOP cannot be and are refused below anyway).
+KUBELET_STOP_SIGNALS: tuple[str, ...] = tuple(
+    sorted(
+        s.name
+        for s in _signal.Signals
+        if s.name not in {"SIGKILL", "SIGSTOP", "SIGRTMIN", "SIGRTMAX"}
+    )
+)
+_UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
+
+
+def canonical_signal(name: str) -> str:
+    """``'usr1'``, ``'sigusr1'`` → ``'SIGUSR1'``; ValueError if unknown or uncatchable."""
+    upper = name.strip().upper()
+    full = upper if upper.startswith("SIG") else "SIG" + upper
+    if full not in _signal.Signals.__members__:
+        raise ValueError(f"unknown signal name {name!r}")
+    if full in _UNCATCHABLE:
+        raise ValueError(f"signal {name!r} cannot be caught, so it cannot announce a preemption")
+    return full
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class EnvVar(_Wire):
+    """An extra environment variable for the worker container."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=253)
+    value: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name.startswith(ENV_PREFIX):
+            raise ValueError(
+                f"env name {name!r} is reserved: {ENV_PREFIX}* carries the worker config"
+            )
+        return name
+
+
+class Resources(_Wire):
+    """Container resources; values are Kubernetes quantities."""
+
+    requests: dict[str, str] = Field(default_factory=dict)
+    limits: dict[str, str] = Field(default_factory=dict)
+
+
+class RoleSpec(_Wire):
+    """Pods of one role (policy or rollout)."""
+
+    replicas: int = Field(1, ge=1, le=4096, description="Ranks in this role.")
+    resources: Resources = Field(default_factory=Resources)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    affinity: dict[str, Any] = Field(default_factory=dict)
+    env: list[EnvVar] = Field(default_factory=list)
+    command: list[str] = Field(default_factory=list, description="Overrides refit-worker.")
+    args: list[str] = Field(default_factory=list)
+    service_account_name: str = Field("", description="Empty: the per-job account.")
+
+
+class SafetensorsVolume(_Wire):
+    """A directory of ``*.safetensors`` files on a PersistentVolumeClaim."""
+
+    claim_name: str = Field(min_length=1, max_length=253)
+    path: str = Field("", description="Directory inside the volume.")
+
+
+class WeightsSpec(_Wire):
+    """What to stream: exactly one of ``synthetic`` and ``safetensors``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.synthetic) != has(self.safetensors)",
+                    "message": "set exactly one of weights.synthetic and weights.safetensors",
+                }
+            ]
+        }
+    )
+    synthetic: SyntheticWeights | None = None
+    safetensors: SafetensorsVolume | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> WeightsSpec:
+        if (self.synthetic is None) == (self.safetensors is None):
+            raise ValueError("set exactly one of weights.synthetic and weights.safetensors")
+        return self
+
+
+class TransferSpec(_Wire):
+    """NIXL transfer knobs, handed to the worker's checkpoint engine."""
+
+    backend: str = Field("UCX", min_length=1)
+    backend_params: dict[str, str] = Field(default_factory=dict)
+    bucket_size: str = Field("64Mi", pattern=QUANTITY_PATTERN, description="e.g. 64Mi")
+    device: Literal["cpu", "cuda"] = "cpu"
+    shard_expert_weights: bool = False
+    release_after_refit: bool = False
+    timeout_seconds: float = Field(120.0, gt=0)
+    refits: int = Field(3, ge=1, description="Refits before the job is done.")
+
+    @field_validator("bucket_size")
+    @classmethod
+    def _positive(cls, value: str) -> str:
+        try:
+            size = parse_quantity(value)
+        except QuantityError as exc:
+            raise ValueError(str(exc)) from exc
+        if size <= 0:
+            raise ValueError(f"bucketSize {value!r} must be more than 0 bytes")
+        return value
+
+    @property
+    def bucket_bytes(self) -> int:
+        return parse_quantity(self.bucket_size)
+
+
+Injection = Literal["auto", "stopSignal", "preStop"]
+
+
+class PreemptionSpec(_Wire):
+    """Which signal announces a preemption, and how the pod gets it."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.injection != 'stopSignal' || self.signal in "
+                    + "["
+                    + ", ".join(f"'{s}'" for s in KUBELET_STOP_SIGNALS)
+                    + "]",
+                    "message": "injection stopSignal needs a signal name the kubelet accepts,"
+                    " e.g. SIGTERM or SIGUSR1",
+                }
+            ]
+        }
+    )
+    signal: str = Field("SIGTERM", min_length=1, max_length=16)
+    grace_period_seconds: int = Field(30, ge=1, le=86400)
+    injection: Injection = "auto"
+
+    @field_validator("signal")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        canonical_signal(value)
+        return value
+
+    @model_validator(mode="after")
+    def _kubelet_name(self) -> PreemptionSpec:
+        if self.injection == "stopSignal" and self.signal not in KUBELET_STOP_SIGNALS:
+            raise ValueError(
+                f"injection stopSignal needs a signal name the kubelet accepts, got"
+                f" {self.signal!r} (write it as {canonical_signal(self.signal)!r})"
+            )
+        return self
+
+    @property
+    def signal_name(self) -> str:
+        return canonical_signal(self.signal)
+
+
+class FailurePolicy(_Wire):
+    """Restarts after real failures; preemptions never use these up."""
+
+    max_restarts: int = Field(3, ge=0)
+    backoff_seconds: float = Field(10.0, ge=0, description="Doubles per restart.")
+    max_backoff_seconds: float = Field(300.0, ge=0)
+
+
+class RefitJobSpec(_Wire):
+    """The desired state of a RefitJob."""
+
+    image: str = Field(min_length=1)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    policy: RoleSpec = Field(default_factory=RoleSpec)
+    rollout: RoleSpec = Field(default_factory=RoleSpec)
+    weights: WeightsSpec = Field(default_factory=lambda: WeightsSpec(synthetic=SyntheticWeights()))
+    transfer: TransferSpec = Field(default_factory=TransferSpec)
+    preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
+    failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+    create_service_account: bool = Field(
+        True, description="Create a per-job ServiceAccount allowed only its rendezvous."
+    )
+    suspend: bool = False
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class _Status(BaseModel):
+    # Status tolerates unknown keys: other writers (kubectl, older operators) may add some.
+    model_config = ConfigDict(
+        extra="ignore", frozen=True, alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class Condition(_Status):
+    """A Kubernetes-style condition."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: datetime
+
+
+class RoleStatus(_Status):
+    ready: int = 0
+    total: int = 0
+
+
+class RefitJobStatus(_Status):
+    """The observed state of a RefitJob, written only by the operator."""
+
+    phase: Phase = Phase.PENDING
+    message: str = ""
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int = 0
+    epoch: int = 0
+    #: The epoch whose pods have been created (None: not yet for the current epoch).
+    created_epoch: int | None = None
+    #: Not before this time is the gang of the current epoch (re)created.
+    restart_at: datetime | None = None
+    policy: RoleStatus = Field(default_factory=RoleStatus)
+    rollout: RoleStatus = Field(default_factory=RoleStatus)
+    restarts: int = 0
+    preemptions: int = 0
+    refits_completed: int = 0
+    bytes_transferred: int = 0
+    last_throughput_bytes_per_second: float | None = None
+    start_time: datetime | None = None
+    completion_time: datetime | None = None
+
+
+class InvalidSpecError(ValueError):
+    """The manifest does not describe a valid RefitJob; the message says what is wrong."""
+
+
+def parse_spec(raw: Any) -> RefitJobSpec:
+    """Turn the raw ``spec`` into a :class:`RefitJobSpec`, or raise InvalidSpecError."""
+    if not isinstance(raw, dict):
+        raise InvalidSpecError(f"spec must be an object, got {type(raw).__name__}")
+    try:
+        return RefitJobSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidSpecError(_describe(exc)) from exc
+
+
+def parse_status(raw: Any) -> RefitJobStatus:
+    """Read a stored status; an unreadable one counts as empty (the operator rewrites it)."""
+    if not isinstance(raw, dict):
+        return RefitJobStatus()
+    try:
+        return RefitJobStatus.model_validate(raw)
+    except ValidationError:
+        return RefitJobStatus()
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = "spec" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
+        got = err.get("input")
+        shown = f" (got {got!r})" if err["type"] != "missing" and not isinstance(got, dict) else ""
+        parts.append(f"{where}: {err['msg']}{shown}")
+    return "; ".join(parts)

@@ -1,0 +1,125 @@
+"""The generated CRD: drift of the checked-in file, structure, and its CEL rules (pure).
+
+The CEL rules are evaluated with cel-python (a real CEL interpreter) on manifests the
+pydantic models accept and refuse, so the apiserver and the operator agree.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import celpy
+import kubernetes_validate
+import pytest
+import yaml
+
+from refit_operator.crd import SchemaError, crd_manifest, crd_yaml, structural
+from refit_operator.models import InvalidSpecError, parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECKED_IN = ROOT / "crds" / "refitjob.yaml"
+
+
+def test_checked_in_crd_matches_the_models() -> None:
+    assert CHECKED_IN.read_text() == crd_yaml(), (
+        "crds/refitjob.yaml drifted from the models; regenerate: refit crd > crds/refitjob.yaml"
+    )
+
+
+def test_refit_crd_command_prints_it() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "refit_operator.cli", "crd"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": f"{ROOT / 'operator'}:{ROOT / 'worker'}", "PATH": "/usr/bin:/bin"},
+    )
+    assert out.stdout == crd_yaml()
+    assert crd_yaml() == crd_yaml()  # deterministic
+
+
+def test_crd_is_a_valid_kubernetes_object() -> None:
+    kubernetes_validate.validate(crd_manifest(), "1.30", strict=True)
+
+
+def _walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out = [(path, node)]
+    for key, child in (node.get("properties") or {}).items():
+        out += _walk(child, f"{path}.{key}")
+    if "items" in node:
+        out += _walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        out += _walk(node["additionalProperties"], f"{path}{{}}")
+    return out
+
+
+def test_schema_is_structural() -> None:
+    version = crd_manifest()["spec"]["versions"][0]
+    for path, node in _walk(version["schema"]["openAPIV3Schema"]):
+        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
+        assert not {"$ref", "anyOf", "oneOf", "allOf", "title", "const"} & set(node), path
+        assert not ("properties" in node and "additionalProperties" in node), path
+
+
+def test_names_columns_and_status() -> None:
+    spec = crd_manifest()["spec"]
+    assert spec["names"]["shortNames"] == ["rj"]
+    assert spec["scope"] == "Namespaced"
+    version = spec["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Phase"] == ".status.phase"
+    assert columns["Age"] == ".metadata.creationTimestamp"
+    assert {"Policy", "Rollout", "Refits"} <= set(columns)
+
+
+def _rules(prop: str) -> list[dict[str, str]]:
+    schema = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    rules: list[dict[str, str]] = schema["properties"]["spec"]["properties"][prop][
+        "x-kubernetes-validations"
+    ]
+    return rules
+
+
+def _cel(rule: str, obj: dict[str, Any]) -> bool:
+    env = celpy.Environment()
+    return bool(env.program(env.compile(rule)).evaluate({"self": celpy.json_to_cel(obj)}))
+
+
+@pytest.mark.parametrize(
+    ("prop", "value"),
+    [
+        ("preemption", {"signal": "SIGUSR1", "injection": "stopSignal", "gracePeriodSeconds": 5}),
+        ("preemption", {"signal": "usr1", "injection": "stopSignal", "gracePeriodSeconds": 5}),
+        ("preemption", {"signal": "usr1", "injection": "preStop", "gracePeriodSeconds": 5}),
+        ("preemption", {"signal": "SIGHUP", "injection": "auto", "gracePeriodSeconds": 5}),
+        ("weights", {"synthetic": {"layers": 1}}),
+        ("weights", {"safetensors": {"claimName": "c"}}),
+        ("weights", {}),
+        ("weights", {"synthetic": {}, "safetensors": {"claimName": "c"}}),
+    ],
+)
+def test_cel_rules_agree_with_the_models(prop: str, value: dict[str, Any]) -> None:
+    try:
+        parse_spec({"image": "i", prop: value})
+        model_ok = True
+    except InvalidSpecError:
+        model_ok = False
+    cel_ok = all(_cel(r["rule"], value) for r in _rules(prop))
+    assert cel_ok == model_ok, (prop, value)
+
+
+def test_unsupported_schema_is_refused() -> None:
+    with pytest.raises(SchemaError, match="only Optional"):
+        structural({"anyOf": [{"type": "string"}, {"type": "integer"}]}, {}, "x")
+    with pytest.raises(SchemaError, match="'oneOf'"):
+        structural({"type": "object", "oneOf": []}, {}, "x")
+
+
+def test_generated_yaml_parses_back() -> None:
+    text = crd_yaml()
+    assert yaml.safe_load(text) == crd_manifest()

@@ -1,0 +1,95 @@
+"""The RefitJob models: defaults, the specific error for each bad input (pure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from refit_operator.models import (
+    InvalidSpecError,
+    Phase,
+    RefitJobStatus,
+    canonical_signal,
+    parse_spec,
+    parse_status,
+)
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "refitjob.yaml"
+
+
+def test_sample_manifest_parses_with_defaults() -> None:
+    spec = parse_spec(yaml.safe_load(SAMPLE.read_text())["spec"])
+    assert spec.policy.replicas == 2 and spec.rollout.replicas == 2
+    assert spec.transfer.bucket_bytes == 16 << 20
+    assert spec.preemption.signal_name == "SIGUSR1"
+    assert spec.failure_policy.max_restarts == 1
+    assert spec.image_pull_policy == "IfNotPresent" and spec.suspend is False
+    assert spec.weights.synthetic is not None and spec.weights.synthetic.hidden == 64
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"preemption": {"signal": "SIGBOGUS"}},
+            "spec.preemption.signal: Value error, unknown signal name 'SIGBOGUS'",
+        ),
+        ({"preemption": {"signal": "SIGKILL"}}, "cannot be caught"),
+        ({"preemption": {"signal": "usr1", "injection": "stopSignal"}}, "write it as 'SIGUSR1'"),
+        (
+            {"transfer": {"bucketSize": "0"}},
+            "spec.transfer.bucketSize: Value error, bucketSize '0' must be more than 0 bytes",
+        ),
+        (
+            {"transfer": {"bucketSize": "64MB"}},
+            "spec.transfer.bucketSize: String should match pattern",
+        ),
+        (
+            {"policy": {"replicas": 0}},
+            "spec.policy.replicas: Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            {"rollout": {"replicas": "many"}},
+            "spec.rollout.replicas: Input should be a valid integer",
+        ),
+        ({"colour": "blue"}, "spec.colour: Extra inputs are not permitted (got 'blue')"),
+        ({"policy": {"replicaz": 2}}, "spec.policy.replicaz: Extra inputs are not permitted"),
+        ({"policy": {"env": [{"name": "REFIT_RANK", "value": "3"}]}}, "'REFIT_RANK' is reserved"),
+        ({"weights": {}}, "set exactly one of weights.synthetic and weights.safetensors"),
+        ({"image": ""}, "spec.image: String should have at least 1 character"),
+        ({"transfer": {"device": "tpu"}}, "spec.transfer.device: Input should be 'cpu' or 'cuda'"),
+        ({"failurePolicy": {"maxRestarts": -1}}, "spec.failurePolicy.maxRestarts"),
+    ],
+)
+def test_bad_input_names_the_field_and_value(change: dict[str, Any], message: str) -> None:
+    raw = {"image": "img", **change}
+    with pytest.raises(InvalidSpecError) as info:
+        parse_spec(raw)
+    assert message in str(info.value)
+
+
+def test_missing_image_and_non_object_spec() -> None:
+    with pytest.raises(InvalidSpecError, match=r"spec\.image: Field required"):
+        parse_spec({})
+    with pytest.raises(InvalidSpecError, match="spec must be an object, got list"):
+        parse_spec([])
+
+
+@pytest.mark.parametrize(
+    ("name", "canonical"), [("SIGTERM", "SIGTERM"), ("term", "SIGTERM"), ("sigusr2", "SIGUSR2")]
+)
+def test_signal_names(name: str, canonical: str) -> None:
+    assert canonical_signal(name) == canonical
+
+
+def test_status_round_trips_and_tolerates_garbage() -> None:
+    status = RefitJobStatus(phase=Phase.RUNNING, epoch=2, restarts=1, preemptions=3)
+    wire = status.model_dump(mode="json", by_alias=True)
+    assert wire["phase"] == "Running" and wire["refitsCompleted"] == 0
+    assert parse_status(wire) == status
+    assert parse_status({**wire, "kopf": {"x": 1}}) == status  # unknown keys ignored
+    assert parse_status(None) == RefitJobStatus()
+    assert parse_status({"epoch": "not a number"}) == RefitJobStatus()
