@@ -1,0 +1,91 @@
+"""Deterministic names and labels of a RefitJob's children.
+
+Pure; must not import kopf or kubernetes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Literal
+
+Role = Literal["policy", "rollout"]
+ROLES: tuple[Role, Role] = ("policy", "rollout")
+
+LABEL_JOB = "refit.dev/job"
+LABEL_ROLE = "refit.dev/role"
+LABEL_RANK = "refit.dev/rank"
+LABEL_EPOCH = "refit.dev/epoch"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "refit-operator"
+
+#: Ranks whose rendezvous entries share one ConfigMap; 128 entries of a few KiB of NIXL
+#: metadata each keep a shard well under the 1 MiB object limit.
+RANKS_PER_SHARD = 128
+
+#: The port of torch.distributed's rendezvous inside a role.
+MASTER_PORT = 29500
+
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_LABEL_MAX = 63
+
+
+def pod_name(job: str, role: Role, rank: int) -> str:
+    return f"{job}-{role}-{rank}"
+
+
+def service_name(job: str, role: Role) -> str:
+    return f"{job}-{role}"
+
+
+def rendezvous_name(job: str, shard: int = 0) -> str:
+    """Shard 0 is ``<job>-rendezvous``; later shards get a ``-<i>`` suffix."""
+    return f"{job}-rendezvous" if shard == 0 else f"{job}-rendezvous-{shard}"
+
+
+def rendezvous_shards(policy_replicas: int, rollout_replicas: int) -> int:
+    return max(1, math.ceil((policy_replicas + rollout_replicas) / RANKS_PER_SHARD))
+
+
+def worker_account_name(job: str) -> str:
+    return f"{job}-worker"
+
+
+def master_addr(job: str, role: Role, namespace: str) -> str:
+    """Rank 0 of a role, reached through the role's headless Service."""
+    return f"{pod_name(job, role, 0)}.{service_name(job, role)}.{namespace}.svc"
+
+
+def job_labels(job: str) -> dict[str, str]:
+    return {LABEL_JOB: job, LABEL_MANAGED_BY: MANAGER}
+
+
+def pod_labels(job: str, role: Role, rank: int, epoch: int) -> dict[str, str]:
+    return {
+        **job_labels(job),
+        LABEL_ROLE: role,
+        LABEL_RANK: str(rank),
+        LABEL_EPOCH: str(epoch),
+    }
+
+
+def name_problems(job: str, policy_replicas: int, rollout_replicas: int) -> list[str]:
+    """Why the children's names would be invalid (empty when fine).
+
+    A pod's hostname and a Service's name must be DNS-1035 labels of at most 63 characters.
+    """
+    problems: list[str] = []
+    longest = max(
+        pod_name(job, "policy", policy_replicas - 1),
+        pod_name(job, "rollout", rollout_replicas - 1),
+        key=len,
+    )
+    if not _DNS_LABEL.match(job):
+        problems.append(
+            f"job name {job!r} must be a DNS-1035 label (lowercase, starts with a letter)"
+        )
+    if len(longest) > _DNS_LABEL_MAX:
+        problems.append(
+            f"job name {job!r} is too long: pod name {longest!r} is over {_DNS_LABEL_MAX} chars"
+        )
+    return problems

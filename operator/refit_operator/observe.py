@@ -1,0 +1,109 @@
+"""Reading observed children: a pod manifest reduced to what the reconcile decides on.
+
+Pure; must not import kopf or kubernetes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from refit_operator import names
+from refit_worker.config import EXIT_PREEMPTED
+
+#: status.reason values of pods the kubelet pushed out (node pressure, shutdown).
+_EVICTED_REASONS = frozenset({"Evicted", "Preempting", "Terminated", "Shutdown", "NodeShutdown"})
+
+
+@dataclass(frozen=True)
+class ObservedPod:
+    name: str
+    role: str
+    rank: int
+    epoch: int
+    phase: str
+    ready: bool
+    deleting: bool
+    #: Why the pod is being taken away (None: it is not): a preemption, not a failure.
+    disruption: str | None
+    #: Why it failed on its own (None: it did not).
+    failure: str | None
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything the reconcile sees of a job's children."""
+
+    pods: tuple[ObservedPod, ...] = ()
+    #: ``(kind, name)`` of each existing non-pod child.
+    others: frozenset[tuple[str, str]] = frozenset()
+    #: Rendezvous ConfigMap name -> its data (read only; issue #5 adds the barrier logic).
+    rendezvous: Mapping[str, Mapping[str, str]] | None = None
+
+
+def _int_label(labels: Mapping[str, Any], key: str) -> int:
+    try:
+        return int(labels.get(key, "-1"))
+    except (TypeError, ValueError):
+        return -1
+
+
+def _terminated(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    out = []
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term:
+            out.append(term)
+    return out
+
+
+def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
+    """Classify a pod manifest: ready, disrupted (preempted) or failed, and why."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = pod.get("status") or {}
+    phase = str(status.get("phase") or "Pending")
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    ready = phase == "Running" and (conditions.get("Ready") or {}).get("status") == "True"
+    disruption: str | None = None
+    target = conditions.get("DisruptionTarget") or {}
+    terminated = _terminated(status)
+    if target.get("status") == "True":
+        disruption = f"DisruptionTarget: {target.get('reason') or 'unknown'}"
+    elif meta.get("deletionTimestamp"):
+        disruption = "PodDeleted"
+    elif phase == "Failed" and status.get("reason") in _EVICTED_REASONS:
+        disruption = f"Evicted: {status.get('reason')}"
+    elif any(t.get("exitCode") == EXIT_PREEMPTED for t in terminated):
+        disruption = f"WorkerPreempted: exit code {EXIT_PREEMPTED}"
+    failure: str | None = None
+    if disruption is None and phase == "Failed":
+        codes = [t.get("exitCode") for t in terminated]
+        detail = status.get("reason") or (f"exit code {codes[0]}" if codes else "no exit code")
+        failure = f"pod {meta.get('name')} failed: {detail}"
+    return ObservedPod(
+        name=str(meta.get("name", "")),
+        role=str(labels.get(names.LABEL_ROLE, "")),
+        rank=_int_label(labels, names.LABEL_RANK),
+        epoch=_int_label(labels, names.LABEL_EPOCH),
+        phase=phase,
+        ready=ready,
+        deleting=bool(meta.get("deletionTimestamp")),
+        disruption=disruption,
+        failure=failure,
+    )
+
+
+def observe(
+    pods: Sequence[Mapping[str, Any]],
+    others: Sequence[Mapping[str, Any]],
+    rendezvous: Mapping[str, Mapping[str, str]] | None = None,
+) -> Observed:
+    return Observed(
+        pods=tuple(sorted((observe_pod(p) for p in pods), key=lambda p: p.name)),
+        others=frozenset(
+            (str(o.get("kind", "")), str((o.get("metadata") or {}).get("name", ""))) for o in others
+        ),
+        rendezvous=rendezvous,
+    )

@@ -1,0 +1,67 @@
+"""The RefitJob phase machine: which phase follows from the facts, and which moves are legal.
+
+Pure; must not import kopf or kubernetes.  ``reconcile.py`` gathers the facts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from refit_operator.models import Phase
+
+#: Legal moves.  Succeeded is final; Failed is left only for Pending when a user fixes an
+#: invalid spec (a new generation), which ``reconcile`` decides.
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.PENDING: frozenset(
+        {Phase.RUNNING, Phase.RESTARTING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED}
+    ),
+    Phase.RUNNING: frozenset(
+        {Phase.PENDING, Phase.RESTARTING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED}
+    ),
+    Phase.RESTARTING: frozenset({Phase.PENDING, Phase.SUSPENDED, Phase.FAILED}),
+    Phase.SUSPENDED: frozenset({Phase.PENDING, Phase.RESTARTING, Phase.FAILED}),
+    Phase.SUCCEEDED: frozenset(),
+    # Only for a corrected invalid spec (``retry_invalid``): the job starts over as if new.
+    Phase.FAILED: frozenset({Phase.PENDING, Phase.RUNNING, Phase.RESTARTING, Phase.SUSPENDED}),
+}
+
+#: Phases in which a gang exists that can be ready or finished.
+_ACTIVE = frozenset({Phase.PENDING, Phase.RUNNING, Phase.FAILED})
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhaseFacts:
+    """What the reconcile learnt this round, reduced to what decides the phase."""
+
+    current: Phase
+    invalid: bool = False
+    retry_invalid: bool = False  # the spec changed since it was found invalid
+    restarts_exhausted: bool = False
+    suspended: bool = False
+    all_rollouts_done: bool = False
+    gang_disrupted: bool = False  # a pod of the current epoch failed or was preempted
+    waiting_for_gang: bool = False  # epoch bumped, old pods or backoff still pending
+    all_ready: bool = False
+
+
+def next_phase(facts: PhaseFacts) -> Phase:
+    """The phase the job moves to; rules are checked in priority order."""
+    if facts.current is Phase.SUCCEEDED:
+        return Phase.SUCCEEDED
+    if facts.current is Phase.FAILED and not facts.retry_invalid:
+        return Phase.FAILED
+    if facts.invalid or facts.restarts_exhausted:
+        return Phase.FAILED
+    if facts.suspended:
+        return Phase.SUSPENDED
+    if facts.all_rollouts_done and facts.current in (Phase.PENDING, Phase.RUNNING):
+        return Phase.SUCCEEDED
+    if facts.gang_disrupted or facts.waiting_for_gang:
+        return Phase.RESTARTING
+    if facts.all_ready and facts.current in _ACTIVE:
+        return Phase.RUNNING
+    return Phase.PENDING
+
+
+def is_legal(old: Phase, new: Phase) -> bool:
+    return old == new or new in TRANSITIONS[old]

@@ -1,0 +1,319 @@
+"""The pure reconcile: from a RefitJob and its observed children to actions and next status.
+
+Gang semantics: if any pod of the current epoch fails or is disrupted (DisruptionTarget,
+eviction, deletion, a preempted exit), every pod stops, the epoch goes up, the rendezvous is
+cleared, and after a backoff the gang is recreated under the same pod names, once the old
+pods are gone.  Failures use up ``maxRestarts``; preemptions are counted apart and do not.
+
+The rendezvous data arrives in ``Observed.rendezvous``; the operator-side barrier (issue #5)
+belongs next to :func:`reconcile` and reads it from there.
+
+Must not import: kopf, kubernetes (the local runner drives this without an API).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal, TypeAlias
+
+from refit_operator import conditions as cond
+from refit_operator import names, render
+from refit_operator.models import (
+    InvalidSpecError,
+    Phase,
+    RefitJobSpec,
+    RefitJobStatus,
+    RoleStatus,
+    parse_spec,
+)
+from refit_operator.observe import Observed, ObservedPod
+from refit_operator.phases import PhaseFacts, is_legal, next_phase
+
+#: How soon to look again while old pods are still going away.
+POLL_DELETING_S = 1.0
+
+
+@dataclass(frozen=True)
+class Create:
+    obj: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Delete:
+    api_version: str
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ClearKeys:
+    """Drop keys from a rendezvous ConfigMap (a merge patch setting them to null)."""
+
+    name: str
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Emit:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+Action: TypeAlias = Create | Delete | ClearKeys | Emit
+
+
+@dataclass(frozen=True)
+class JobView:
+    ref: render.JobRef
+    generation: int
+    raw_spec: Any
+    status: RefitJobStatus
+
+
+@dataclass(frozen=True)
+class Decision:
+    actions: tuple[Action, ...]
+    status: RefitJobStatus
+    requeue_after: float | None = None
+
+
+@dataclass
+class _Round:
+    """Mutable scratch of one reconcile round."""
+
+    status: RefitJobStatus
+    actions: list[Action] = field(default_factory=list)
+    requeue: float | None = None
+
+    def update(self, **changes: Any) -> None:
+        self.status = self.status.model_copy(update=changes)
+
+    def later(self, seconds: float) -> None:
+        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
+
+
+def reconcile(
+    job: JobView, observed: Observed, now: datetime, options: render.RenderOptions
+) -> Decision:
+    """Decide what to do about ``job`` given what exists; never touches the API."""
+    try:
+        spec = parse_spec(job.raw_spec)
+        problems = names.name_problems(job.ref.name, spec.policy.replicas, spec.rollout.replicas)
+        if problems:
+            raise InvalidSpecError("; ".join(problems))
+    except InvalidSpecError as exc:
+        return _invalid(job, observed, str(exc), now)
+    rnd = _Round(job.status)
+    retry = _is_invalid(job.status) and job.status.observed_generation != job.generation
+    if retry:
+        rnd.update(phase=Phase.PENDING, message="", created_epoch=None, epoch=rnd.status.epoch + 1)
+    old = rnd.status.phase
+    facts = _act(job=job, spec=spec, observed=observed, now=now, options=options, rnd=rnd)
+    new = next_phase(facts)
+    if not is_legal(rnd.status.phase, new):  # a bug in the rules, not in the input
+        raise RuntimeError(f"illegal phase move {rnd.status.phase} -> {new}")
+    _finish(rnd=rnd, job=job, spec=spec, observed=observed, old=old, new=new, now=now)
+    return Decision(tuple(rnd.actions), rnd.status, rnd.requeue)
+
+
+def _is_invalid(status: RefitJobStatus) -> bool:
+    failed = cond.get_condition(status.conditions, cond.FAILED)
+    return status.phase is Phase.FAILED and failed is not None and failed.reason == "InvalidSpec"
+
+
+def _invalid(job: JobView, observed: Observed, message: str, now: datetime) -> Decision:
+    st = job.status
+    actions: list[Action] = [Delete("v1", "Pod", p.name) for p in observed.pods if not p.deleting]
+    if st.phase is not Phase.FAILED or st.message != message:
+        actions.append(Emit("Warning", "InvalidSpec", message))
+    status = st.model_copy(
+        update={
+            "phase": Phase.FAILED,
+            "message": message,
+            "observed_generation": job.generation,
+            "conditions": cond.set_condition(
+                st.conditions, cond.FAILED, "True", reason="InvalidSpec", message=message, now=now
+            ),
+        }
+    )
+    return Decision(tuple(actions), status)
+
+
+def _replicas(spec: RefitJobSpec, role: str) -> int:
+    return spec.policy.replicas if role == "policy" else spec.rollout.replicas
+
+
+def _expected(job: JobView, spec: RefitJobSpec) -> set[str]:
+    return {
+        names.pod_name(job.ref.name, role, rank)
+        for role in names.ROLES
+        for rank in range(_replicas(spec, role))
+    }
+
+
+def _delete_pods(rnd: _Round, pods: list[ObservedPod]) -> None:
+    rnd.actions.extend(Delete("v1", "Pod", p.name) for p in pods if not p.deleting)
+
+
+def _backoff(spec: RefitJobSpec, restarts: int) -> float:
+    fp = spec.failure_policy
+    return float(min(fp.max_backoff_seconds, fp.backoff_seconds * 2 ** max(0, restarts - 1)))
+
+
+def _act(
+    *,
+    job: JobView,
+    spec: RefitJobSpec,
+    observed: Observed,
+    now: datetime,
+    options: render.RenderOptions,
+    rnd: _Round,
+) -> PhaseFacts:
+    st = rnd.status
+    pods = list(observed.pods)
+    if st.phase in (Phase.SUCCEEDED, Phase.FAILED):
+        _delete_pods(rnd, [p for p in pods if p.phase not in ("Succeeded", "Failed")])
+        return PhaseFacts(current=st.phase)
+    for obj in render.render_static(job.ref, spec):
+        if (obj["kind"], obj["metadata"]["name"]) not in observed.others:
+            rnd.actions.append(Create(obj))
+    if spec.suspend:
+        if st.phase is not Phase.SUSPENDED:
+            # A new epoch on resume keeps the suspended gang's rendezvous entries stale.
+            rnd.update(epoch=st.epoch + 1, created_epoch=None, restart_at=None)
+        _delete_pods(rnd, pods)
+        return PhaseFacts(current=st.phase, suspended=True)
+    current = [p for p in pods if p.epoch == st.epoch]
+    stale = [p for p in pods if p.epoch != st.epoch]
+    created = st.created_epoch == st.epoch
+    missing = sorted(_expected(job, spec) - {p.name for p in current}) if created else []
+    rollouts = [p for p in current if p.role == "rollout"]
+    if (
+        created
+        and len(rollouts) == spec.rollout.replicas
+        and all(p.phase == "Succeeded" for p in rollouts)
+    ):
+        rnd.update(completion_time=now, refits_completed=spec.transfer.refits)
+        _delete_pods(rnd, [p for p in pods if p.phase not in ("Succeeded", "Failed")])
+        return PhaseFacts(current=st.phase, all_rollouts_done=True)
+    failures = [p.failure for p in current if p.failure]
+    disruptions = [f"{p.name}: {p.disruption}" for p in current if p.disruption]
+    disruptions += [f"{name}: PodMissing" for name in missing]
+    if failures or disruptions:
+        return _restart_gang(
+            spec=spec,
+            observed=observed,
+            pods=pods,
+            failures=failures,
+            disruptions=disruptions,
+            now=now,
+            rnd=rnd,
+        )
+    _delete_pods(rnd, stale)
+    if not created:
+        if stale:
+            rnd.later(POLL_DELETING_S)
+            return PhaseFacts(current=st.phase, waiting_for_gang=st.epoch > 0)
+        if st.restart_at is not None and now < st.restart_at:
+            rnd.later((st.restart_at - now).total_seconds())
+            return PhaseFacts(current=st.phase, waiting_for_gang=True)
+        rnd.actions.extend(Create(p) for p in render.render_gang(job.ref, spec, st.epoch, options))
+        rnd.update(created_epoch=st.epoch, restart_at=None, start_time=st.start_time or now)
+        return PhaseFacts(current=st.phase)
+    all_ready = all(p.ready or p.phase == "Succeeded" for p in current)
+    return PhaseFacts(current=st.phase, all_ready=all_ready)
+
+
+def _restart_gang(
+    *,
+    spec: RefitJobSpec,
+    observed: Observed,
+    pods: list[ObservedPod],
+    failures: list[str],
+    disruptions: list[str],
+    now: datetime,
+    rnd: _Round,
+) -> PhaseFacts:
+    st = rnd.status
+    _delete_pods(rnd, pods)
+    if failures and st.restarts >= spec.failure_policy.max_restarts:
+        message = f"{failures[0]}; maxRestarts ({spec.failure_policy.max_restarts}) used up"
+        rnd.update(message=message, completion_time=now)
+        return PhaseFacts(current=st.phase, restarts_exhausted=True)
+    if failures:
+        restarts = st.restarts + 1
+        reason, message = "Restarted", f"gang restart {restarts}: {failures[0]}"
+        rnd.update(restarts=restarts)
+        delay = _backoff(spec, restarts)
+    else:
+        reason = "Preempted"
+        message = f"gang preempted ({st.preemptions + 1}): {disruptions[0]}"
+        rnd.update(preemptions=st.preemptions + 1)
+        delay = spec.failure_policy.backoff_seconds
+    rnd.update(
+        epoch=st.epoch + 1,
+        created_epoch=None,
+        restart_at=now + timedelta(seconds=delay),
+        message=message,
+    )
+    rnd.actions.append(Emit("Warning", reason, message))
+    for name, data in sorted((observed.rendezvous or {}).items()):
+        if data:
+            rnd.actions.append(ClearKeys(name, tuple(sorted(data))))
+    rnd.later(max(delay, POLL_DELETING_S))
+    return PhaseFacts(current=st.phase, gang_disrupted=True)
+
+
+def _role_status(
+    spec: RefitJobSpec, pods: tuple[ObservedPod, ...], epoch: int, role: str
+) -> RoleStatus:
+    ready = sum(1 for p in pods if p.epoch == epoch and p.role == role and p.ready)
+    return RoleStatus(ready=ready, total=_replicas(spec, role))
+
+
+def _finish(
+    *,
+    rnd: _Round,
+    job: JobView,
+    spec: RefitJobSpec,
+    observed: Observed,
+    old: Phase,
+    new: Phase,
+    now: datetime,
+) -> None:
+    st = rnd.status
+    ready: cond.Truth = "True" if new is Phase.RUNNING else "False"
+    suspended: cond.Truth = "True" if new is Phase.SUSPENDED else "False"
+    conds = cond.set_condition(
+        st.conditions, cond.READY, ready, reason=new.value, message="", now=now
+    )
+    conds = cond.set_condition(
+        conds, cond.SUSPENDED, suspended, reason=new.value, message="", now=now
+    )
+    if new is Phase.SUCCEEDED:
+        conds = cond.set_condition(
+            conds, cond.COMPLETE, "True", reason="RefitsDone", message="", now=now
+        )
+    if new is Phase.FAILED and old is not Phase.FAILED:
+        conds = cond.set_condition(
+            conds, cond.FAILED, "True", reason="RestartsExhausted", message=st.message, now=now
+        )
+    elif new is not Phase.FAILED and cond.get_condition(conds, cond.FAILED) is not None:
+        conds = cond.set_condition(
+            conds, cond.FAILED, "False", reason=new.value, message="", now=now
+        )
+    message = st.message if new in (Phase.RESTARTING, Phase.FAILED) else ""
+    rnd.update(
+        phase=new,
+        message=message,
+        conditions=conds,
+        observed_generation=job.generation,
+        policy=_role_status(spec, observed.pods, st.epoch, "policy"),
+        rollout=_role_status(spec, observed.pods, st.epoch, "rollout"),
+    )
+    if new is not old:
+        kind: Literal["Normal", "Warning"] = "Warning" if new is Phase.FAILED else "Normal"
+        text = f"phase {old.value} -> {new.value}" + (f": {message}" if message else "")
+        rnd.actions.append(Emit(kind, new.value, text))

@@ -1,0 +1,277 @@
+"""The pure reconcile: job + observed children -> actions + next status (no API).
+
+Pods are given as manifests (the way the API returns them) and read by ``observe``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from refit_operator import reconcile as rc
+from refit_operator.models import Phase, RefitJobStatus
+from refit_operator.observe import observe, observe_pod
+from refit_operator.render import JobRef, RenderOptions, render_gang, render_static
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+REF = JobRef(name="job", namespace="ns", uid="u-1")
+SPEC: dict[str, Any] = {
+    "image": "img",
+    "policy": {"replicas": 2},
+    "rollout": {"replicas": 1},
+    "failurePolicy": {"maxRestarts": 1, "backoffSeconds": 10},
+}
+POD_NAMES = ["job-policy-0", "job-policy-1", "job-rollout-0"]
+
+
+def _status(**kw: Any) -> RefitJobStatus:
+    return RefitJobStatus(**kw)
+
+
+def _pods(epoch: int, **status_by_name: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = rc.parse_spec(SPEC)
+    pods = render_gang(REF, spec, epoch, RenderOptions())
+    for pod in pods:
+        pod["status"] = status_by_name.get(pod["metadata"]["name"], {"phase": "Pending"})
+    return pods
+
+
+RUNNING = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+SUCCEEDED = {"phase": "Succeeded"}
+
+
+def _run(
+    status: RefitJobStatus,
+    pods: list[dict[str, Any]],
+    *,
+    spec: dict[str, Any] | None = None,
+    generation: int = 1,
+    now: datetime = NOW,
+    static: bool = True,
+    rendezvous: dict[str, dict[str, str]] | None = None,
+) -> rc.Decision:
+    raw = SPEC if spec is None else spec
+    others = render_static(REF, rc.parse_spec(SPEC)) if static else []
+    job = rc.JobView(ref=REF, generation=generation, raw_spec=raw, status=status)
+    return rc.reconcile(job, observe(pods, others, rendezvous), now, RenderOptions())
+
+
+def _creates(d: rc.Decision) -> list[str]:
+    return sorted(a.obj["metadata"]["name"] for a in d.actions if isinstance(a, rc.Create))
+
+
+def _deletes(d: rc.Decision) -> list[str]:
+    return sorted(a.name for a in d.actions if isinstance(a, rc.Delete))
+
+
+def _events(d: rc.Decision) -> list[tuple[str, str]]:
+    return [(a.type, a.reason) for a in d.actions if isinstance(a, rc.Emit)]
+
+
+def test_new_job_creates_every_child_and_stays_pending() -> None:
+    d = _run(_status(), [], static=False)
+    assert _creates(d) == sorted(
+        [*POD_NAMES, "job-policy", "job-rollout", "job-rendezvous"] + ["job-worker"] * 3
+    )
+    assert d.status.phase is Phase.PENDING
+    assert d.status.created_epoch == 0 and d.status.start_time == NOW
+    assert (d.status.policy.total, d.status.rollout.total) == (2, 1)
+    assert _deletes(d) == [] and _events(d) == []
+
+
+def test_existing_children_are_not_created_again() -> None:
+    d = _run(_status(created_epoch=0), _pods(0))
+    assert _creates(d) == [] and d.status.phase is Phase.PENDING
+
+
+def test_all_ready_is_running_with_counts_and_an_event() -> None:
+    pods = _pods(0, **dict.fromkeys(POD_NAMES, RUNNING))
+    d = _run(_status(created_epoch=0), pods)
+    assert d.status.phase is Phase.RUNNING
+    assert (d.status.policy.ready, d.status.rollout.ready) == (2, 1)
+    assert _events(d) == [("Normal", "Running")]
+    ready = next(c for c in d.status.conditions if c.type == "Ready")
+    assert (ready.status, ready.last_transition_time) == ("True", NOW)
+
+
+def test_disruption_target_restarts_the_gang_as_a_preemption() -> None:
+    evicted = {
+        **RUNNING,
+        "conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"},
+        ],
+    }
+    pods = _pods(0, **{"job-policy-0": RUNNING, "job-policy-1": evicted, "job-rollout-0": RUNNING})
+    data = {"job-rendezvous": {"meta.policy.0": "{}", "barrier": "{}"}}
+    d = _run(_status(phase=Phase.RUNNING, created_epoch=0), pods, rendezvous=data)
+    s = d.status
+    assert (s.phase, s.epoch, s.created_epoch, s.preemptions, s.restarts) == (
+        Phase.RESTARTING,
+        1,
+        None,
+        1,
+        0,
+    )
+    assert s.restart_at == NOW + timedelta(seconds=10)
+    assert _deletes(d) == POD_NAMES
+    assert rc.ClearKeys("job-rendezvous", ("barrier", "meta.policy.0")) in d.actions
+    assert ("Warning", "Preempted") in _events(d)
+    assert "EvictionByEvictionAPI" in s.message
+
+
+@pytest.mark.parametrize(
+    ("pod_status", "meta", "kind"),
+    [
+        ({"phase": "Failed", "reason": "Evicted"}, {}, "preemption"),
+        (RUNNING, {"deletionTimestamp": "2026-01-01T00:00:00Z"}, "preemption"),
+        (
+            {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {"exitCode": 83}}}]},
+            {},
+            "preemption",
+        ),
+        (
+            {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {"exitCode": 1}}}]},
+            {},
+            "failure",
+        ),
+        ({"phase": "Failed"}, {}, "failure"),
+        (SUCCEEDED, {}, None),
+        ({"phase": "Pending"}, {}, None),
+    ],
+)
+def test_pod_classification(
+    pod_status: dict[str, Any], meta: dict[str, Any], kind: str | None
+) -> None:
+    pod = {
+        "metadata": {"name": "p", "labels": {"refit.dev/epoch": "0"}, **meta},
+        "status": pod_status,
+    }
+    seen = observe_pod(pod)
+    assert (seen.disruption is not None, seen.failure is not None) == (
+        kind == "preemption",
+        kind == "failure",
+    )
+
+
+def test_failure_counts_a_restart_with_doubling_backoff() -> None:
+    failed = {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {"exitCode": 3}}}]}
+    pods = _pods(0, **{"job-policy-0": failed, "job-policy-1": RUNNING, "job-rollout-0": RUNNING})
+    d = _run(_status(phase=Phase.RUNNING, created_epoch=0), pods)
+    s = d.status
+    assert (s.phase, s.epoch, s.restarts, s.preemptions) == (Phase.RESTARTING, 1, 1, 0)
+    assert "job-policy-0 failed: exit code 3" in s.message
+    assert ("Warning", "Restarted") in _events(d)
+
+
+def test_failure_past_max_restarts_fails_the_job() -> None:
+    pods = _pods(2, **{"job-rollout-0": {"phase": "Failed"}})
+    d = _run(_status(phase=Phase.RUNNING, epoch=2, created_epoch=2, restarts=1), pods)
+    s = d.status
+    assert (s.phase, s.restarts, s.epoch) == (Phase.FAILED, 1, 2)
+    assert "maxRestarts (1) used up" in s.message
+    assert _deletes(d) == POD_NAMES
+    assert ("Warning", "Failed") in _events(d)
+    assert next(c for c in s.conditions if c.type == "Failed").status == "True"
+
+
+def test_preemptions_do_not_use_up_restarts() -> None:
+    pods = _pods(5, **{"job-rollout-0": {"phase": "Failed", "reason": "Evicted"}})
+    d = _run(
+        _status(phase=Phase.RUNNING, epoch=5, created_epoch=5, restarts=1, preemptions=4), pods
+    )
+    assert (d.status.phase, d.status.preemptions, d.status.restarts) == (Phase.RESTARTING, 5, 1)
+
+
+def test_new_gang_waits_for_old_pods_then_backoff() -> None:
+    restarting = _status(phase=Phase.RESTARTING, epoch=1, restart_at=NOW + timedelta(seconds=10))
+    d = _run(restarting, _pods(0))  # old epoch still there
+    assert _creates(d) == [] and _deletes(d) == POD_NAMES
+    assert d.status.phase is Phase.RESTARTING and d.requeue_after == rc.POLL_DELETING_S
+    d = _run(restarting, [])  # gone, backoff still running
+    assert _creates(d) == [] and d.status.phase is Phase.RESTARTING
+    assert d.requeue_after == pytest.approx(10.0)
+    d = _run(restarting, [], now=NOW + timedelta(seconds=11))
+    assert _creates(d) == POD_NAMES and d.status.created_epoch == 1
+    assert d.status.phase is Phase.PENDING and d.status.restart_at is None
+    labels = {
+        a.obj["metadata"]["labels"]["refit.dev/epoch"]
+        for a in d.actions
+        if isinstance(a, rc.Create)
+    }
+    assert labels == {"1"}
+
+
+def test_a_vanished_pod_is_a_preemption() -> None:
+    pods = [
+        p
+        for p in _pods(0, **dict.fromkeys(POD_NAMES, RUNNING))
+        if p["metadata"]["name"] != "job-policy-1"
+    ]
+    d = _run(_status(phase=Phase.RUNNING, created_epoch=0), pods)
+    assert (d.status.preemptions, d.status.epoch) == (1, 1)
+    assert "job-policy-1: PodMissing" in d.status.message
+
+
+def test_completion_when_every_rollout_rank_succeeded() -> None:
+    pods = _pods(
+        0, **{"job-policy-0": RUNNING, "job-policy-1": SUCCEEDED, "job-rollout-0": SUCCEEDED}
+    )
+    d = _run(_status(phase=Phase.RUNNING, created_epoch=0), pods)
+    assert d.status.phase is Phase.SUCCEEDED and d.status.completion_time == NOW
+    assert d.status.refits_completed == 3
+    assert _deletes(d) == ["job-policy-0"]  # the still-running one; finished pods stay for logs
+    again = _run(d.status, pods)
+    assert again.status.phase is Phase.SUCCEEDED and _events(again) == []
+
+
+def test_suspend_deletes_pods_and_keeps_the_job() -> None:
+    spec = {**SPEC, "suspend": True}
+    d = _run(
+        _status(phase=Phase.RUNNING, created_epoch=0),
+        _pods(0, **dict.fromkeys(POD_NAMES, RUNNING)),
+        spec=spec,
+    )
+    assert d.status.phase is Phase.SUSPENDED and _deletes(d) == POD_NAMES and _creates(d) == []
+    assert d.status.epoch == 1 and d.status.created_epoch is None
+    resumed = _run(d.status, [])
+    assert resumed.status.phase is Phase.PENDING and _creates(resumed) == POD_NAMES
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({**SPEC, "preemption": {"signal": "SIGNOPE"}}, "unknown signal name 'SIGNOPE'"),
+        ({**SPEC, "transfer": {"bucketSize": "0"}}, "bucketSize '0' must be more than 0 bytes"),
+        ({**SPEC, "rollout": {"replicas": 0}}, "spec.rollout.replicas"),
+        ({**SPEC, "extra": 1}, "spec.extra: Extra inputs are not permitted"),
+    ],
+)
+def test_invalid_spec_fails_with_a_message_and_creates_nothing(
+    spec: dict[str, Any], message: str
+) -> None:
+    d = _run(_status(), [], spec=spec, static=False)
+    assert d.status.phase is Phase.FAILED and message in d.status.message
+    assert _creates(d) == []
+    assert [(a.type, a.reason) for a in d.actions if isinstance(a, rc.Emit)] == [
+        ("Warning", "InvalidSpec")
+    ]
+    assert message in next(a.message for a in d.actions if isinstance(a, rc.Emit))
+    again = _run(d.status, [], spec=spec, static=False)
+    assert again.actions == ()  # no second Event for the same problem
+
+
+def test_too_long_job_name_is_invalid() -> None:
+    ref = JobRef(name="j" * 60, namespace="ns", uid="u")
+    job = rc.JobView(ref=ref, generation=1, raw_spec=SPEC, status=_status())
+    d = rc.reconcile(job, observe([], []), NOW, RenderOptions())
+    assert d.status.phase is Phase.FAILED and "too long" in d.status.message
+
+
+def test_fixed_spec_after_invalid_starts_over() -> None:
+    bad = _run(_status(), [], spec={**SPEC, "extra": 1}, static=False)
+    fixed = _run(bad.status, [], generation=2, static=False)
+    assert fixed.status.phase is Phase.PENDING and POD_NAMES[0] in _creates(fixed)
+    assert next(c for c in fixed.status.conditions if c.type == "Failed").status == "False"

@@ -1,0 +1,267 @@
+"""Renderers: golden manifests from a typed spec, no API involved (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from refit_operator.models import parse_spec
+from refit_operator.render import (
+    JobRef,
+    RenderOptions,
+    render_gang,
+    render_pod,
+    render_rbac,
+    render_rendezvous,
+    render_service,
+    render_static,
+)
+from refit_worker.config import WorkerConfig
+
+JOB = JobRef(name="job", namespace="ns", uid="u-1")
+OWNER = [
+    {
+        "apiVersion": "refit.dev/v1alpha1",
+        "kind": "RefitJob",
+        "name": "job",
+        "uid": "u-1",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+]
+LABELS = {"refit.dev/job": "job", "app.kubernetes.io/managed-by": "refit-operator"}
+
+
+def _spec(**overrides: Any) -> Any:
+    raw: dict[str, Any] = {
+        "image": "img:1",
+        "policy": {"replicas": 2},
+        "rollout": {"replicas": 1, "env": [{"name": "X", "value": "1"}]},
+        "weights": {"synthetic": {"layers": 1, "hidden": 8, "vocab": 16}},
+        "transfer": {"bucketSize": "1Mi", "refits": 2},
+        "preemption": {"signal": "SIGUSR1", "injection": "stopSignal", "gracePeriodSeconds": 40},
+    }
+    raw.update(overrides)
+    return parse_spec(raw)
+
+
+def _value(name: str, value: str) -> dict[str, Any]:
+    return {"name": name, "value": value}
+
+
+def _field(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+GOLDEN_POD: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {
+        "name": "job-rollout-0",
+        "namespace": "ns",
+        "labels": {
+            **LABELS,
+            "refit.dev/role": "rollout",
+            "refit.dev/rank": "0",
+            "refit.dev/epoch": "3",
+        },
+        "ownerReferences": OWNER,
+    },
+    "spec": {
+        "restartPolicy": "Never",
+        "hostname": "job-rollout-0",
+        "subdomain": "job-rollout",
+        "terminationGracePeriodSeconds": 40,
+        "serviceAccountName": "job-worker",
+        "os": {"name": "linux"},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [
+            {
+                "name": "worker",
+                "image": "img:1",
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["refit-worker"],
+                "env": [
+                    _value("REFIT_EPOCH", "3"),
+                    _value("REFIT_JOB", "job"),
+                    _value("REFIT_MASTER_ADDR", "job-rollout-0.job-rollout.ns.svc"),
+                    _value("REFIT_MASTER_PORT", "29500"),
+                    _field("REFIT_NAMESPACE", "metadata.namespace"),
+                    _field("REFIT_POD_NAME", "metadata.name"),
+                    _field("REFIT_POD_UID", "metadata.uid"),
+                    _value("REFIT_POLICY_WORLD_SIZE", "2"),
+                    _value("REFIT_PREEMPTION_SIGNAL", "SIGUSR1"),
+                    _value("REFIT_RANK", "0"),
+                    _value(
+                        "REFIT_RENDEZVOUS",
+                        '{"location":"job-rendezvous","shards":1,"store":"configmap"}',
+                    ),
+                    _value("REFIT_ROLE", "rollout"),
+                    _value("REFIT_ROLLOUT_WORLD_SIZE", "1"),
+                    _value("REFIT_SIGNAL_PID_DIR", ""),
+                    _value(
+                        "REFIT_TRANSFER",
+                        '{"backend":"UCX","backend_params":{},"bucket_size":1048576,'
+                        '"checksum":true,"device":"cpu","refits":2,"release_after_refit":false,'
+                        '"shard_expert_weights":false,"timeout_seconds":120.0}',
+                    ),
+                    _value(
+                        "REFIT_WEIGHTS",
+                        '{"dtype":"bfloat16","experts":0,"hidden":8,"kind":"synthetic",'
+                        '"layers":1,"seed":0,"vocab":16}',
+                    ),
+                    _value("X", "1"),
+                ],
+                "ports": [{"name": "dist", "containerPort": 29500, "protocol": "TCP"}],
+                "resources": {},
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "capabilities": {"drop": ["ALL"]},
+                    "runAsNonRoot": True,
+                },
+                "lifecycle": {"stopSignal": "SIGUSR1"},
+            }
+        ],
+    },
+}
+
+
+def test_pod_golden_with_stop_signal() -> None:
+    pod = render_pod(JOB, _spec(), "rollout", 0, epoch=3, options=RenderOptions())
+    assert pod == GOLDEN_POD
+
+
+def test_pod_env_is_read_back_by_the_worker() -> None:
+    pod = render_pod(JOB, _spec(), "policy", 1, epoch=0, options=RenderOptions())
+    env = pod["spec"]["containers"][0]["env"]
+    downward = {
+        "metadata.name": "job-policy-1",
+        "metadata.uid": "uid-9",
+        "metadata.namespace": "ns",
+    }
+    environ = {
+        e["name"]: e.get(
+            "value", downward.get(e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath", ""))
+        )
+        for e in env
+    }
+    config = WorkerConfig.from_env(environ)
+    assert (config.role, config.rank, config.world_size) == ("policy", 1, 2)
+    assert (config.pod_name, config.pod_uid) == ("job-policy-1", "uid-9")
+    assert config.transfer.bucket_size == 1 << 20
+    assert config.rendezvous.location == "job-rendezvous"
+    assert config.master_addr == "job-policy-0.job-policy.ns.svc"
+
+
+def test_prestop_injection_mounts_the_pid_dir() -> None:
+    spec = _spec(preemption={"signal": "usr2", "injection": "preStop", "gracePeriodSeconds": 40})
+    pod = render_pod(JOB, spec, "policy", 0, epoch=0, options=RenderOptions())
+    container = pod["spec"]["containers"][0]
+    assert container["lifecycle"] == {
+        "preStop": {"exec": {"command": ["refit-signal", "--timeout", "30"]}}
+    }
+    assert "os" not in pod["spec"]
+    assert pod["spec"]["volumes"] == [{"name": "refit-signal", "emptyDir": {}}]
+    assert container["volumeMounts"] == [{"name": "refit-signal", "mountPath": "/var/run/refit"}]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["REFIT_SIGNAL_PID_DIR"] == "/var/run/refit"
+    assert env["REFIT_PREEMPTION_SIGNAL"] == "SIGUSR2"  # canonical, whatever the spelling
+
+
+def test_auto_injection_follows_the_cluster() -> None:
+    spec = _spec(preemption={"signal": "SIGTERM", "injection": "auto"})
+    new = render_pod(
+        JOB, spec, "policy", 0, epoch=0, options=RenderOptions(stop_signal_supported=True)
+    )
+    old = render_pod(JOB, spec, "policy", 0, epoch=0, options=RenderOptions())
+    assert new["spec"]["containers"][0]["lifecycle"] == {"stopSignal": "SIGTERM"}
+    assert "preStop" in old["spec"]["containers"][0]["lifecycle"]
+
+
+def test_role_overrides_and_safetensors_volume() -> None:
+    spec = _spec(
+        policy={
+            "replicas": 1,
+            "command": ["python", "-m", "trainer"],
+            "args": ["--x"],
+            "nodeSelector": {"gpu": "h100"},
+            "tolerations": [{"key": "gpu", "operator": "Exists"}],
+            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+            "serviceAccountName": "mine",
+        },
+        weights={"safetensors": {"claimName": "ckpt", "path": "step-100"}},
+    )
+    pod = render_pod(JOB, spec, "policy", 0, epoch=0, options=RenderOptions())
+    c = pod["spec"]["containers"][0]
+    assert (c["command"], c["args"]) == (["python", "-m", "trainer"], ["--x"])
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    assert pod["spec"]["nodeSelector"] == {"gpu": "h100"}
+    assert pod["spec"]["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    assert pod["spec"]["serviceAccountName"] == "mine"
+    assert {"name": "weights", "mountPath": "/var/lib/refit/weights", "readOnly": True} in c[
+        "volumeMounts"
+    ]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert '"path":"/var/lib/refit/weights/step-100"' in env["REFIT_WEIGHTS"]
+
+
+def test_service_golden() -> None:
+    assert render_service(JOB, "policy") == {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": "job-policy",
+            "namespace": "ns",
+            "labels": {**LABELS, "refit.dev/role": "policy"},
+            "ownerReferences": OWNER,
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {"refit.dev/job": "job", "refit.dev/role": "policy"},
+            "ports": [{"name": "dist", "port": 29500, "targetPort": 29500}],
+        },
+    }
+
+
+def test_rendezvous_shards_by_rank_count() -> None:
+    small = render_rendezvous(JOB, _spec())
+    assert [m["metadata"]["name"] for m in small] == ["job-rendezvous"]
+    assert small[0]["data"] == {} and small[0]["metadata"]["ownerReferences"] == OWNER
+    big = render_rendezvous(JOB, _spec(policy={"replicas": 100}, rollout={"replicas": 100}))
+    assert [m["metadata"]["name"] for m in big] == ["job-rendezvous", "job-rendezvous-1"]
+
+
+def test_rbac_limits_the_worker_to_its_rendezvous() -> None:
+    account, role, binding = render_rbac(JOB, _spec(policy={"replicas": 200}))
+    assert account["kind"] == "ServiceAccount" and account["metadata"]["name"] == "job-worker"
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["job-rendezvous", "job-rendezvous-1"],
+            "verbs": ["get", "watch", "patch"],
+        }
+    ]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "job-worker", "namespace": "ns"}
+    ]
+    assert render_rbac(JOB, _spec(createServiceAccount=False)) == []
+
+
+def test_every_child_is_owned_and_labelled() -> None:
+    children = render_static(JOB, _spec()) + render_gang(JOB, _spec(), 0, RenderOptions())
+    assert len(children) == 3 + 2 + 1 + 3
+    for child in children:
+        assert child["metadata"]["ownerReferences"] == OWNER
+        assert child["metadata"]["labels"]["refit.dev/job"] == "job"
+    assert sorted(c["metadata"]["name"] for c in children if c["kind"] == "Pod") == [
+        "job-policy-0",
+        "job-policy-1",
+        "job-rollout-0",
+    ]
