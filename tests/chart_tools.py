@@ -16,8 +16,7 @@ from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]
 import yaml
-
-from binaries import REPO_ROOT
+from tests.binaries import REPO_ROOT
 
 CHART = REPO_ROOT / "charts" / "refit-operator"
 #: The Kubernetes version whose schemas the rendered objects must satisfy (kubectl v1.35).

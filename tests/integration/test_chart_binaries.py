@@ -13,8 +13,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-from binaries import (
+from tests.binaries import (
     EXPECTED_VERSIONS,
     ToolsMissing,
     check_version,

@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
-
-from binaries import REPO_ROOT, ensure_tools
-from chart_tools import CHART, Helm, one, schema_errors
+from tests.binaries import REPO_ROOT, ensure_tools
+from tests.chart_tools import CHART, Helm, one, schema_errors
 
 GENERATED = REPO_ROOT / "crds" / "refitjob.yaml"
 CHART_COPY = CHART / "crds" / "refitjob.yaml"

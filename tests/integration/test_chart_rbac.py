@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.binaries import ensure_tools
+from tests.chart_tools import Helm, by_kind
 
-from binaries import ensure_tools
-from chart_tools import Helm, by_kind
 from refit_operator import kube, models
 from refit_operator.render import JobRef, render_rbac
 

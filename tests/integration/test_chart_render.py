@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
-
-from binaries import ensure_tools
-from chart_tools import CHART, NAMESPACE, RELEASE, Helm, by_kind, one, schema_errors
+from tests.binaries import ensure_tools
+from tests.chart_tools import CHART, NAMESPACE, RELEASE, Helm, by_kind, one, schema_errors
 
 NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
 CUSTOM = {
@@ -30,6 +29,7 @@ CUSTOM = {
     "podLabels": {"cost-center": "rl"},
     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops"}],
     "extraArgs": ["--verbose"],
+    "stopSignalSupported": True,
 }
 VALUE_SETS = {"default": None, "namespaced": NAMESPACED, "custom": CUSTOM}
 
@@ -177,6 +177,7 @@ def test_custom_image_resources_and_account(helm: Helm, tmp_path: Path) -> None:
     assert container["args"] == [
         "operator",
         "--liveness=http://0.0.0.0:9090/healthz",
+        "--stop-signal-supported",
         "--verbose",
     ]
     assert container["ports"][0]["containerPort"] == 9090
@@ -203,6 +204,7 @@ def test_existing_service_account_gets_the_rbac(helm: Helm, tmp_path: Path) -> N
         ),
         pytest.param({"watchNamespaces": ["a", "a"]}, "/watchNamespaces", id="ns-twice"),
         pytest.param({"livenessPort": 0}, "/livenessPort", id="port-zero"),
+        pytest.param({"stopSignalSupported": "yes"}, "/stopSignalSupported", id="not-bool"),
         pytest.param({"livenessPort": "8080"}, "/livenessPort", id="port-string"),
         pytest.param(
             {"image": {"repository": "Bad Repo", "tag": "", "pullPolicy": "Always"}},
@@ -258,3 +260,17 @@ def test_notes_tell_the_next_steps(
     assert expected in notes.stdout
     assert "kubectl get rj -w" in notes.stdout
     assert f"helm uninstall {RELEASE}" in notes.stdout
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_operator_cli_accepts_the_rendered_arguments(helm: Helm, tmp_path: Path, name: str) -> None:
+    # The chart and `refit operator` must agree on flags, or the pod crash-loops.
+    from refit_operator.cli import build_parser
+
+    values = VALUE_SETS[name] or {}
+    container = _operator_container(helm.render(VALUE_SETS[name], tmp_path))
+    args = build_parser().parse_args(container["args"])
+    assert args.command == "operator"
+    assert args.liveness == f"http://0.0.0.0:{values.get('livenessPort', 8080)}/healthz"
+    assert (args.namespace or []) == values.get("watchNamespaces", [])
+    assert args.stop_signal_supported is values.get("stopSignalSupported", False)

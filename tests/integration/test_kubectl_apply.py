@@ -22,10 +22,9 @@ from typing import Any
 from urllib.parse import quote
 
 import yaml
+from tests.binaries import REPO_ROOT, ensure_tools
 from tests.emulator import ApiEmulator
 from tests.integration.support import NS, PODS, OperatorRun, eventually, set_pod_phase
-
-from binaries import REPO_ROOT, ensure_tools
 
 EXAMPLES = REPO_ROOT / "examples"
 KUBECTL_TIMEOUT_S = 60.0
