@@ -7,6 +7,7 @@ case stops at argument checking or finds nothing registered).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -80,10 +81,12 @@ def test_parse_registration_round_trip(tmp_path: Path) -> None:
     [
         ("{not json", "not JSON"),
         ("[1, 2]", "expected a JSON object, got list"),
-        ('{"signals": ["SIGTERM"]}', "pid must be an integer above 1, got None"),
-        ('{"pid": "12"}', "pid must be an integer above 1, got '12'"),
-        ('{"pid": true}', "pid must be an integer above 1, got True"),
-        ('{"pid": 1}', "pid must be an integer above 1, got 1"),
+        ('{"signals": ["SIGTERM"]}', "pid must be a positive integer, got None"),
+        ('{"pid": "12"}', "pid must be a positive integer, got '12'"),
+        ('{"pid": true}', "pid must be a positive integer, got True"),
+        ('{"pid": 0}', "pid must be a positive integer, got 0"),  # would hit a process group
+        ('{"pid": -5}', "pid must be a positive integer, got -5"),
+        ('{"pid": 1.5}', "pid must be a positive integer, got 1.5"),
         ('{"pid": 12, "start_time": "x"}', "start_time must be an integer or null, got 'x'"),
         ('{"pid": 12, "signals": "SIGTERM"}', "signals must be a list of names"),
         ('{"pid": 12, "signals": ["SIGNOPE"]}', "unknown signal name 'SIGNOPE'"),
@@ -98,6 +101,22 @@ def test_parse_registration_rejects(text: str, message: str) -> None:
 def test_minimal_registration_from_another_writer() -> None:
     parsed = sd.parse_registration(Path("7.json"), '{"pid": 7}')
     assert parsed == Registration(Path("7.json"), 7, None, ())
+    # A trainer that is its container's first process registers as pid 1.
+    assert sd.parse_registration(Path("1.json"), '{"pid": 1}').pid == 1
+
+
+def test_delivery_module_imports_only_the_standard_library() -> None:
+    # It runs as a preStop exec in any container: no torch, no pydantic, no refit_worker.config.
+    tree = ast.parse(Path(sd.__file__).read_text())
+    imported = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    top_level = {name.split(".")[0] for name in imported}
+    assert top_level - {"__future__"} <= sys.stdlib_module_names, top_level
 
 
 def test_read_registrations_reports_bad_files(tmp_path: Path) -> None:

@@ -171,9 +171,10 @@ def parse_registration(path: Path, text: str) -> Registration:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
     pid = data.get("pid")
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
-        # pid 1 is refused too: signalling the container's init is the runtime's job.
-        raise ValueError(f"{path}: pid must be an integer above 1, got {pid!r}")
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid < 1:
+        # 0 and negative pids would make os.kill signal whole process groups.  Pid 1 is
+        # fine: a trainer is often the container's first process, and its handler is set.
+        raise ValueError(f"{path}: pid must be a positive integer, got {pid!r}")
     start = data.get("start_time")
     if start is not None and (isinstance(start, bool) or not isinstance(start, int)):
         raise ValueError(f"{path}: start_time must be an integer or null, got {start!r}")
