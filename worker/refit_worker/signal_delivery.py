@@ -302,7 +302,7 @@ def deliver(
     if refused:
         return 1
     print(
-        f"refit-signal: {len(plan.send)} process(es) signalled, all exited in"
+        f"refit-signal: {len({pid for pid, _ in plan.send})} process(es) signalled, all exited in"
         f" {time.monotonic() - started:.2f}s",
         file=out,
     )
