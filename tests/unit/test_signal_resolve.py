@@ -140,3 +140,17 @@ def test_delivery_env_names_match_the_config_contract() -> None:
     # signal_delivery repeats these strings (it may not import pydantic via config).
     assert signal_delivery.SIGNAL_PID_DIR_ENV == config.SIGNAL_PID_DIR_ENV
     assert signal_delivery.PREEMPTION_SIGNAL_ENV == config.PREEMPTION_SIGNAL_ENV
+
+
+@pytest.mark.parametrize("member", list(signal.Signals), ids=lambda s: s.name)
+def test_every_signal_resolves_from_each_spelling(member: signal.Signals) -> None:
+    short = member.name.removeprefix("SIG")
+    for spelling in (
+        member,
+        int(member),
+        str(int(member)),
+        member.name,
+        short.lower(),
+        f" {short} ",
+    ):
+        assert resolve_signal(spelling) is member
