@@ -16,6 +16,7 @@ Must not import: torch, nixl, the operator; kubernetes only inside functions.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -220,13 +221,15 @@ class ConfigMapStore(RendezvousStore):
             for chunk in response.stream(amt=None, decode_content=False):
                 buffer += chunk
                 *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        event = json.loads(line)
-                        yield str(event.get("type")), dict(event.get("object") or {})
+                yield from _events(lines)
+            # A server may end the stream with an event and no newline (an ERROR, say).
+            yield from _events([buffer])
         finally:
             state.untrack(response)
-            response.release_conn()
+            if state.stopped.is_set():
+                response.close()  # cut short: the connection is not fit for reuse
+            else:
+                response.release_conn()
 
 
 class _WaitState:
@@ -253,19 +256,37 @@ class _WaitState:
         with self.cond:
             self._open.add(response)
         if self.stopped.is_set():
-            response.close()
+            _interrupt(response)
 
     def untrack(self, response: Any) -> None:
         with self.cond:
             self._open.discard(response)
 
     def stop(self) -> None:
-        """Tell the watch threads to end, and close their streams so none lingers."""
+        """Tell the watch threads to end, and cut their streams so none lingers."""
         self.stopped.set()
         with self.cond:
             responses = list(self._open)
         for response in responses:
-            response.close()
+            _interrupt(response)
+
+
+def _interrupt(response: Any) -> None:
+    """Unblock a thread reading ``response``.  ``close()`` from another thread would wait
+    for the reader's lock; ``shutdown()`` (urllib3 >= 2.3) cuts the socket instead.  Without
+    it the reader ends with its watch, at most WATCH_SECONDS later."""
+    shutdown = getattr(response, "shutdown", None)
+    if shutdown is not None:
+        # Each of these says the stream is already closed or released: nothing to cut.
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            shutdown()
+
+
+def _events(lines: list[bytes]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for line in lines:
+        if line.strip():
+            event = json.loads(line)
+            yield str(event.get("type")), dict(event.get("object") or {})
 
 
 def _data_of(obj: dict[str, Any]) -> dict[str, str]:
