@@ -1,0 +1,333 @@
+"""A process kubelet: runs rendered pod manifests as local processes.
+
+One piece of code plays kubelet for ``refit run`` (no cluster) and for the end-to-end test
+harness (API emulator): it starts a pod's first container ``command + args`` with the
+container's env, reports the pod's status in Kubernetes form (phase, Ready condition,
+``containerStatuses[].state.terminated.exitCode``), and terminates pods the way a kubelet
+does — the ``preStop`` exec hook first, then the container's stop signal
+(``lifecycle.stopSignal`` or SIGTERM), then SIGKILL once the grace period is spent.
+
+What a node would provide is emulated minimally and said so: ``emptyDir`` volumes are
+per-pod temporary directories (env values under a mount path are rewritten to point
+there), the downward API fills ``metadata.name/namespace/uid``, and a caller-supplied
+``rewrite_env`` hook plays cluster networking (one host, so Service names and ports are
+mapped to loopback and free ports).
+
+Must not import: kopf, kubernetes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+#: Optional hook: (pod manifest, resolved env) -> env the process really gets.
+EnvRewrite = Callable[[Mapping[str, Any], dict[str, str]], dict[str, str]]
+
+
+class KubeletError(RuntimeError):
+    """A pod manifest cannot be run as a local process."""
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _signal_number(name: str | None) -> int:
+    if not name:
+        return int(signal.SIGTERM)
+    key = name.strip().upper()
+    key = key if key.startswith("SIG") else "SIG" + key
+    try:
+        return int(signal.Signals[key])
+    except KeyError as exc:
+        raise KubeletError(f"unknown stop signal {name!r}") from exc
+
+
+@dataclass
+class _Pod:
+    manifest: dict[str, Any]
+    root: Path
+    env: dict[str, str]
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    started: str = field(default_factory=_now)
+    exit_code: int | None = None
+    finished: str | None = None
+    stopping: threading.Thread | None = None
+    conditions: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest["metadata"]["name"])
+
+
+class ProcessKubelet:
+    """Runs pods as process groups under ``workdir``; thread-safe."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        rewrite_env: EnvRewrite | None = None,
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._rewrite = rewrite_env
+        # The project's console scripts (refit-worker, refit-signal) live beside this Python.
+        env = dict(os.environ if base_env is None else base_env)
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        self._base_env = env
+        self._pods: dict[str, _Pod] = {}
+        self._lock = threading.Lock()
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def create(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Start the pod's process; returns the manifest as stored (uid filled in)."""
+        pod = _with_uid(manifest)
+        name = str(pod["metadata"]["name"])
+        with self._lock:
+            if name in self._pods:
+                raise KubeletError(f"pod {name} already exists")
+            root = self.workdir / "pods" / f"{name}-{pod['metadata']['uid'][:8]}"
+            env = self._container_env(pod, root)
+            argv = _argv(pod)
+            log_path = self.workdir / "logs" / f"{name}-{pod['metadata']['uid'][:8]}.log"
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with log_path.open("wb") as log:
+                try:
+                    process = subprocess.Popen(
+                        argv, env={**self._base_env, **env}, stdout=log,
+                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        start_new_session=True, cwd=root,
+                    )
+                except OSError as exc:
+                    shutil.rmtree(root, ignore_errors=True)
+                    raise KubeletError(f"pod {name}: cannot start {argv[0]!r}: {exc}") from exc
+            self._pods[name] = _Pod(pod, root, env, process, log_path)
+            return pod
+
+    def delete(self, name: str, *, grace_seconds: float | None = None) -> bool:
+        """Begin terminating ``name`` (preStop, stop signal, SIGKILL after grace).
+
+        Returns False when there is no such pod.  Does not wait; :meth:`pods` shows the
+        pod with a ``deletionTimestamp`` until its process group is gone.
+        """
+        with self._lock:
+            pod = self._pods.get(name)
+            if pod is None:
+                return False
+            meta = pod.manifest["metadata"]
+            if pod.stopping is not None:
+                return True
+            meta["deletionTimestamp"] = _now()
+            grace = grace_seconds
+            if grace is None:
+                grace = float(pod.manifest["spec"].get("terminationGracePeriodSeconds", 30))
+            pod.stopping = threading.Thread(
+                target=self._terminate, args=(pod, grace), name=f"stop-{name}", daemon=True
+            )
+            pod.stopping.start()
+            return True
+
+    def disrupt(self, name: str, reason: str = "EvictionByEvictionAPI") -> bool:
+        """What a drain does: mark ``DisruptionTarget`` on the pod, then delete it."""
+        with self._lock:
+            pod = self._pods.get(name)
+            if pod is None:
+                return False
+            pod.conditions.append({
+                "type": "DisruptionTarget", "status": "True", "reason": reason,
+                "message": "the node is being drained", "lastTransitionTime": _now(),
+            })
+        return self.delete(name)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Terminate every pod and wait (bounded) until all process groups are gone."""
+        with self._lock:
+            names = list(self._pods)
+        for name in names:
+            self.delete(name)
+        deadline = time.monotonic() + timeout
+        for name in names:
+            pod = self._pods.get(name)
+            if pod is not None and pod.stopping is not None:
+                pod.stopping.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            for pod in self._pods.values():
+                _kill_group(pod.process)
+                pod.process.wait(5)
+                shutil.rmtree(pod.root, ignore_errors=True)
+            self._pods.clear()
+
+    # -- observation -----------------------------------------------------------------
+
+    def pods(self) -> list[dict[str, Any]]:
+        """Every pod's manifest with a current ``status``; fully terminated deleted pods go."""
+        out: list[dict[str, Any]] = []
+        with self._lock:
+            for name in list(self._pods):
+                pod = self._pods[name]
+                self._reap(pod)
+                deleting = "deletionTimestamp" in pod.manifest["metadata"]
+                gone = pod.exit_code is not None and (
+                    pod.stopping is None or not pod.stopping.is_alive()
+                )
+                if deleting and gone:
+                    shutil.rmtree(pod.root, ignore_errors=True)
+                    del self._pods[name]
+                    continue
+                out.append({**pod.manifest, "status": self._status(pod)})
+        return out
+
+    def log_tail(self, name: str, lines: int = 20) -> str:
+        """The last ``lines`` lines of a live or finished pod's log ('' if unknown)."""
+        with self._lock:
+            pod = self._pods.get(name)
+        if pod is None or not pod.log_path.exists():
+            return ""
+        text = pod.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def pids(self) -> dict[str, int]:
+        """Pod name -> pid of its main process (for tests and diagnostics)."""
+        with self._lock:
+            return {name: pod.process.pid for name, pod in self._pods.items()}
+
+    # -- internals -------------------------------------------------------------------
+
+    def _container_env(self, pod: Mapping[str, Any], root: Path) -> dict[str, str]:
+        container = pod["spec"]["containers"][0]
+        mounts = _empty_dir_mounts(pod, root)
+        env: dict[str, str] = {}
+        for item in container.get("env") or []:
+            if "value" in item:
+                env[item["name"]] = _remap(str(item["value"]), mounts)
+            elif "valueFrom" in item:
+                env[item["name"]] = _field_ref(pod, item["valueFrom"])
+        return self._rewrite(pod, env) if self._rewrite else env
+
+    def _status(self, pod: _Pod) -> dict[str, Any]:
+        code = pod.exit_code
+        state: dict[str, Any]
+        if code is None:
+            phase, state = "Running", {"running": {"startedAt": pod.started}}
+        else:
+            phase = "Succeeded" if code == 0 else "Failed"
+            state = {"terminated": {"exitCode": code, "finishedAt": pod.finished,
+                                    "reason": "Completed" if code == 0 else "Error"}}
+        ready = "True" if code is None else "False"
+        conditions = [{"type": "Ready", "status": ready, "lastTransitionTime": pod.started}]
+        container = pod.manifest["spec"]["containers"][0]
+        return {
+            "phase": phase,
+            "startTime": pod.started,
+            "conditions": conditions + list(pod.conditions),
+            "containerStatuses": [{"name": container.get("name", "main"), "ready": code is None,
+                                   "state": state, "restartCount": 0}],
+        }
+
+    def _reap(self, pod: _Pod) -> None:
+        if pod.exit_code is None:
+            code = pod.process.poll()
+            if code is not None:
+                # Kubernetes reports a signal death as 128 + signal number.
+                pod.exit_code = 128 - code if code < 0 else code
+                pod.finished = _now()
+
+    def _terminate(self, pod: _Pod, grace: float) -> None:
+        deadline = time.monotonic() + grace
+        lifecycle = pod.manifest["spec"]["containers"][0].get("lifecycle") or {}
+        hook = ((lifecycle.get("preStop") or {}).get("exec") or {}).get("command")
+        if hook and pod.process.poll() is None:
+            # The grace period covers the hook too; past it, go on to the signal.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                subprocess.run(
+                    list(hook), env={**self._base_env, **pod.env}, cwd=pod.root,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    timeout=max(0.1, deadline - time.monotonic()), check=False,
+                )
+        if pod.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pod.process.pid, _signal_number(lifecycle.get("stopSignal")))
+        try:
+            pod.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _kill_group(pod.process)
+            pod.process.wait(10)
+        # Children the main process left behind go with its group, as in a container.
+        _kill_group(pod.process)
+
+
+def _with_uid(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    import copy
+
+    pod = copy.deepcopy(dict(manifest))
+    meta = pod.setdefault("metadata", {})
+    if not meta.get("name"):
+        raise KubeletError("pod manifest has no metadata.name")
+    meta.setdefault("uid", str(uuid.uuid4()))
+    meta.setdefault("namespace", "default")
+    containers = (pod.get("spec") or {}).get("containers") or []
+    if not containers:
+        raise KubeletError(f"pod {meta['name']} has no containers")
+    return pod
+
+
+def _argv(pod: Mapping[str, Any]) -> list[str]:
+    container = pod["spec"]["containers"][0]
+    argv = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
+    if not argv:
+        raise KubeletError(
+            f"pod {pod['metadata']['name']}: no command (a local run has no image entrypoint)"
+        )
+    return argv
+
+
+def _empty_dir_mounts(pod: Mapping[str, Any], root: Path) -> dict[str, Path]:
+    volumes = {v["name"] for v in pod["spec"].get("volumes") or [] if "emptyDir" in v}
+    mounts: dict[str, Path] = {}
+    for mount in pod["spec"]["containers"][0].get("volumeMounts") or []:
+        if mount["name"] in volumes:
+            local = root / "volumes" / mount["name"]
+            local.mkdir(parents=True, exist_ok=True)
+            mounts[str(mount["mountPath"]).rstrip("/")] = local
+    root.mkdir(parents=True, exist_ok=True)
+    return mounts
+
+
+def _remap(value: str, mounts: Mapping[str, Path]) -> str:
+    for path, local in mounts.items():
+        if value == path or value.startswith(path + "/"):
+            return str(local) + value[len(path):]
+    return value
+
+
+def _field_ref(pod: Mapping[str, Any], value_from: Mapping[str, Any]) -> str:
+    path = str((value_from.get("fieldRef") or {}).get("fieldPath", ""))
+    meta = pod["metadata"]
+    fields = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
+              "metadata.uid": meta["uid"], "spec.nodeName": "localhost",
+              "status.podIP": "127.0.0.1"}
+    if path not in fields:
+        raise KubeletError(f"pod {meta['name']}: unsupported downward API field {path!r}")
+    return str(fields[path])
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
