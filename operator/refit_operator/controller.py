@@ -1,0 +1,206 @@
+"""The doing half of the operator: read a job and its children, call the pure reconcile,
+apply its actions, write the status.  One coalescing loop per job serialises the work.
+
+Order of effects: creates go first (they are idempotent, and the status records them only
+once they succeeded); then the status is written, conditional on the resourceVersion read;
+then deletes, rendezvous clearing and Events.  So a lost status write can never make a
+failure look like a preemption on the next round.
+
+Must not import: kopf (the handlers wrap this; a local runner could drive it too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from refit_operator import kube, names, reconcile
+from refit_operator.models import API_VERSION, KIND, parse_status
+from refit_operator.observe import observe
+from refit_operator.reconcile import Action
+from refit_operator.render import JobRef, RenderOptions
+
+log = logging.getLogger(__name__)
+
+#: Immediate re-runs after a 409 on the status write, before giving up for this trigger.
+CONFLICT_RETRIES = 5
+RETRY_MIN_S = 0.5
+RETRY_MAX_S = 30.0
+
+
+@dataclass
+class _JobLoop:
+    running: bool = False
+    dirty: bool = False
+    timer: asyncio.TimerHandle | None = None
+    due: float = float("inf")
+    failures: int = 0
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+class Controller:
+    """Per-process reconcile driver for RefitJobs."""
+
+    def __init__(
+        self,
+        api: kube.Kube,
+        options: RenderOptions,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._api = api
+        self._options = options
+        self._clock = clock
+        self._jobs: dict[tuple[str, str], _JobLoop] = {}
+        self.reconciles = 0
+
+    async def close(self) -> None:
+        for key in list(self._jobs):
+            self.forget(*key)
+        await self._api.close()
+
+    def forget(self, namespace: str, name: str) -> None:
+        loop = self._jobs.pop((namespace, name), None)
+        if loop is not None:
+            if loop.timer is not None:
+                loop.timer.cancel()
+            for task in loop.tasks:
+                task.cancel()
+
+    async def reconcile(self, namespace: str, name: str) -> None:
+        """Reconcile now, or make the running round go again; raises what the run raised."""
+        state = self._jobs.setdefault((namespace, name), _JobLoop())
+        state.dirty = True
+        if state.running:
+            return  # the running loop sees `dirty` and goes once more
+        state.running = True
+        try:
+            conflicts = 0
+            while state.dirty:
+                state.dirty = False
+                try:
+                    requeue = await self._once(namespace, name)
+                except kube.ConflictError:
+                    conflicts += 1
+                    if conflicts > CONFLICT_RETRIES:
+                        raise
+                    state.dirty = True
+                    await asyncio.sleep(RETRY_MIN_S * conflicts)  # bounded back-off
+                    continue
+                if requeue is not None:
+                    self._schedule(namespace, name, state, requeue)
+            state.failures = 0
+        finally:
+            state.running = False
+
+    async def nudge(self, namespace: str, name: str) -> None:
+        """Reconcile after a child changed; errors are logged and retried with back-off."""
+        try:
+            await self.reconcile(namespace, name)
+        except Exception as exc:  # any failure: keep the job alive with a later retry
+            state = self._jobs.setdefault((namespace, name), _JobLoop())
+            state.failures += 1
+            delay = min(RETRY_MAX_S, RETRY_MIN_S * 2**state.failures)
+            log.warning(
+                "reconcile of %s/%s failed (%s); retry in %.1fs", namespace, name, exc, delay
+            )
+            self._schedule(namespace, name, state, delay)
+
+    def _schedule(self, namespace: str, name: str, state: _JobLoop, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        if state.timer is not None and state.due <= due:
+            return  # an earlier wake-up is already set
+        if state.timer is not None:
+            state.timer.cancel()
+
+        def fire() -> None:
+            state.timer, state.due = None, float("inf")
+            task = loop.create_task(self.nudge(namespace, name))
+            state.tasks.add(task)
+            task.add_done_callback(state.tasks.discard)
+
+        state.timer, state.due = loop.call_later(delay, fire), due
+
+    async def delete_pods(self, namespace: str, name: str) -> None:
+        """Stop the gang at once when its job goes; the rest goes by ownerReference."""
+        self.forget(namespace, name)
+        for pod in await self._api.list("v1", "Pod", namespace, {names.LABEL_JOB: name}):
+            await self._api.delete("v1", "Pod", namespace, pod["metadata"]["name"])
+
+    async def _once(self, namespace: str, name: str) -> float | None:
+        job = await self._api.get(API_VERSION, KIND, namespace, name)
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            return None
+        self.reconciles += 1
+        meta = job["metadata"]
+        uid = str(meta.get("uid", ""))
+        selector = {names.LABEL_JOB: name}
+        pods = _owned(await self._api.list("v1", "Pod", namespace, selector), uid)
+        others: list[dict[str, Any]] = []
+        for api_version, kind in kube.STATIC_KINDS:
+            others += _owned(await self._api.list(api_version, kind, namespace, selector), uid)
+        rendezvous = {
+            o["metadata"]["name"]: dict(o.get("data") or {})
+            for o in others
+            if o["kind"] == "ConfigMap"
+        }
+        view = reconcile.JobView(
+            ref=JobRef(name=name, namespace=namespace, uid=uid),
+            generation=int(meta.get("generation", 1)),
+            raw_spec=job.get("spec"),
+            status=parse_status(job.get("status")),
+        )
+        decision = reconcile.reconcile(
+            view, observe(pods, others, rendezvous), self._clock(), self._options
+        )
+        for action in decision.actions:
+            if isinstance(action, reconcile.Create):
+                await self._api.create(action.obj)
+        await self._api.merge_patch(
+            API_VERSION,
+            KIND,
+            namespace,
+            name,
+            {
+                "metadata": {"resourceVersion": meta["resourceVersion"]},
+                "status": decision.status.model_dump(mode="json", by_alias=True),
+            },
+            subresource="status",
+        )
+        for action in decision.actions:
+            await self._apply_after(job, action)
+        return decision.requeue_after
+
+    async def _apply_after(self, job: dict[str, Any], action: Action) -> None:
+        namespace = job["metadata"]["namespace"]
+        if isinstance(action, reconcile.Delete):
+            await self._api.delete(action.api_version, action.kind, namespace, action.name)
+        elif isinstance(action, reconcile.ClearKeys):
+            patch = {"data": dict.fromkeys(action.keys)}
+            try:
+                await self._api.merge_patch("v1", "ConfigMap", namespace, action.name, patch)
+            except kube.ApiError as exc:
+                if exc.status != 404:
+                    raise
+        elif isinstance(action, reconcile.Emit):
+            try:
+                await self._api.post_event(job, action.type, action.reason, action.message)
+            except kube.ApiError as exc:  # an Event is a courtesy; its loss must not stall
+                log.warning("could not post event %s: %s", action.reason, exc)
+
+
+def _owned(objs: list[dict[str, Any]], uid: str) -> list[dict[str, Any]]:
+    """Only children this very job controls (a same-named predecessor's are not ours)."""
+    return [
+        o
+        for o in objs
+        if any(
+            ref.get("uid") == uid and ref.get("controller")
+            for ref in o["metadata"].get("ownerReferences") or []
+        )
+    ]

@@ -1,0 +1,271 @@
+"""The one module that talks to the Kubernetes API: idempotent create, delete, patch, list.
+
+Credentials are found the standard way (in-cluster service account, else ``KUBECONFIG`` /
+``~/.kube/config``) by the official client's loader, called from :meth:`Kube.connect` when
+the operator starts, never at import.  Requests go over aiohttp, so the event loop is never
+blocked.  Objects are plain dicts (one representation everywhere).
+
+Must not import: kopf (handlers call this; this calls no handler).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from refit_operator import models, names
+
+#: (apiVersion, kind) -> plural of every kind the operator touches.
+PLURALS: dict[tuple[str, str], str] = {
+    ("v1", "Pod"): "pods",
+    ("v1", "Service"): "services",
+    ("v1", "ConfigMap"): "configmaps",
+    ("v1", "ServiceAccount"): "serviceaccounts",
+    ("v1", "Event"): "events",
+    ("rbac.authorization.k8s.io/v1", "Role"): "roles",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
+    (models.API_VERSION, models.KIND): models.PLURAL,
+}
+
+#: Non-pod children, listed by the job label on every reconcile.
+STATIC_KINDS: tuple[tuple[str, str], ...] = (
+    ("v1", "Service"),
+    ("v1", "ConfigMap"),
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+)
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class ApiError(Exception):
+    """The API answered with an error status."""
+
+    def __init__(self, status: int, method: str, path: str, message: str) -> None:
+        super().__init__(f"{method} {path} -> HTTP {status}: {message}")
+        self.status = status
+
+
+class ConflictError(ApiError):
+    """HTTP 409: the object changed since it was read (or already exists)."""
+
+
+def collection_path(api_version: str, kind: str, namespace: str) -> str:
+    try:
+        plural = PLURALS[(api_version, kind)]
+    except KeyError:
+        raise ValueError(f"the operator does not manage {kind} of {api_version}") from None
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{base}/namespaces/{quote(namespace)}/{plural}"
+
+
+def object_path(api_version: str, kind: str, namespace: str, name: str) -> str:
+    return f"{collection_path(api_version, kind, namespace)}/{quote(name)}"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Where the API server is and how to prove who we are."""
+
+    server: str
+    headers: Callable[[], Mapping[str, str]]
+    verify: bool
+    ca_path: str | None
+    cert_path: str | None
+    key_path: str | None
+
+
+def load_credentials() -> Credentials:
+    """In-cluster service account, else ``KUBECONFIG`` / ``~/.kube/config``, read now.
+
+    The kubeconfig path is passed explicitly because the client library freezes the
+    ``KUBECONFIG`` it saw when first imported.
+    """
+    from kubernetes import client, config  # the loader only, imported on first use
+
+    cfg = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=path, client_configuration=cfg
+        )
+
+    def headers() -> dict[str, str]:
+        # Asked per request: token files and auth plugins rotate tokens.
+        token = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix(
+            "authorization"
+        )
+        return {"Authorization": token} if token else {}
+
+    return Credentials(
+        server=str(cfg.host),
+        headers=headers,
+        verify=bool(cfg.verify_ssl),
+        ca_path=cfg.ssl_ca_cert or None,
+        cert_path=cfg.cert_file or None,
+        key_path=cfg.key_file or None,
+    )
+
+
+class Kube:
+    """A thin async client; construct with :meth:`connect` (or directly in tests)."""
+
+    def __init__(
+        self,
+        server: str,
+        *,
+        headers: Callable[[], Mapping[str, str]] = dict,
+        ssl_context: ssl.SSLContext | bool = True,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self._server = server.rstrip("/")
+        self._headers = headers
+        self._ssl = ssl_context
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    @classmethod
+    def connect(cls, timeout_s: float = 30.0) -> Kube:
+        """Load credentials the standard way (call at start-up, not import)."""
+        creds = load_credentials()
+        context: ssl.SSLContext | bool = False
+        if creds.verify:
+            context = ssl.create_default_context(cafile=creds.ca_path)
+            if creds.cert_path:
+                context.load_cert_chain(creds.cert_path, creds.key_path)
+        return cls(creds.server, headers=creds.headers, ssl_context=context, timeout_s=timeout_s)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        if self._closed:
+            raise RuntimeError(f"{method} {path}: the API client is closed")
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        headers = {**self._headers(), "Accept": "application/json"}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = json.dumps(body)
+        async with self._session.request(
+            method, self._server + path, data=data, params=params, headers=headers, ssl=self._ssl
+        ) as response:
+            text = await response.text()
+            if response.status >= 400:
+                try:
+                    message = str(json.loads(text).get("message", text))
+                except (ValueError, AttributeError):
+                    message = text
+                error = ConflictError if response.status == 409 else ApiError
+                raise error(response.status, method, path, message)
+            return json.loads(text) if text else None
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
+        """The object, or None when it does not exist."""
+        try:
+            return await self.request("GET", object_path(api_version, kind, namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def list(
+        self, api_version: str, kind: str, namespace: str, selector: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        """Objects matching the label selector, each with its kind filled in."""
+        label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        result = await self.request(
+            "GET",
+            collection_path(api_version, kind, namespace),
+            params={"labelSelector": label_selector},
+        )
+        items: list[dict[str, Any]] = result.get("items") or []
+        return [{**item, "apiVersion": api_version, "kind": kind} for item in items]
+
+    async def create(self, obj: Mapping[str, Any]) -> bool:
+        """Create ``obj``; False (not an error) when it already exists."""
+        meta = obj["metadata"]
+        path = collection_path(obj["apiVersion"], obj["kind"], meta["namespace"])
+        try:
+            await self.request("POST", path, body=obj)
+        except ConflictError:
+            return False
+        return True
+
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete; False (not an error) when it is already gone."""
+        try:
+            await self.request("DELETE", object_path(api_version, kind, namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def merge_patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        patch: Mapping[str, Any],
+        *,
+        subresource: str = "",
+    ) -> Any:
+        """JSON merge patch; a ``metadata.resourceVersion`` in it makes the write conditional."""
+        path = object_path(api_version, kind, namespace, name)
+        if subresource:
+            path += "/" + subresource
+        return await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+
+    async def post_event(
+        self, job: Mapping[str, Any], type_: str, reason: str, message: str
+    ) -> None:
+        """A core/v1 Event about the RefitJob (visible in ``kubectl describe rj``)."""
+        meta = job["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": models.API_VERSION,
+                "kind": models.KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid", ""),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": names.MANAGER},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        path = collection_path("v1", "Event", meta["namespace"])
+        await self.request("POST", path, body=event)

@@ -1,0 +1,283 @@
+"""A Kubernetes API emulator for tests: kmock's scaffold serving a stateful store.
+
+kmock's ``KubernetesEmulator`` keeps objects without resourceVersion, uid, generation,
+label selectors, conflicts or garbage collection, and kopf needs those (without a bumped
+resourceVersion it runs create handlers twice).  So :class:`ApiEmulator` keeps kmock's
+``KubernetesScaffold`` (HTTP server, URL parsing, API discovery, ``Status`` errors) and
+replaces the object handling with :class:`tests.emulator.store.Store`.
+
+Use it as an async context manager; it listens on 127.0.0.1 on a free port and writes a
+kubeconfig pointing at itself::
+
+    async with ApiEmulator(tmp_path) as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig_path))
+        api.create("v1/configmaps", "default", {"metadata": {"name": "x"}, "data": {}})
+        api.patch("v1/configmaps", "default", "x", {"data": {"k": "v"}})  # merge patch
+        api.get("v1/configmaps", "default", "x")["metadata"]["resourceVersion"]
+
+Clients reach it over HTTP at ``api.url`` (PATCH with ``application/merge-patch+json``,
+``?watch=true&resourceVersion=N`` streams, ``labelSelector``, ``/status``).  The helper
+methods go through the same store, so watchers see their writes.  Resources are declared
+in :data:`RESOURCES` (kind, and whether they have a status subresource).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import aiohttp.web
+import attrs
+import yaml
+from kmock import KubernetesScaffold, ResourceInfo, Server
+
+from .store import ApiStatusError, Store, field_matches, label_matches, merge_patch
+
+__all__ = ["RESOURCES", "ApiEmulator", "ApiStatusError", "Store", "merge_patch"]
+
+#: resource key -> (kind, has a status subresource)
+RESOURCES: dict[str, tuple[str, bool]] = {
+    "v1/pods": ("Pod", True),
+    "v1/services": ("Service", True),
+    "v1/configmaps": ("ConfigMap", False),
+    "v1/serviceaccounts": ("ServiceAccount", False),
+    "v1/events": ("Event", False),
+    "v1/namespaces": ("Namespace", True),
+    "rbac.authorization.k8s.io/v1/roles": ("Role", False),
+    "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", False),
+    "refit.dev/v1alpha1/refitjobs": ("RefitJob", True),
+}
+_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
+#: How often an idle watch checks whether its client went away (no busy loop).
+_WATCH_TICK_S = 0.5
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@attrs.define(kw_only=True)
+class _Handler(KubernetesScaffold):
+    store: Store = attrs.field(factory=Store)
+    changed: asyncio.Condition = attrs.field(factory=asyncio.Condition)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        for key, (kind, has_status) in RESOURCES.items():
+            self.resources[key] = ResourceInfo(
+                kind=kind,
+                namespaced=key != "v1/namespaces",
+                verbs=_VERBS,
+                subresources={"status"} if has_status else set(),
+            )
+            if has_status:
+                self.store.status_resources.add(key)
+
+    async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
+        res = request.resource
+        if res is None or not res.plural:
+            return await super()._handle(request)  # discovery, /version and the like
+        key = f"{res.group}/{res.version}/{res.plural}".lstrip("/")
+        if key not in RESOURCES:
+            return _status(ApiStatusError(404, "NotFound", f"resource {key} is not served"))
+        try:
+            return await self._serve(request, key)
+        except ApiStatusError as exc:
+            return _status(exc)
+
+    async def _serve(self, request: Any, key: str) -> aiohttp.web.StreamResponse:
+        method, ns, name = request.method.value, request.namespace, request.name
+        params = request.params
+        if method == "GET" and params.get("watch") in ("true", "1"):
+            return await self._watch(request, key)
+        if method == "GET" and name:
+            return _json(self._typed(key, self.store.get(key, ns, name)))
+        if method == "GET":
+            items = self.store.list(
+                key, ns, params.get("labelSelector", ""), params.get("fieldSelector", "")
+            )
+            kind = RESOURCES[key][0]
+            return _json(
+                {
+                    "apiVersion": _api_version(key),
+                    "kind": f"{kind}List",
+                    "metadata": {"resourceVersion": str(self.store.rv)},
+                    "items": [self._typed(key, i) for i in items],
+                }
+            )
+        body = request.data if isinstance(request.data, dict | list) else {}
+        if method == "POST" and not name:
+            result = self.store.create(key, ns, body)
+        elif method == "PATCH" and name:
+            ctype = request.headers.get("Content-Type", "")
+            result = self.store.write(
+                key,
+                ns,
+                name,
+                body,
+                patch="json" if "json-patch" in ctype else True,
+                subresource=request.subresource or "",
+            )
+        elif method == "PUT" and name:
+            result = self.store.write(
+                key, ns, name, body, patch=False, subresource=request.subresource or ""
+            )
+        elif method == "DELETE" and name:
+            result = self.store.delete(key, ns, name)
+        else:
+            raise ApiStatusError(405, "MethodNotAllowed", f"{method} {request.url.path}")
+        async with self.changed:
+            self.changed.notify_all()
+        return _json(self._typed(key, result))
+
+    def _typed(self, key: str, obj: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": _api_version(key), "kind": RESOURCES[key][0], **obj}
+
+    async def _watch(self, request: Any, key: str) -> aiohttp.web.StreamResponse:
+        ns, params = request.namespace, request.params
+        selector, fields = params.get("labelSelector", ""), params.get("fieldSelector", "")
+        since_text = params.get("resourceVersion", "")
+        since = int(since_text) if since_text not in ("", "0") else None
+        timeout = float(params.get("timeoutSeconds", "0") or 0)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout if timeout else None
+        raw = request._raw_request
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(raw)
+        if since is None:
+            for obj in self.store.list(key, ns, selector, fields):
+                await _line(response, "ADDED", self._typed(key, obj))
+            since = self.store.rv
+        while deadline is None or loop.time() < deadline:
+            try:
+                events = self.store.events_since(since)
+            except ApiStatusError as exc:  # like the apiserver: 200, then an ERROR event
+                await _line(response, "ERROR", exc.body())
+                break
+            for ev in events:
+                since = ev.rv
+                if ev.resource != key or (ns is not None and ev.obj["metadata"]["namespace"] != ns):
+                    continue
+                labels = ev.obj["metadata"].get("labels") or {}
+                if store_matches(selector, fields, labels, ev.obj):
+                    await _line(response, ev.type, self._typed(key, ev.obj))
+            if raw.transport is None or raw.transport.is_closing():
+                break
+            async with self.changed:
+                with contextlib.suppress(TimeoutError):  # a tick to notice a gone client
+                    await asyncio.wait_for(self.changed.wait(), _WATCH_TICK_S)
+        return response
+
+
+def store_matches(selector: str, fields: str, labels: dict[str, str], obj: dict[str, Any]) -> bool:
+    return label_matches(selector, labels) and field_matches(fields, obj)
+
+
+async def _line(response: aiohttp.web.StreamResponse, type_: str, obj: dict[str, Any]) -> None:
+    await response.write(json.dumps({"type": type_, "object": obj}).encode() + b"\n")
+
+
+def _api_version(key: str) -> str:
+    return key.rsplit("/", 1)[0]
+
+
+def _json(obj: dict[str, Any]) -> aiohttp.web.Response:
+    return aiohttp.web.json_response(obj)
+
+
+def _status(exc: ApiStatusError) -> aiohttp.web.Response:
+    return aiohttp.web.json_response(exc.body(), status=exc.code)
+
+
+class ApiEmulator:
+    """The emulator on a real TCP port, with a kubeconfig and direct store helpers."""
+
+    def __init__(self, workdir: Path, *, history_limit: int = 100_000) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.kubeconfig_path = workdir / "kubeconfig.yaml"
+        self._handler = _Handler(store=Store(history_limit=history_limit))
+        self._server = Server(self._handler, port=self.port)
+
+    @property
+    def store(self) -> Store:
+        return self._handler.store
+
+    async def __aenter__(self) -> Self:
+        await self._handler.__aenter__()
+        await self._server.__aenter__()
+        self.kubeconfig_path.write_text(yaml.safe_dump(_kubeconfig(self.url)))
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._server.__aexit__(exc_type, exc, tb)
+        await self._handler.__aexit__(exc_type, exc, tb)
+
+    def _notify(self) -> None:
+        async def wake() -> None:
+            async with self._handler.changed:
+                self._handler.changed.notify_all()
+
+        asyncio.get_running_loop().create_task(wake())
+
+    # Direct helpers (the test's own hands on the cluster, like kubectl or a kubelet).
+    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
+        return self.store.get(resource, namespace, name)
+
+    def find(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.store.get(resource, namespace, name)
+        except ApiStatusError:
+            return None
+
+    def list(self, resource: str, namespace: str | None = None, selector: str = "") -> list[Any]:
+        return self.store.list(resource, namespace, selector)
+
+    def create(self, resource: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        out = self.store.create(resource, namespace, body)
+        self._notify()
+        return out
+
+    def patch(
+        self,
+        resource: str,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any],
+        *,
+        status: bool = False,
+    ) -> dict[str, Any]:
+        out = self.store.write(
+            resource, namespace, name, patch, patch=True, subresource="status" if status else ""
+        )
+        self._notify()
+        return out
+
+    def delete(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
+        out = self.store.delete(resource, namespace, name)
+        self._notify()
+        return out
+
+
+def _kubeconfig(url: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "emulator", "cluster": {"server": url}}],
+        "users": [{"name": "tester", "user": {"token": "emulator-token"}}],
+        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}],
+        "current-context": "emulator",
+    }
