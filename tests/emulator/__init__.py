@@ -115,6 +115,8 @@ class _Handler(KubernetesScaffold):
             )
         body = request.data if isinstance(request.data, dict | list) else {}
         if method == "POST" and not name:
+            if not isinstance(body, dict):
+                raise ApiStatusError(400, "BadRequest", "the body of a create must be an object")
             result = self.store.create(key, ns, body)
         elif method == "PATCH" and name:
             ctype = request.headers.get("Content-Type", "")

@@ -17,6 +17,7 @@ Pure Python, no I/O; ``tests/emulator/__init__.py`` serves it over HTTP through 
 
 from __future__ import annotations
 
+import builtins
 import copy
 import re
 import uuid
@@ -333,7 +334,7 @@ class Store:
                 self.delete(*dep_key)
         return obj
 
-    def events_since(self, rv: int) -> list[Event]:
+    def events_since(self, rv: int) -> builtins.list[Event]:
         if rv + 1 < self.oldest_rv:
             raise ApiStatusError(
                 410, "Expired", f"too old resource version: {rv} ({self.oldest_rv})"

@@ -82,7 +82,7 @@ class _ForeignTasks:
                 self.ours.add(task)
             return task
 
-        loop.set_task_factory(factory)  # type: ignore[arg-type]
+        loop.set_task_factory(factory)
 
 
 class OperatorRun:
@@ -107,7 +107,7 @@ class OperatorRun:
 
         async def main() -> None:
             tasks = await kopf.spawn_tasks(**kwargs, stop_flag=self._stop, ready_flag=ready)
-            await kopf.run_tasks(tasks, ignored=foreign)  # type: ignore[arg-type]
+            await kopf.run_tasks(tasks, ignored=foreign)
 
         token = _IN_OPERATOR.set(True)
         try:
