@@ -96,6 +96,8 @@ class WorkerConfig(_Frozen):
     policy_world_size: int = Field(ge=1)
     rollout_world_size: int = Field(ge=1)
     epoch: int = Field(0, ge=0)
+    #: Refits every rollout rank committed in earlier epochs: a recreated gang resumes here.
+    first_refit: int = Field(0, ge=0)
     pod_name: str = ""
     pod_uid: str = ""
     #: torch.distributed rendezvous inside the role (rank 0 of the role, via its Service).

@@ -171,6 +171,14 @@ class DistributedSignalHandler:
         # Only a flag: anything more could run in the middle of a collective.
         self._received = True
 
+    @property
+    def received(self) -> bool:
+        """Whether this process got one of the signals (local; not a collective).
+
+        For watchers that must not block, e.g. a thread that stops a transfer early.
+        """
+        return self._received
+
     def signals_received(self) -> list[bool]:
         """Per rank of the group, whether it got a signal; ``[flag]`` when not distributed.
 

@@ -1,0 +1,199 @@
+"""``refit-worker`` / ``python -m refit_worker``: the program a RefitJob pod runs.
+
+Reads its :class:`~refit_worker.config.WorkerConfig` from the ``REFIT_*`` environment,
+joins its role's torch.distributed group (gloo on CPU, nccl on CUDA) through the role's
+rank-0 address, and then, under :class:`DistributedSignalHandler` with the configured
+signal:
+
+- a **policy** rank loads its weights, and for each refit changes them (a stand-in for a
+  training step) and streams them to its rollout peers;
+- a **rollout** rank receives each refit into a staging area, verifies it (manifest
+  completeness always; for synthetic weights also every tensor bit for bit against the
+  regenerated expected values) and commits it.
+
+Each rank reports progress under its own rendezvous key.  On a signal or a job-wide
+preemption notice every rank stops at its next bucket or refit boundary, reports
+``preempted`` and exits with :data:`EXIT_PREEMPTED`.  Exit 0 means every refit done.
+
+Must not import: the operator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from refit_worker.config import EXIT_PREEMPTED, ConfigError, SyntheticWeights, WorkerConfig
+from refit_worker.rendezvous.entries import ProgressState
+from refit_worker.session import Preempted, RefitSession, RefitStats, StateDict, Verifier
+from refit_worker.signal_handler import DistributedSignalHandler
+from refit_worker.weights import advance, load_weights
+
+log = logging.getLogger("refit_worker")
+
+EXIT_FAILED = 1
+EXIT_BAD_CONFIG = 2
+
+
+class VerificationError(RuntimeError):
+    """A received refit differs from what the policy sent."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog="refit-worker",
+        description=(
+            "Run one policy or rollout rank of a RefitJob. All settings come from REFIT_* "
+            "environment variables, which the operator (or `refit run`) renders from the "
+            "RefitJob; see refit_worker.config.WorkerConfig."
+        ),
+        epilog=f"Exit codes: 0 done, {EXIT_FAILED} failed, {EXIT_BAD_CONFIG} bad environment, "
+        f"{EXIT_PREEMPTED} preempted (the operator restarts the gang).",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = WorkerConfig.from_env()
+    except ConfigError as exc:
+        print(f"refit-worker: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    return run(config)
+
+
+def run(config: WorkerConfig) -> int:
+    """Run this rank to completion; returns the process exit code."""
+    who = f"{config.role} rank {config.rank} (epoch {config.epoch})"
+    _join_group(config)
+    session: RefitSession | None = None
+    try:
+        with DistributedSignalHandler(_signals(config)) as handler:
+            session = RefitSession(config, stop_requested=lambda: handler.received)
+            done = [config.first_refit]  # refits finished, for the report after an error
+            try:
+                log.info("%s: connecting", who)
+                session.connect()
+                asyncio.run(_refits(config, session, handler, done))
+            except Preempted as exc:
+                log.warning("%s: preempted: %s", who, exc)
+                _report(session, "preempted", done[0], str(exc))
+                return EXIT_PREEMPTED
+            except Exception as exc:
+                log.exception("%s: failed", who)
+                _report(session, "failed", done[0], f"{type(exc).__name__}: {exc}")
+                return EXIT_FAILED
+        log.info("%s: all %d refits done", who, config.transfer.refits)
+        return 0
+    finally:
+        if session is not None:
+            session.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _signals(config: WorkerConfig) -> list[str]:
+    return [s.strip() for s in config.preemption_signal.split(",") if s.strip()]
+
+
+def _join_group(config: WorkerConfig) -> None:
+    backend = "nccl" if config.transfer.device == "cuda" else "gloo"
+    dist.init_process_group(
+        backend, init_method=f"tcp://{config.master_addr}:{config.master_port}",
+        rank=config.rank, world_size=config.world_size,
+        timeout=timedelta(seconds=config.transfer.timeout_seconds),
+    )
+
+
+def _report(session: RefitSession, state: ProgressState, refits: int, msg: str) -> None:
+    try:
+        session.store.write_progress(session.member, state=state, refits_completed=refits,
+                                     message=msg[:200])
+    except Exception:  # the exit code still tells the operator what happened
+        log.exception("could not report %s", state)
+
+
+async def _refits(config: WorkerConfig, session: RefitSession,
+                  handler: DistributedSignalHandler, done: list[int]) -> None:
+    state = load_weights(config.weights)
+    first = config.first_refit
+    for step in range(1, first + 1):
+        advance(state, step)
+    total_bytes = 0
+    for refit in range(first, config.transfer.refits):
+        _stop_at_boundary(config, session, handler)
+        # Refit k carries the weights after training step k + 1.
+        advance(state, refit + 1)
+        if config.role == "policy":
+            stats = await session.send(state.items(), refit_id=refit)
+        else:
+            stats = await session.receive(refit_id=refit, verify=_verifier(config, state))
+        total_bytes += stats.bytes
+        done[0] = refit + 1
+        _log_refit(config, stats)
+        session.store.write_progress(
+            session.member, refits_completed=refit + 1, bytes_total=total_bytes,
+            last_refit_seconds=stats.seconds, last_refit_bytes=stats.bytes,
+            message=f"refit {refit} {'sent' if config.role == 'policy' else 'committed'}",
+        )
+    session.store.write_progress(session.member, state="done",
+                                 refits_completed=config.transfer.refits,
+                                 bytes_total=total_bytes, message="all refits done")
+
+
+def _stop_at_boundary(config: WorkerConfig, session: RefitSession,
+                      handler: DistributedSignalHandler) -> None:
+    """A refit boundary: stop if any rank of the role got the signal, or the job is preempted."""
+    try:
+        flags = handler.signals_received()
+    except RuntimeError as exc:
+        # A peer of the group left (it was preempted or failed): do not start a refit.
+        if session.preemption_pending():
+            raise Preempted(f"a peer left the {config.role} group: {exc}") from exc
+        raise
+    if any(flags):
+        ranks = [r for r, flag in enumerate(flags) if flag]
+        raise Preempted(f"signal received by {config.role} rank(s) {ranks}")
+    if session.preemption_pending():
+        raise Preempted("the job posted a preemption notice")
+
+
+def _verifier(config: WorkerConfig, expected: StateDict) -> Verifier | None:
+    """For synthetic weights, a bit-for-bit check against the regenerated expected state."""
+    if not isinstance(config.weights, SyntheticWeights):
+        return None  # the engine's manifest (and checksums) are all there is to check
+
+    def verify(refit_id: int, staged: StateDict) -> None:
+        if staged.keys() != expected.keys():
+            missing = sorted(expected.keys() - staged.keys())[:3]
+            extra = sorted(staged.keys() - expected.keys())[:3]
+            raise VerificationError(f"refit {refit_id}: names differ (missing {missing}, "
+                                    f"unexpected {extra})")
+        for name, tensor in staged.items():
+            want = expected[name]
+            if tensor.dtype != want.dtype or tensor.shape != want.shape or not torch.equal(
+                tensor.view(torch.uint8), want.view(torch.uint8)
+            ):
+                raise VerificationError(f"refit {refit_id}: tensor {name!r} is not bit-exact")
+
+    return verify
+
+
+def _log_refit(config: WorkerConfig, stats: RefitStats) -> None:
+    verb = "sent" if config.role == "policy" else "committed"
+    log.info("%s rank %d: refit %d %s: %d bytes in %.3fs (%.2f GB/s)", config.role,
+             config.rank, stats.refit_id, verb, stats.bytes, stats.seconds, stats.gbps)
+
+
+__all__ = ["main", "run"]
+
+if __name__ == "__main__":
+    sys.exit(main())
