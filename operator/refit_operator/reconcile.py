@@ -198,6 +198,11 @@ def _act(
         rnd.update(completion_time=now, refits_completed=spec.transfer.refits)
         _delete_pods(rnd, [p for p in pods if p.phase not in ("Succeeded", "Failed")])
         return PhaseFacts(current=st.phase, all_rollouts_done=True)
+    if created and 0 < st.observed_generation != job.generation:
+        # A new spec (world size, image...) needs a new gang; neither failure nor preemption.
+        return _restart_gang(
+            spec=spec, observed=observed, pods=pods, failures=[], disruptions=[], now=now, rnd=rnd
+        )
     failures = [p.failure for p in current if p.failure]
     disruptions = [f"{p.name}: {p.disruption}" for p in current if p.disruption]
     disruptions += [f"{name}: PodMissing" for name in missing]
@@ -247,11 +252,13 @@ def _restart_gang(
         reason, message = "Restarted", f"gang restart {restarts}: {failures[0]}"
         rnd.update(restarts=restarts)
         delay = _backoff(spec, restarts)
-    else:
+    elif disruptions:
         reason = "Preempted"
         message = f"gang preempted ({st.preemptions + 1}): {disruptions[0]}"
         rnd.update(preemptions=st.preemptions + 1)
         delay = spec.failure_policy.backoff_seconds
+    else:
+        reason, message, delay = "SpecChanged", "the spec changed; recreating the gang", 0.0
     rnd.update(
         epoch=st.epoch + 1,
         created_epoch=None,

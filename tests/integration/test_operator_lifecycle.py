@@ -226,3 +226,33 @@ async def test_operator_restart_mid_job_creates_no_duplicates(
     assert (status["epoch"], status["restarts"], status["preemptions"]) == (0, 0, 0)
     for resource, names in CHILDREN.items():
         assert _names(kube_emulator, resource) == names
+
+
+async def test_suspend_deletes_pods_keeps_the_job_and_resumes(
+    kube_emulator: ApiEmulator, operator: OperatorRun
+) -> None:
+    kube_emulator.create(JOBS, NS, load_job())
+    await _all_pods(kube_emulator, 0)
+    kube_emulator.patch(JOBS, NS, "demo", {"spec": {"suspend": True}})
+    status = await _phase(kube_emulator, "Suspended")
+    await eventually(lambda: not kube_emulator.list(PODS, NS), "pods deleted on suspend")
+    assert _names(kube_emulator, "v1/configmaps") == ["demo-rendezvous"]  # the job's rest stays
+    assert (status["restarts"], status["preemptions"]) == (0, 0)
+    kube_emulator.patch(JOBS, NS, "demo", {"spec": {"suspend": False}})
+    await _all_pods(kube_emulator, 1)
+    status = await _phase(kube_emulator, "Pending")
+    assert (status["epoch"], status["restarts"], status["preemptions"]) == (1, 0, 0)
+
+
+async def test_scaling_the_spec_recreates_the_gang_without_counting_it(
+    kube_emulator: ApiEmulator, operator: OperatorRun
+) -> None:
+    kube_emulator.create(JOBS, NS, load_job())
+    await _all_pods(kube_emulator, 0)
+    kube_emulator.patch(JOBS, NS, "demo", {"spec": {"rollout": {"replicas": 3}}})
+    await eventually(
+        lambda: len(kube_emulator.list(PODS, NS, "refit.dev/epoch=1")) == 5, "5 pods of epoch 1"
+    )
+    status = await _phase(kube_emulator, "Pending")
+    assert (status["epoch"], status["restarts"], status["preemptions"]) == (1, 0, 0)
+    assert status["rollout"]["total"] == 3 and status["observedGeneration"] == 2

@@ -275,3 +275,16 @@ def test_fixed_spec_after_invalid_starts_over() -> None:
     fixed = _run(bad.status, [], generation=2, static=False)
     assert fixed.status.phase is Phase.PENDING and POD_NAMES[0] in _creates(fixed)
     assert next(c for c in fixed.status.conditions if c.type == "Failed").status == "False"
+
+
+def test_spec_change_recreates_the_gang_without_counting() -> None:
+    pods = _pods(0, **dict.fromkeys(POD_NAMES, RUNNING))
+    grown = {**SPEC, "rollout": {"replicas": 2}}
+    running = _status(phase=Phase.RUNNING, created_epoch=0, observed_generation=1)
+    d = _run(running, pods, spec=grown, generation=2)
+    s = d.status
+    assert (s.phase, s.epoch, s.restarts, s.preemptions) == (Phase.RESTARTING, 1, 0, 0)
+    assert _deletes(d) == POD_NAMES and ("Warning", "SpecChanged") in _events(d)
+    assert s.observed_generation == 2
+    later = _run(s, [], spec=grown, generation=2, now=NOW + timedelta(seconds=1))
+    assert _creates(later) == sorted([*POD_NAMES, "job-rollout-1"])
