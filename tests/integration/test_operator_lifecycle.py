@@ -119,8 +119,10 @@ async def test_phases_follow_the_pods_to_success(
         lambda: _names(kube_emulator, PODS) == ["demo-rollout-0", "demo-rollout-1"],
         "running policy pods deleted after success",
     )
-    reasons = [r for r, _ in _events(kube_emulator)]
-    assert "Running" in reasons and "Succeeded" in reasons
+    await eventually(
+        lambda: {"Running", "Succeeded"} <= {r for r, _ in _events(kube_emulator)},
+        "Running and Succeeded events",
+    )
 
 
 async def test_disruption_target_restarts_the_gang_as_a_preemption(
@@ -148,7 +150,9 @@ async def test_disruption_target_restarts_the_gang_as_a_preemption(
     status = await _phase(kube_emulator, "Pending")
     assert (status["epoch"], status["preemptions"], status["restarts"]) == (1, 1, 0)
     assert kube_emulator.get("v1/configmaps", NS, "demo-rendezvous").get("data", {}) == {}
-    preempted = [m for r, m in _events(kube_emulator) if r == "Preempted"]
+    preempted = await eventually(
+        lambda: [m for r, m in _events(kube_emulator) if r == "Preempted"], "a Preempted event"
+    )
     assert len(preempted) == 1 and "EvictionByEvictionAPI" in preempted[0]
 
 
@@ -167,7 +171,7 @@ async def test_failures_restart_until_max_restarts_then_fail(
     assert status["restarts"] == 1
     assert "demo-policy-0 failed: exit code 1; maxRestarts (1) used up" in status["message"]
     await eventually(lambda: not kube_emulator.list(PODS, NS), "the failed gang's pods deleted")
-    assert "Failed" in [r for r, _ in _events(kube_emulator)]
+    await eventually(lambda: "Failed" in [r for r, _ in _events(kube_emulator)], "Failed event")
 
 
 @pytest.mark.parametrize(
