@@ -3,6 +3,8 @@
 Subcommands are small functions registered in :func:`build_parser`; a later ``refit run
 MANIFEST`` (local runner) adds one more without touching the others.  kopf is imported only
 by the ``operator`` subcommand.
+
+Must not import at module level: kopf, kubernetes, the handlers (``refit crd`` needs none).
 """
 
 from __future__ import annotations

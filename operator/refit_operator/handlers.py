@@ -4,7 +4,8 @@ API and domain errors become kopf's Temporary/Permanent errors in :func:`_mapped
 place where that happens.  Handlers live in a registry built per operator run (no global
 state), so tests can run several operators one after another.
 
-Must not import: anything that renders or decides (that is the controller's business).
+Must not render or decide anything (the controller and the pure modules do); this is the
+only module, with ``settings``, that imports kopf.
 """
 
 from __future__ import annotations

@@ -288,3 +288,26 @@ def test_spec_change_recreates_the_gang_without_counting() -> None:
     assert s.observed_generation == 2
     later = _run(s, [], spec=grown, generation=2, now=NOW + timedelta(seconds=1))
     assert _creates(later) == sorted([*POD_NAMES, "job-rollout-1"])
+
+
+def test_pure_modules_import_neither_kopf_nor_kubernetes() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import sys\n"
+        "import refit_operator.models, refit_operator.crd, refit_operator.names\n"
+        "import refit_operator.render, refit_operator.reconcile, refit_operator.phases\n"
+        "import refit_operator.conditions, refit_operator.observe, refit_operator.quantity\n"
+        "import refit_operator.cli\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('kopf', 'kubernetes'))\n"
+        "print(','.join(bad))\n"
+    )
+    env = {"PYTHONPATH": f"{root / 'operator'}:{root / 'worker'}", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
