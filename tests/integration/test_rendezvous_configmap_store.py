@@ -13,13 +13,16 @@ import asyncio
 import json
 import os
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.emulator import ApiEmulator
 
-from refit_worker.rendezvous import configmap_store
+from refit_worker.rendezvous import PreemptionWatch, configmap_store
 from refit_worker.rendezvous.configmap_store import ConfigMapStore
 from refit_worker.rendezvous.protocol import (
     BARRIER_KEY,
@@ -37,7 +40,6 @@ from refit_worker.rendezvous.store import (
     RendezvousError,
     RendezvousTimeout,
 )
-from tests.emulator import ApiEmulator
 
 ROOT = Path(__file__).resolve().parents[2]
 CM = "v1/configmaps"
@@ -219,8 +221,8 @@ async def test_timeout_names_what_and_where(api: ApiEmulator) -> None:
 async def test_garbage_value_and_missing_map_are_clear_errors(api: ApiEmulator) -> None:
     store = ConfigMapStore(BASE, NS, Layout(1, 1, 1))
     me = Member("policy", 0, 0, "p")
-    with pytest.raises(RendezvousError, match="could not set key 'meta.policy.0' of ConfigMap "
-                                              "default/job-rendezvous: HTTP 404"):
+    with pytest.raises(RendezvousError, match=r"could not set key 'meta\.policy\.0' of ConfigMap "
+                                              r"default/job-rendezvous: HTTP 404"):
         await asyncio.to_thread(store.publish_metadata, me, "{}")
     make_maps(api, 1)
     waiter = asyncio.create_task(asyncio.to_thread(store.wait_barrier, me, 30))
@@ -253,4 +255,26 @@ async def test_a_job_over_one_shard_spreads_and_fits(api: ApiEmulator) -> None:
     assert all(size < 1 << 20 for size in sizes)
     counts = [len(api.get(CM, NS, configmap_name(BASE, s))["data"]) for s in range(shards)]
     assert counts == [101, 100]  # 100 ranks each, and the barrier in shard 0
+    store.close()
+
+
+async def test_preemption_watch_hears_the_notice_and_stops_promptly(api: ApiEmulator) -> None:
+    make_maps(api, 1)
+    store = ConfigMapStore(BASE, NS, Layout(1, 1, 1))
+    me = Member("rollout", 0, 1, "r")
+    idle = PreemptionWatch(store, me, lambda notice: None).start()
+    await asyncio.sleep(0.5)
+    started = time.monotonic()
+    await asyncio.to_thread(idle.stop)
+    assert time.monotonic() - started < 2.0
+    assert idle.notice is None and idle.error is None
+
+    heard = threading.Event()
+    watch = PreemptionWatch(store, me, lambda notice: heard.set()).start()
+    await asyncio.sleep(0.5)
+    api.patch(CM, NS, BASE, {"data": {"preempt": make_preempt_notice(
+        1, "job-policy-1", "p1", "DisruptionTarget").model_dump_json()}})
+    assert await asyncio.to_thread(heard.wait, 20)
+    assert watch.notice is not None and watch.notice.pod == "job-policy-1"
+    await asyncio.to_thread(watch.stop)
     store.close()

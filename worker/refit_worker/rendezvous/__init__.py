@@ -2,9 +2,9 @@
 the barrier, report progress and hear of a job-wide preemption.
 
 :mod:`.protocol` is pure (keys, entries, shard assignment, coordinator decisions);
-:mod:`.store` is the interface with the worker's and coordinator's operations;
-:mod:`.file_store` and :mod:`.configmap_store` implement it.  :func:`open_store` picks one
-from the worker config.
+:mod:`.store` is the interface with the worker's and coordinator's operations, which
+:mod:`.file_store` and :mod:`.configmap_store` implement (:func:`open_store` picks one from
+the worker config); :mod:`.watch` watches for the preemption notice in the background.
 
 Must not import: the operator; torch or nixl (the payload is opaque JSON text).
 """
@@ -21,11 +21,13 @@ from refit_worker.rendezvous.store import (
     RendezvousError,
     RendezvousStore,
     RendezvousTimeout,
+    WaitCancelled,
 )
+from refit_worker.rendezvous.watch import PreemptionWatch
 
 __all__ = [
-    "ConfigMapStore", "FileStore", "Layout", "Member", "PreemptedError", "RendezvousError",
-    "RendezvousStore", "RendezvousTimeout", "open_store",
+    "ConfigMapStore", "FileStore", "Layout", "Member", "PreemptedError", "PreemptionWatch",
+    "RendezvousError", "RendezvousStore", "RendezvousTimeout", "WaitCancelled", "open_store",
 ]
 
 

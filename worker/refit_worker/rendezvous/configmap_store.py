@@ -32,6 +32,7 @@ from refit_worker.rendezvous.store import (
     RendezvousStore,
     RendezvousTimeout,
     T,
+    WaitCancelled,
 )
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -43,6 +44,8 @@ _REQUEST_SECONDS = 30.0
 _ATTEMPTS = 5
 _MAX_BACKOFF = 2.0
 _FATAL = {400, 401, 403, 404, 422}
+#: How often a cancellable wait looks at its cancel event.
+_CANCEL_TICK = 0.25
 
 
 def load_api_client() -> Any:
@@ -131,7 +134,8 @@ class ConfigMapStore(RendezvousStore):
             delay = min(delay * 2, _MAX_BACKOFF)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _wait(self, shards: Sequence[int], check: Check[T], timeout: float, what: str) -> T:
+    def _wait(self, shards: Sequence[int], check: Check[T], timeout: float, what: str,
+              cancel: threading.Event | None) -> T:
         state = _WaitState()
         feeds = [threading.Thread(target=self._feed, args=(shard, state), daemon=True,
                                   name=f"rendezvous-watch-{self.names[shard]}")
@@ -151,13 +155,16 @@ class ConfigMapStore(RendezvousStore):
                         result = check(merged)
                         if result is not None:
                             return result
+                    if cancel is not None and cancel.is_set():
+                        raise WaitCancelled(f"wait for {what} was cancelled")
                     left = deadline - time.monotonic()
                     if left <= 0:
                         names = ", ".join(self.names[s] for s in shards)
                         raise RendezvousTimeout(
                             f"timed out after {timeout:g}s waiting for {what} in ConfigMap "
                             f"{self.namespace}/{names}")
-                    state.cond.wait(left)
+                    # A cancel event cannot wake the condition: look at it now and then.
+                    state.cond.wait(left if cancel is None else min(left, _CANCEL_TICK))
         finally:
             state.stop()
 
@@ -196,12 +203,9 @@ class ConfigMapStore(RendezvousStore):
                     return
                 state.stopped.wait(delay)
                 delay = min(delay * 2, _MAX_BACKOFF)
-            except (HTTPError, OSError, ValueError) as exc:
+            except (HTTPError, OSError, ValueError):
                 if state.stopped.is_set():
-                    return  # the waiter closed our stream on purpose
-                if isinstance(exc, RendezvousError):
-                    state.fail(exc)
-                    return
+                    return  # the waiter cut our stream on purpose
                 state.stopped.wait(delay)  # lost connection or read timeout: watch again
                 delay = min(delay * 2, _MAX_BACKOFF)
             except BaseException as exc:  # handed to the waiting thread

@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from refit_worker.rendezvous.protocol import is_valid_data_key, max_value_bytes, parse_key
-from refit_worker.rendezvous.store import Check, Layout, RendezvousStore, RendezvousTimeout, T
+from refit_worker.rendezvous.store import (
+    Check,
+    Layout,
+    RendezvousStore,
+    RendezvousTimeout,
+    T,
+    WaitCancelled,
+)
 
 _TMP_PREFIX = ".tmp-"
 _FIRST_DELAY = 0.005
@@ -70,7 +78,8 @@ class FileStore(RendezvousStore):
             data[path.name] = raw.decode("utf-8", errors="replace")
         return data
 
-    def _wait(self, shards: Sequence[int], check: Check[T], timeout: float, what: str) -> T:
+    def _wait(self, shards: Sequence[int], check: Check[T], timeout: float, what: str,
+              cancel: threading.Event | None) -> T:
         deadline = time.monotonic() + timeout
         delay = _FIRST_DELAY
         while True:
@@ -84,7 +93,10 @@ class FileStore(RendezvousStore):
             if left <= 0:
                 raise RendezvousTimeout(f"timed out after {timeout:g}s waiting for {what} "
                                         f"in {self.directory}")
-            time.sleep(min(delay, left))
+            if cancel is None:
+                time.sleep(min(delay, left))
+            elif cancel.wait(min(delay, left)):
+                raise WaitCancelled(f"wait for {what} was cancelled")
             delay = min(delay * 2, _MAX_DELAY)
 
     def close(self) -> None:

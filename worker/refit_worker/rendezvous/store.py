@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -62,6 +63,10 @@ class RendezvousError(RuntimeError):
 
 class RendezvousTimeout(TimeoutError):
     """A rendezvous wait ran out of time; the message says what it waited for."""
+
+
+class WaitCancelled(Exception):
+    """A wait was called off through its ``cancel`` event."""
 
 
 class PreemptedError(RuntimeError):
@@ -133,9 +138,11 @@ class RendezvousStore(ABC):
         """All keys of ``shard`` now."""
 
     @abstractmethod
-    def _wait(self, shards: Sequence[int], check: Check[T], timeout: float, what: str) -> T:
+    def _wait(self, shards: Sequence[int], check: Check[T], timeout: float, what: str,
+              cancel: threading.Event | None) -> T:
         """Until ``check`` over the merged data of ``shards`` returns non-None; raise
-        RendezvousTimeout naming ``what`` after ``timeout`` seconds."""
+        RendezvousTimeout naming ``what`` after ``timeout`` seconds, WaitCancelled soon
+        after ``cancel`` is set."""
 
     @abstractmethod
     def close(self) -> None:
@@ -159,13 +166,14 @@ class RendezvousStore(ABC):
         return self._decode(self.read_data(), epoch)
 
     def wait_for(self, what: str, check: Callable[[Snapshot], T | None], *, epoch: int,
-                 timeout: float, shards: Sequence[int] | None = None) -> T:
+                 timeout: float, shards: Sequence[int] | None = None,
+                 cancel: threading.Event | None = None) -> T:
         """Until ``check`` of the snapshot of ``epoch`` (over ``shards``, default all)
         returns non-None."""
         _check_timeout(timeout, what)
         watched = list(range(self.layout.shards)) if shards is None else list(shards)
         return self._wait(watched, lambda data: check(self._decode(data, epoch)), timeout,
-                          what)
+                          what, cancel)
 
     # -- worker side ----------------------------------------------------------------------
 
@@ -230,11 +238,13 @@ class RendezvousStore(ABC):
         """The preemption notice of this rank's epoch, if there is one now."""
         return self._decode(self._read(0), me.epoch).preempt
 
-    def wait_preemption(self, me: Member, timeout: float) -> PreemptNotice:
-        """Block until a preemption notice of this rank's epoch is posted."""
+    def wait_preemption(self, me: Member, timeout: float,
+                        cancel: threading.Event | None = None) -> PreemptNotice:
+        """Block until a preemption notice of this rank's epoch is posted (see
+        :class:`~.watch.PreemptionWatch` to do it in the background)."""
         return self.wait_for(f"a preemption notice for epoch {me.epoch} (key "
                              f"{PREEMPT_KEY!r})", lambda snap: snap.preempt,
-                             epoch=me.epoch, timeout=timeout, shards=[0])
+                             epoch=me.epoch, timeout=timeout, shards=[0], cancel=cancel)
 
     # -- coordinator side -----------------------------------------------------------------
 
