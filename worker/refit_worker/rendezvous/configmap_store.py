@@ -21,8 +21,8 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from refit_worker.rendezvous.protocol import configmap_name, merge_patch
 from refit_worker.rendezvous.store import (
@@ -34,6 +34,8 @@ from refit_worker.rendezvous.store import (
     T,
     WaitCancelled,
 )
+
+R = TypeVar("R")
 
 MERGE_PATCH = "application/merge-patch+json"
 #: Seconds one watch request stays open before it is renewed (server-side timeout).
@@ -115,24 +117,25 @@ class ConfigMapStore(RendezvousStore):
         obj = json.loads(raw)
         return _data_of(obj), str(obj.get("metadata", {}).get("resourceVersion", ""))
 
-    def _retrying(self, action: str, call: Any) -> Any:
+    def _retrying(self, action: str, call: Callable[[], R]) -> R:
+        """``call()``, again after a transient error (429, 5xx, lost connection); every
+        call here is idempotent (a read, or setting one key to one value)."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
-        delay = 0.1
-        for attempt in range(1, _ATTEMPTS + 1):
+        delay, attempt = 0.1, 1
+        while True:
             try:
                 return call()
             except ApiException as exc:
-                if exc.status in _FATAL or attempt == _ATTEMPTS:
+                if exc.status in _FATAL or attempt >= _ATTEMPTS:
                     raise RendezvousError(f"could not {action}: HTTP {exc.status} "
                                           f"{exc.reason}") from exc
             except HTTPError as exc:
-                if attempt == _ATTEMPTS:
+                if attempt >= _ATTEMPTS:
                     raise RendezvousError(f"could not {action}: {exc}") from exc
             time.sleep(delay)
-            delay = min(delay * 2, _MAX_BACKOFF)
-        raise AssertionError("unreachable")  # pragma: no cover
+            delay, attempt = min(delay * 2, _MAX_BACKOFF), attempt + 1
 
     def _wait(self, shards: Sequence[int], check: Check[T], timeout: float, what: str,
               cancel: threading.Event | None) -> T:
