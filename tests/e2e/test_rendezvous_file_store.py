@@ -233,3 +233,13 @@ def test_bad_layouts_and_members_are_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "shard-0" / "barrier").exists()
     assert meta_key("policy", 0) not in store.read_data()
 
+
+
+def test_importing_the_stores_loads_no_kubernetes_client() -> None:
+    # The API client is configured at first use; importing must not read any kubeconfig.
+    code = ("import sys, refit_worker.rendezvous as r; "
+            "print(sorted(m for m in ('kubernetes', 'urllib3') if m in sys.modules))")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "worker"), KUBECONFIG="/nonexistent")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
