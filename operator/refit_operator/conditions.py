@@ -16,6 +16,7 @@ COMPLETE = "Complete"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
 RESTARTING = "Restarting"
+RENDEZVOUS = "RendezvousReadable"
 
 Truth = Literal["True", "False", "Unknown"]
 

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from refit_operator import kube, names, reconcile
+from refit_operator.coordinate import PatchData
 from refit_operator.models import API_VERSION, KIND, parse_status
 from refit_operator.observe import observe
 from refit_operator.reconcile import Action
@@ -180,8 +181,8 @@ class Controller:
         namespace = job["metadata"]["namespace"]
         if isinstance(action, reconcile.Delete):
             await self._api.delete(action.api_version, action.kind, namespace, action.name)
-        elif isinstance(action, reconcile.ClearKeys):
-            patch = {"data": dict.fromkeys(action.keys)}
+        elif isinstance(action, PatchData):
+            patch = {"data": dict(action.data)}
             try:
                 await self._api.merge_patch("v1", "ConfigMap", namespace, action.name, patch)
             except kube.ApiError as exc:

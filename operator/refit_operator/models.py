@@ -19,6 +19,7 @@ from pydantic.alias_generators import to_camel
 
 from refit_operator.quantity import QUANTITY_PATTERN, QuantityError, parse_quantity
 from refit_worker.config import ENV_PREFIX, SyntheticWeights
+from refit_worker.rendezvous.protocol import MAX_RANKS
 
 GROUP = "refit.dev"
 VERSION = "v1alpha1"
@@ -218,6 +219,16 @@ class RefitJobSpec(_Wire):
     )
     suspend: bool = False
 
+    @model_validator(mode="after")
+    def _rendezvous_fits(self) -> RefitJobSpec:
+        total = self.policy.replicas + self.rollout.replicas
+        if total > MAX_RANKS:
+            raise ValueError(
+                f"policy.replicas + rollout.replicas = {total} is over {MAX_RANKS},"
+                " the most ranks one rendezvous serves"
+            )
+        return self
+
 
 class Phase(StrEnum):
     PENDING = "Pending"
@@ -267,7 +278,10 @@ class RefitJobStatus(_Status):
     restarts: int = 0
     preemptions: int = 0
     refits_completed: int = 0
+    #: Bytes rollout ranks received, over all epochs.
     bytes_transferred: int = 0
+    #: bytes_transferred when the current epoch began (the epoch's own bytes come on top).
+    bytes_before_epoch: int = 0
     last_throughput_bytes_per_second: float | None = None
     start_time: datetime | None = None
     completion_time: datetime | None = None

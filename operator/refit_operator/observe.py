@@ -19,6 +19,7 @@ _EVICTED_REASONS = frozenset({"Evicted", "Preempting", "Terminated", "Shutdown",
 @dataclass(frozen=True)
 class ObservedPod:
     name: str
+    uid: str
     role: str
     rank: int
     epoch: int
@@ -84,6 +85,7 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         failure = f"pod {meta.get('name')} failed: {detail}"
     return ObservedPod(
         name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
         role=str(labels.get(names.LABEL_ROLE, "")),
         rank=_int_label(labels, names.LABEL_RANK),
         epoch=_int_label(labels, names.LABEL_EPOCH),

@@ -5,8 +5,8 @@ eviction, deletion, a preempted exit), every pod stops, the epoch goes up, the r
 cleared, and after a backoff the gang is recreated under the same pod names, once the old
 pods are gone.  Failures use up ``maxRestarts``; preemptions are counted apart and do not.
 
-The rendezvous data arrives in ``Observed.rendezvous``; the operator-side barrier (issue #5)
-belongs next to :func:`reconcile` and reads it from there.
+The rendezvous data arrives in ``Observed.rendezvous``: the barrier is opened and progress
+read there (``coordinate.py``); between epochs the map is cleared before the new gang starts.
 
 Must not import: kopf, kubernetes (the local runner drives this without an API).
 """
@@ -18,7 +18,9 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, TypeAlias
 
 from refit_operator import conditions as cond
+from refit_operator import coordinate as rdv
 from refit_operator import names, render
+from refit_operator.coordinate import PatchData
 from refit_operator.models import (
     InvalidSpecError,
     Phase,
@@ -47,21 +49,13 @@ class Delete:
 
 
 @dataclass(frozen=True)
-class ClearKeys:
-    """Drop keys from a rendezvous ConfigMap (a merge patch setting them to null)."""
-
-    name: str
-    keys: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class Emit:
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
 
 
-Action: TypeAlias = Create | Delete | ClearKeys | Emit
+Action: TypeAlias = Create | Delete | PatchData | Emit
 
 
 @dataclass(frozen=True)
@@ -201,16 +195,17 @@ def _act(
     if created and 0 < st.observed_generation != job.generation:
         # A new spec (world size, image...) needs a new gang; neither failure nor preemption.
         return _restart_gang(
-            spec=spec, observed=observed, pods=pods, failures=[], disruptions=[], now=now, rnd=rnd
+            job=job, spec=spec, pods=pods, failures=[], disruptions=[], now=now, rnd=rnd
         )
     failures = [p.failure for p in current if p.failure]
     disruptions = [f"{p.name}: {p.disruption}" for p in current if p.disruption]
     disruptions += [f"{name}: PodMissing" for name in missing]
     if failures or disruptions:
         return _restart_gang(
+            job=job,
             spec=spec,
-            observed=observed,
             pods=pods,
+            notice_from=next((p for p in current if p.disruption), None),
             failures=failures,
             disruptions=disruptions,
             now=now,
@@ -221,27 +216,85 @@ def _act(
         if stale:
             rnd.later(POLL_DELETING_S)
             return PhaseFacts(current=st.phase, waiting_for_gang=st.epoch > 0)
+        stale_data = rdv.clear(observed.rendezvous)
+        if stale_data:  # old pods are gone: drop their entries before new ones arrive
+            rnd.actions.extend(stale_data)
+            rnd.later(POLL_DELETING_S)
+            return PhaseFacts(current=st.phase, waiting_for_gang=st.epoch > 0)
         if st.restart_at is not None and now < st.restart_at:
             rnd.later((st.restart_at - now).total_seconds())
             return PhaseFacts(current=st.phase, waiting_for_gang=True)
-        rnd.actions.extend(Create(p) for p in render.render_gang(job.ref, spec, st.epoch, options))
+        gang = render.render_gang(job.ref, spec, st.epoch, options, st.refits_completed)
+        rnd.actions.extend(Create(p) for p in gang)
         rnd.update(created_epoch=st.epoch, restart_at=None, start_time=st.start_time or now)
         return PhaseFacts(current=st.phase)
+    _coordinate(job=job, spec=spec, observed=observed, current=current, now=now, rnd=rnd)
     all_ready = all(p.ready or p.phase == "Succeeded" for p in current)
     return PhaseFacts(current=st.phase, all_ready=all_ready)
 
 
-def _restart_gang(
+def _coordinate(
     *,
+    job: JobView,
     spec: RefitJobSpec,
     observed: Observed,
+    current: list[ObservedPod],
+    now: datetime,
+    rnd: _Round,
+) -> None:
+    """Open the barrier when every rank published; show progress; flag bad entries."""
+    st = rnd.status
+    uids = {(p.role, p.rank): p.uid for p in current if p.role in names.ROLES and p.uid}
+    result = rdv.coordinate(
+        job.ref.name,
+        observed.rendezvous,
+        epoch=st.epoch,
+        world=(spec.policy.replicas, spec.rollout.replicas),
+        pod_uids=uids,
+    )
+    rnd.actions.extend(result.patches)
+    ok: cond.Truth = "False" if result.problem else "True"
+    reason = "InvalidEntry" if result.problem else "Readable"
+    conds = cond.set_condition(
+        st.conditions, cond.RENDEZVOUS, ok, reason=reason, message=result.problem or "", now=now
+    )
+    rnd.update(conditions=conds)
+    p = result.progress
+    if p is not None:
+        rnd.update(
+            refits_completed=max(st.refits_completed, p.refits_completed),
+            bytes_transferred=st.bytes_before_epoch + p.bytes_total,
+            last_throughput_bytes_per_second=(
+                p.last_refit_gbps * 1e9
+                if p.last_refit_gbps > 0
+                else st.last_throughput_bytes_per_second
+            ),
+        )
+
+
+def _restart_gang(
+    *,
+    job: JobView,
+    spec: RefitJobSpec,
     pods: list[ObservedPod],
+    notice_from: ObservedPod | None = None,
     failures: list[str],
     disruptions: list[str],
     now: datetime,
     rnd: _Round,
 ) -> PhaseFacts:
     st = rnd.status
+    if notice_from is not None and disruptions and not failures:
+        # Ranks hear the notice and stop at a safe point, ahead of their own signals.
+        notice = rdv.preempt_notice(
+            job.ref.name,
+            epoch=st.epoch,
+            pod=notice_from.name,
+            uid=notice_from.uid,
+            reason=disruptions[0],
+        )
+        if notice is not None:
+            rnd.actions.append(notice)
     _delete_pods(rnd, pods)
     if failures and st.restarts >= spec.failure_policy.max_restarts:
         message = f"{failures[0]}; maxRestarts ({spec.failure_policy.max_restarts}) used up"
@@ -261,14 +314,12 @@ def _restart_gang(
         reason, message, delay = "SpecChanged", "the spec changed; recreating the gang", 0.0
     rnd.update(
         epoch=st.epoch + 1,
+        bytes_before_epoch=rnd.status.bytes_transferred,
         created_epoch=None,
         restart_at=now + timedelta(seconds=delay),
         message=message,
     )
     rnd.actions.append(Emit("Warning", reason, message))
-    for name, data in sorted((observed.rendezvous or {}).items()):
-        if data:
-            rnd.actions.append(ClearKeys(name, tuple(sorted(data))))
     rnd.later(max(delay, POLL_DELETING_S))
     return PhaseFacts(current=st.phase, gang_disrupted=True)
 

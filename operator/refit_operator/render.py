@@ -82,7 +82,14 @@ def _meta(job: JobRef, name: str, labels: dict[str, str]) -> dict[str, Any]:
 
 
 def worker_config(
-    job: JobRef, spec: RefitJobSpec, role: Role, rank: int, *, epoch: int, options: RenderOptions
+    job: JobRef,
+    spec: RefitJobSpec,
+    role: Role,
+    rank: int,
+    *,
+    epoch: int,
+    options: RenderOptions,
+    first_refit: int = 0,
 ) -> WorkerConfig:
     """The worker's configuration for one rank (downward-API fields left empty)."""
     weights: WeightsSource
@@ -101,6 +108,7 @@ def worker_config(
         policy_world_size=spec.policy.replicas,
         rollout_world_size=spec.rollout.replicas,
         epoch=epoch,
+        first_refit=first_refit,
         master_addr=names.master_addr(job.name, role, job.namespace),
         master_port=names.MASTER_PORT,
         weights=weights,
@@ -145,11 +153,20 @@ def _stop_grace(grace: int) -> int:
 
 
 def render_pod(
-    job: JobRef, spec: RefitJobSpec, role: Role, rank: int, *, epoch: int, options: RenderOptions
+    job: JobRef,
+    spec: RefitJobSpec,
+    role: Role,
+    rank: int,
+    *,
+    epoch: int,
+    options: RenderOptions,
+    first_refit: int = 0,
 ) -> dict[str, Any]:
     """One rank's pod: never restarted in place (the gang restarts instead)."""
     role_spec = spec.policy if role == "policy" else spec.rollout
-    config = worker_config(job, spec, role, rank, epoch=epoch, options=options)
+    config = worker_config(
+        job, spec, role, rank, epoch=epoch, options=options, first_refit=first_refit
+    )
     mode = injection_mode(spec, options)
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -310,11 +327,11 @@ def render_static(job: JobRef, spec: RefitJobSpec) -> list[dict[str, Any]]:
 
 
 def render_gang(
-    job: JobRef, spec: RefitJobSpec, epoch: int, options: RenderOptions
+    job: JobRef, spec: RefitJobSpec, epoch: int, options: RenderOptions, first_refit: int = 0
 ) -> list[dict[str, Any]]:
-    """All pods of one epoch."""
+    """All pods of one epoch; ``first_refit``: refits done before (a recreated gang resumes)."""
     return [
-        render_pod(job, spec, role, rank, epoch=epoch, options=options)
+        render_pod(job, spec, role, rank, epoch=epoch, options=options, first_refit=first_refit)
         for role in names.ROLES
         for rank in range(spec.policy.replicas if role == "policy" else spec.rollout.replicas)
     ]

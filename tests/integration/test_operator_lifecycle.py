@@ -20,6 +20,15 @@ from tests.integration.support import (
     set_pod_phase,
 )
 
+from refit_worker.rendezvous.protocol import (
+    BARRIER_KEY,
+    BarrierEntry,
+    MetadataEntry,
+    decode_entry,
+    encode_entry,
+    meta_key,
+)
+
 POD_NAMES = ["demo-policy-0", "demo-policy-1", "demo-rollout-0", "demo-rollout-1"]
 CHILDREN = {
     "v1/services": ["demo-policy", "demo-rollout"],
@@ -260,3 +269,27 @@ async def test_scaling_the_spec_recreates_the_gang_without_counting_it(
     status = await _phase(kube_emulator, "Pending")
     assert (status["epoch"], status["restarts"], status["preemptions"]) == (1, 0, 0)
     assert status["rollout"]["total"] == 3 and status["observedGeneration"] == 2
+
+
+async def test_barrier_opens_when_every_pod_published(
+    kube_emulator: ApiEmulator, operator: OperatorRun
+) -> None:
+    kube_emulator.create(JOBS, NS, load_job())
+    pods = await _all_pods(kube_emulator, 0)
+    for pod in pods:  # what each worker does: a merge patch of its own key
+        labels, uid = pod["metadata"]["labels"], pod["metadata"]["uid"]
+        role, rank = labels["refit.dev/role"], int(labels["refit.dev/rank"])
+        key = meta_key(role, rank)
+        value = encode_entry(
+            key, MetadataEntry(epoch=0, uid=uid, role=role, rank=rank, agent='{"a": 1}')
+        )
+        kube_emulator.patch("v1/configmaps", NS, "demo-rendezvous", {"data": {key: value}})
+
+    def barrier() -> str | None:
+        data = kube_emulator.get("v1/configmaps", NS, "demo-rendezvous").get("data") or {}
+        return data.get(BARRIER_KEY)
+
+    entry = decode_entry(BARRIER_KEY, await eventually(barrier, "the barrier of epoch 0"))
+    assert isinstance(entry, BarrierEntry) and entry.epoch == 0
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+    assert entry.policy_uids == (uids["demo-policy-0"], uids["demo-policy-1"])

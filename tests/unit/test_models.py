@@ -62,6 +62,10 @@ def test_sample_manifest_parses_with_defaults() -> None:
         ({"image": ""}, "spec.image: String should have at least 1 character"),
         ({"transfer": {"device": "tpu"}}, "spec.transfer.device: Input should be 'cpu' or 'cuda'"),
         ({"failurePolicy": {"maxRestarts": -1}}, "spec.failurePolicy.maxRestarts"),
+        (
+            {"policy": {"replicas": 4000}, "rollout": {"replicas": 100}},
+            "policy.replicas + rollout.replicas = 4100 is over 4096",
+        ),
     ],
 )
 def test_bad_input_names_the_field_and_value(change: dict[str, Any], message: str) -> None:

@@ -14,6 +14,18 @@ from refit_operator import reconcile as rc
 from refit_operator.models import Phase, RefitJobStatus
 from refit_operator.observe import observe, observe_pod
 from refit_operator.render import JobRef, RenderOptions, render_gang, render_static
+from refit_worker.rendezvous.protocol import (
+    BARRIER_KEY,
+    PREEMPT_KEY,
+    BarrierEntry,
+    MetadataEntry,
+    PreemptNotice,
+    ProgressEntry,
+    decode_entry,
+    encode_entry,
+    meta_key,
+    progress_key,
+)
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 REF = JobRef(name="job", namespace="ns", uid="u-1")
@@ -34,6 +46,7 @@ def _pods(epoch: int, **status_by_name: dict[str, Any]) -> list[dict[str, Any]]:
     spec = rc.parse_spec(SPEC)
     pods = render_gang(REF, spec, epoch, RenderOptions())
     for pod in pods:
+        pod["metadata"]["uid"] = f"uid-{pod['metadata']['name']}-{epoch}"
         pod["status"] = status_by_name.get(pod["metadata"]["name"], {"phase": "Pending"})
     return pods
 
@@ -117,7 +130,15 @@ def test_disruption_target_restarts_the_gang_as_a_preemption() -> None:
     )
     assert s.restart_at == NOW + timedelta(seconds=10)
     assert _deletes(d) == POD_NAMES
-    assert rc.ClearKeys("job-rendezvous", ("barrier", "meta.policy.0")) in d.actions
+    # The job-wide notice goes out before the deletes, so ranks stop at a safe point.
+    notice = d.actions.index(next(a for a in d.actions if isinstance(a, rc.PatchData)))
+    first_delete = d.actions.index(next(a for a in d.actions if isinstance(a, rc.Delete)))
+    assert notice < first_delete
+    patch = d.actions[notice]
+    assert isinstance(patch, rc.PatchData) and patch.name == "job-rendezvous"
+    entry = decode_entry(PREEMPT_KEY, str(patch.data[PREEMPT_KEY]))
+    assert isinstance(entry, PreemptNotice)
+    assert (entry.epoch, entry.pod, entry.uid) == (0, "job-policy-1", "uid-job-policy-1-0")
     assert ("Warning", "Preempted") in _events(d)
     assert "EvictionByEvictionAPI" in s.message
 
@@ -311,3 +332,87 @@ def test_pure_modules_import_neither_kopf_nor_kubernetes() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""
+
+
+def _meta(role: str, rank: int, epoch: int, uid: str) -> tuple[str, str]:
+    key = meta_key(role, rank)  # type: ignore[arg-type]
+    entry = MetadataEntry(epoch=epoch, uid=uid, role=role, rank=rank, agent='{"agent": 1}')
+    return key, encode_entry(key, entry)
+
+
+def _published(epoch: int, skip: str = "", uid_of: dict[str, str] | None = None) -> dict[str, str]:
+    data = {}
+    for name in POD_NAMES:
+        if name == skip:
+            continue
+        _, role, rank = name.split("-")
+        uid = (uid_of or {}).get(name, f"uid-{name}-{epoch}")
+        key, value = _meta(role, int(rank), epoch, uid)
+        data[key] = value
+    return data
+
+
+def test_barrier_opens_once_every_rank_of_the_epoch_published() -> None:
+    pods = _pods(0, **dict.fromkeys(POD_NAMES, RUNNING))
+    running = _status(phase=Phase.RUNNING, created_epoch=0, observed_generation=1)
+    partial = _run(
+        running, pods, rendezvous={"job-rendezvous": _published(0, skip="job-rollout-0")}
+    )
+    assert not [a for a in partial.actions if isinstance(a, rc.PatchData)]
+    full = _run(running, pods, rendezvous={"job-rendezvous": _published(0)})
+    (patch,) = [a for a in full.actions if isinstance(a, rc.PatchData)]
+    barrier = decode_entry(BARRIER_KEY, str(patch.data[BARRIER_KEY]))
+    assert isinstance(barrier, BarrierEntry) and barrier.epoch == 0
+    assert barrier.rollout_uids == ("uid-job-rollout-0-0",)
+    assert barrier.policy_uids == ("uid-job-policy-0-0", "uid-job-policy-1-0")
+    # Entries of another epoch do not count.
+    old = _run(running, pods, rendezvous={"job-rendezvous": _published(7)})
+    assert not [a for a in old.actions if isinstance(a, rc.PatchData)]
+
+
+def test_an_entry_from_another_pod_is_flagged_not_trusted() -> None:
+    pods = _pods(0, **dict.fromkeys(POD_NAMES, RUNNING))
+    data = _published(0, uid_of={"job-policy-1": "someone-else"})
+    d = _run(
+        _status(phase=Phase.RUNNING, created_epoch=0), pods, rendezvous={"job-rendezvous": data}
+    )
+    assert not [a for a in d.actions if isinstance(a, rc.PatchData)]
+    flag = next(c for c in d.status.conditions if c.type == "RendezvousReadable")
+    assert flag.status == "False" and "someone-else" in flag.message
+
+
+def test_progress_of_the_rollout_ranks_shows_in_status() -> None:
+    pods = _pods(1, **dict.fromkeys(POD_NAMES, RUNNING))
+    key = progress_key("rollout", 0)
+    entry = ProgressEntry(
+        epoch=1,
+        uid="uid-job-rollout-0-1",
+        role="rollout",
+        rank=0,
+        refits_completed=2,
+        bytes_total=3000,
+        last_refit_seconds=0.5,
+        last_refit_bytes=1000,
+    )
+    data = {key: encode_entry(key, entry)}
+    st = _status(
+        phase=Phase.RUNNING, epoch=1, created_epoch=1, refits_completed=1, bytes_before_epoch=500
+    )
+    d = _run(st, pods, rendezvous={"job-rendezvous": data})
+    assert d.status.refits_completed == 2
+    assert d.status.bytes_transferred == 3500
+    assert d.status.last_throughput_bytes_per_second == pytest.approx(2000.0)
+
+
+def test_stale_entries_are_cleared_before_the_new_gang_starts() -> None:
+    waiting = _status(phase=Phase.RESTARTING, epoch=1, refits_completed=2)
+    data = {"job-rendezvous": _published(0)}
+    d = _run(waiting, [], rendezvous=data)
+    (patch,) = [a for a in d.actions if isinstance(a, rc.PatchData)]
+    assert patch.data == dict.fromkeys(sorted(data["job-rendezvous"]))
+    assert _creates(d) == [] and d.requeue_after == rc.POLL_DELETING_S
+    clean = _run(waiting, [], rendezvous={"job-rendezvous": {}})
+    assert _creates(clean) == POD_NAMES
+    pod = next(a.obj for a in clean.actions if isinstance(a, rc.Create))
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["REFIT_FIRST_REFIT"] == "2"  # the new gang resumes after the refits done

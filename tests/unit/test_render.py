@@ -88,6 +88,7 @@ GOLDEN_POD: dict[str, Any] = {
                 "command": ["refit-worker"],
                 "env": [
                     _value("REFIT_EPOCH", "3"),
+                    _value("REFIT_FIRST_REFIT", "0"),
                     _value("REFIT_JOB", "job"),
                     _value("REFIT_MASTER_ADDR", "job-rollout-0.job-rollout.ns.svc"),
                     _value("REFIT_MASTER_PORT", "29500"),
@@ -265,3 +266,10 @@ def test_every_child_is_owned_and_labelled() -> None:
         "job-policy-1",
         "job-rollout-0",
     ]
+
+
+def test_a_recreated_gang_resumes_after_the_refits_done() -> None:
+    pods = render_gang(JOB, _spec(), 2, RenderOptions(), first_refit=5)
+    for pod in pods:
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert (env["REFIT_FIRST_REFIT"], env["REFIT_EPOCH"]) == ("5", "2")

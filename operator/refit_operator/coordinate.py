@@ -1,0 +1,94 @@
+"""The operator's side of the rendezvous protocol: open the barrier, read progress, post
+the job-wide preemption notice.  Decisions come from ``refit_worker.rendezvous.protocol``
+(shared with the local runner); this module turns them into ConfigMap patches.
+
+The operator never writes a rank's own keys; it writes only ``barrier`` and ``preempt``
+(both in shard 0), and clears the map between epochs.
+
+Must not import: kopf, kubernetes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from refit_operator import names
+from refit_worker.config import Role
+from refit_worker.rendezvous.protocol import (
+    BARRIER_KEY,
+    PREEMPT_KEY,
+    EntryError,
+    ProgressSummary,
+    aggregate_progress,
+    barrier_ready,
+    configmap_name,
+    encode_entry,
+    make_barrier,
+    make_preempt_notice,
+    read_snapshot,
+)
+
+
+@dataclass(frozen=True)
+class PatchData:
+    """A JSON merge patch of one ConfigMap's ``data`` (a None value deletes the key)."""
+
+    name: str
+    data: Mapping[str, str | None]
+
+
+@dataclass(frozen=True)
+class Coordination:
+    patches: tuple[PatchData, ...] = ()
+    progress: ProgressSummary | None = None
+    #: Why the rendezvous cannot be read (a bad entry, named by key); None when fine.
+    problem: str | None = None
+
+
+def merged(rendezvous: Mapping[str, Mapping[str, str]] | None) -> dict[str, str]:
+    """All shards' data in one map (the protocol's keys are unique across shards)."""
+    out: dict[str, str] = {}
+    for _name, data in sorted((rendezvous or {}).items()):
+        out.update(data)
+    return out
+
+
+def coordinate(
+    job: str,
+    rendezvous: Mapping[str, Mapping[str, str]] | None,
+    *,
+    epoch: int,
+    world: tuple[int, int],
+    pod_uids: Mapping[tuple[Role, int], str],
+) -> Coordination:
+    """Open the barrier of ``epoch`` once every rank published, and read its progress."""
+    policy, rollout = world
+    try:
+        snap = read_snapshot(merged(rendezvous), epoch, policy, rollout)
+        patches: tuple[PatchData, ...] = ()
+        if snap.barrier is None and barrier_ready(snap, policy, rollout, pod_uids):
+            value = encode_entry(BARRIER_KEY, make_barrier(snap, policy, rollout))
+            patches = (PatchData(names.rendezvous_name(job), {BARRIER_KEY: value}),)
+        return Coordination(patches, aggregate_progress(snap, policy, rollout))
+    except EntryError as exc:
+        return Coordination(problem=str(exc))
+
+
+def preempt_notice(job: str, *, epoch: int, pod: str, uid: str, reason: str) -> PatchData | None:
+    """Tell every rank of ``epoch`` to stop at its next safe point (None: no valid uid)."""
+    try:
+        notice = make_preempt_notice(epoch=epoch, pod=pod, uid=uid, reason=reason[:200])
+    except ValueError:  # a pod without a proper uid (never from a real API server)
+        return None
+    value = encode_entry(PREEMPT_KEY, notice)
+    return PatchData(configmap_name(names.rendezvous_name(job), 0), {PREEMPT_KEY: value})
+
+
+def clear(rendezvous: Mapping[str, Mapping[str, str]] | None) -> tuple[PatchData, ...]:
+    """Drop every key of every shard (between epochs, once the old pods are gone)."""
+    return tuple(
+        PatchData(name, dict.fromkeys(sorted(data)))
+        for name, data in sorted((rendezvous or {}).items())
+        if data
+    )
