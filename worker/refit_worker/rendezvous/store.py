@@ -251,11 +251,18 @@ class RendezvousStore(ABC):
     def open_barrier(self, epoch: int, timeout: float) -> BarrierEntry:
         """Wait until every rank of ``epoch`` published, then write the barrier."""
         policy, rollout = self.layout.policy_world_size, self.layout.rollout_world_size
-        snap = self.wait_for(
-            f"metadata of all {policy + rollout} ranks of epoch {epoch}",
-            lambda s: s if barrier_ready(s, policy, rollout) else None,
-            epoch=epoch, timeout=timeout,
-        )
+        what = f"metadata of all {policy + rollout} ranks of epoch {epoch}"
+        _check_timeout(timeout, what)
+
+        def ready(data: Mapping[str, str]) -> Snapshot | None:
+            # Counting keys is cheap; decoding a thousand entries on each of a thousand
+            # publishes is not.  Fewer meta keys than ranks cannot be a full epoch.
+            if sum(key.startswith("meta.") for key in data) < policy + rollout:
+                return None
+            snap = self._decode(data, epoch)
+            return snap if barrier_ready(snap, policy, rollout) else None
+
+        snap = self._wait(list(range(self.layout.shards)), ready, timeout, what, None)
         barrier = make_barrier(snap, policy, rollout)
         self.put_entry(BARRIER_KEY, barrier)
         return barrier
