@@ -39,7 +39,7 @@ class Observed:
     pods: tuple[ObservedPod, ...] = ()
     #: ``(kind, name)`` of each existing non-pod child.
     others: frozenset[tuple[str, str]] = frozenset()
-    #: Rendezvous ConfigMap name -> its data (read only; issue #5 adds the barrier logic).
+    #: Rendezvous ConfigMap name -> its data (``coordinate.py`` decides from it).
     rendezvous: Mapping[str, Mapping[str, str]] | None = None
 
 
