@@ -225,6 +225,13 @@ def test_bad_layouts_and_members_are_refused(tmp_path: Path) -> None:
                           rendezvous=RendezvousConfig(store="file", location=str(tmp_path)))
     with pytest.raises(ValueError, match="REFIT_POD_UID is empty"):
         Member.from_config(config)
+    for args, message in ((("critic", 0, 0, "u"), "role 'critic'"),
+                          (("policy", -1, 0, "u"), "member rank must be an int >= 0, got -1"),
+                          (("policy", 0, True, "u"), "member epoch must be an int >= 0"),
+                          (("policy", 0, 0, "a b"), "pod uid 'a b' is not 1..40 characters"),
+                          (("policy", 0, 0, "x" * 41), "is not 1..40 characters")):
+        with pytest.raises(ValueError, match=message):
+            Member(*args)  # type: ignore[arg-type]
     store = open_store(config)
     assert isinstance(store, FileStore)
     with pytest.raises(EntryError, match="a MetadataEntry cannot be stored"):

@@ -50,6 +50,8 @@ ProgressState: TypeAlias = Literal["running", "done", "preempted", "failed"]
 _KEY_RE = re.compile(r"(meta|progress)\.(policy|rollout)\.(0|[1-9][0-9]{0,8})")
 _DATA_KEY_RE = re.compile(r"[-._a-zA-Z0-9]+")
 _UID_RE = r"^[-._a-zA-Z0-9]{1,40}$"
+#: What a pod uid (or a local run's stand-in id) may look like.
+UID_PATTERN = re.compile(r"[-._a-zA-Z0-9]{1,40}")
 
 
 class EntryError(ValueError):

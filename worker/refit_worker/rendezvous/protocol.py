@@ -40,6 +40,7 @@ from refit_worker.rendezvous.entries import (
     RANKS_PER_SHARD,
     ROLES,
     SHARD_BUDGET_BYTES,
+    UID_PATTERN,
     BarrierEntry,
     Entry,
     EntryError,
@@ -63,12 +64,12 @@ from refit_worker.rendezvous.entries import (
 __all__ = [
     "BARRIER_KEY", "MAX_META_BYTES", "MAX_PREEMPT_BYTES", "MAX_PROGRESS_BYTES", "MAX_RANKS",
     "MAX_UID_CHARS", "PREEMPT_KEY", "PROTOCOL_VERSION", "RANKS_PER_SHARD", "ROLES",
-    "SHARD_BUDGET_BYTES", "BarrierEntry", "Entry", "EntryError", "Key", "KeyKind",
+    "SHARD_BUDGET_BYTES", "UID_PATTERN", "BarrierEntry", "Entry", "EntryError", "Key", "KeyKind",
     "MetadataEntry", "PreemptNotice", "ProgressEntry", "ProgressState", "ProgressSummary",
-    "Snapshot", "aggregate_progress", "barrier_ready", "configmap_name", "decode_entry",
-    "encode_entry", "is_valid_data_key", "make_barrier", "make_preempt_notice", "max_value_bytes",
-    "merge_patch", "meta_key", "parse_key", "progress_key", "read_snapshot", "shard_of",
-    "shard_of_key", "shards_needed",
+    "Snapshot", "aggregate_progress", "barrier_ready", "check_role", "configmap_name",
+    "decode_entry", "encode_entry", "is_valid_data_key", "make_barrier", "make_preempt_notice",
+    "max_value_bytes", "merge_patch", "meta_key", "parse_key", "progress_key", "read_snapshot",
+    "shard_of", "shard_of_key", "shards_needed",
 ]
 
 

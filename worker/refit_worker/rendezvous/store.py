@@ -31,7 +31,9 @@ from refit_worker.config import Role, WorkerConfig
 from refit_worker.rendezvous.protocol import (
     BARRIER_KEY,
     MAX_RANKS,
+    MAX_UID_CHARS,
     PREEMPT_KEY,
+    UID_PATTERN,
     BarrierEntry,
     Entry,
     EntryError,
@@ -41,6 +43,7 @@ from refit_worker.rendezvous.protocol import (
     ProgressState,
     Snapshot,
     barrier_ready,
+    check_role,
     decode_entry,
     encode_entry,
     make_barrier,
@@ -112,6 +115,15 @@ class Member:
     rank: int
     epoch: int
     uid: str
+
+    def __post_init__(self) -> None:
+        check_role(self.role)
+        for name, value in (("rank", self.rank), ("epoch", self.epoch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"member {name} must be an int >= 0, got {value!r}")
+        if not UID_PATTERN.fullmatch(self.uid):
+            raise ValueError(f"pod uid {self.uid!r} is not 1..{MAX_UID_CHARS} characters of "
+                             "[-._a-zA-Z0-9]")
 
     @classmethod
     def from_config(cls, config: WorkerConfig) -> Member:
