@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--resync", type=float, default=60.0, metavar="SECONDS")
     op.add_argument("--verbose", action="store_true")
     op.set_defaults(func=_cmd_operator)
+    from refit_operator.local.command import add_parser as add_run
+
+    add_run(sub)
     return parser
 
 

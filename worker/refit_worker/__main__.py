@@ -128,6 +128,7 @@ async def _refits(config: WorkerConfig, session: RefitSession,
     for step in range(1, first + 1):
         advance(state, step)
     total_bytes = 0
+    last: RefitStats | None = None
     for refit in range(first, config.transfer.refits):
         _stop_at_boundary(config, session, handler)
         # Refit k carries the weights after training step k + 1.
@@ -137,6 +138,7 @@ async def _refits(config: WorkerConfig, session: RefitSession,
         else:
             stats = await session.receive(refit_id=refit, verify=_verifier(config, state))
         total_bytes += stats.bytes
+        last = stats
         done[0] = refit + 1
         _log_refit(config, stats)
         session.store.write_progress(
@@ -144,9 +146,10 @@ async def _refits(config: WorkerConfig, session: RefitSession,
             last_refit_seconds=stats.seconds, last_refit_bytes=stats.bytes,
             message=f"refit {refit} {'sent' if config.role == 'policy' else 'committed'}",
         )
-    session.store.write_progress(session.member, state="done",
-                                 refits_completed=config.transfer.refits,
-                                 bytes_total=total_bytes, message="all refits done")
+    session.store.write_progress(
+        session.member, state="done", refits_completed=config.transfer.refits,
+        bytes_total=total_bytes, last_refit_seconds=last.seconds if last else 0.0,
+        last_refit_bytes=last.bytes if last else 0, message="all refits done")
 
 
 def _stop_at_boundary(config: WorkerConfig, session: RefitSession,

@@ -111,9 +111,13 @@ class ProcessKubelet:
             with log_path.open("wb") as log:
                 try:
                     process = subprocess.Popen(
-                        argv, env={**self._base_env, **env}, stdout=log,
-                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                        start_new_session=True, cwd=root,
+                        argv,
+                        env={**self._base_env, **env},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                        cwd=root,
                     )
                 except OSError as exc:
                     shutil.rmtree(root, ignore_errors=True)
@@ -150,10 +154,15 @@ class ProcessKubelet:
             pod = self._pods.get(name)
             if pod is None:
                 return False
-            pod.conditions.append({
-                "type": "DisruptionTarget", "status": "True", "reason": reason,
-                "message": "the node is being drained", "lastTransitionTime": _now(),
-            })
+            pod.conditions.append(
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": reason,
+                    "message": "the node is being drained",
+                    "lastTransitionTime": _now(),
+                }
+            )
         return self.delete(name)
 
     def close(self, timeout: float = 30.0) -> None:
@@ -228,8 +237,13 @@ class ProcessKubelet:
             phase, state = "Running", {"running": {"startedAt": pod.started}}
         else:
             phase = "Succeeded" if code == 0 else "Failed"
-            state = {"terminated": {"exitCode": code, "finishedAt": pod.finished,
-                                    "reason": "Completed" if code == 0 else "Error"}}
+            state = {
+                "terminated": {
+                    "exitCode": code,
+                    "finishedAt": pod.finished,
+                    "reason": "Completed" if code == 0 else "Error",
+                }
+            }
         ready = "True" if code is None else "False"
         conditions = [{"type": "Ready", "status": ready, "lastTransitionTime": pod.started}]
         container = pod.manifest["spec"]["containers"][0]
@@ -237,8 +251,14 @@ class ProcessKubelet:
             "phase": phase,
             "startTime": pod.started,
             "conditions": conditions + list(pod.conditions),
-            "containerStatuses": [{"name": container.get("name", "main"), "ready": code is None,
-                                   "state": state, "restartCount": 0}],
+            "containerStatuses": [
+                {
+                    "name": container.get("name", "main"),
+                    "ready": code is None,
+                    "state": state,
+                    "restartCount": 0,
+                }
+            ],
         }
 
     def _reap(self, pod: _Pod) -> None:
@@ -257,9 +277,13 @@ class ProcessKubelet:
             # The grace period covers the hook too; past it, go on to the signal.
             with contextlib.suppress(subprocess.TimeoutExpired):
                 subprocess.run(
-                    list(hook), env={**self._base_env, **pod.env}, cwd=pod.root,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    timeout=max(0.1, deadline - time.monotonic()), check=False,
+                    list(hook),
+                    env={**self._base_env, **pod.env},
+                    cwd=pod.root,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    timeout=max(0.1, deadline - time.monotonic()),
+                    check=False,
                 )
         if pod.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -313,16 +337,20 @@ def _empty_dir_mounts(pod: Mapping[str, Any], root: Path) -> dict[str, Path]:
 def _remap(value: str, mounts: Mapping[str, Path]) -> str:
     for path, local in mounts.items():
         if value == path or value.startswith(path + "/"):
-            return str(local) + value[len(path):]
+            return str(local) + value[len(path) :]
     return value
 
 
 def _field_ref(pod: Mapping[str, Any], value_from: Mapping[str, Any]) -> str:
     path = str((value_from.get("fieldRef") or {}).get("fieldPath", ""))
     meta = pod["metadata"]
-    fields = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
-              "metadata.uid": meta["uid"], "spec.nodeName": "localhost",
-              "status.podIP": "127.0.0.1"}
+    fields = {
+        "metadata.name": meta["name"],
+        "metadata.namespace": meta["namespace"],
+        "metadata.uid": meta["uid"],
+        "spec.nodeName": "localhost",
+        "status.podIP": "127.0.0.1",
+    }
     if path not in fields:
         raise KubeletError(f"pod {meta['name']}: unsupported downward API field {path!r}")
     return str(fields[path])

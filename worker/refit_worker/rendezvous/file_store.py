@@ -14,10 +14,10 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from refit_worker.rendezvous.protocol import is_valid_data_key, max_value_bytes, parse_key
+from refit_worker.rendezvous.protocol import is_valid_data_key, max_value_bytes
 from refit_worker.rendezvous.store import (
     Check,
     Layout,
@@ -50,7 +50,7 @@ class FileStore(RendezvousStore):
         return self.directory / f"shard-{shard}"
 
     def _put(self, shard: int, key: str, value: str) -> None:
-        if not is_valid_data_key(key) or key.startswith("."):
+        if not _is_file_key(key):
             raise ValueError(f"{key!r} is not a valid rendezvous key")
         folder = self._shard_dir(shard)
         fd, tmp = tempfile.mkstemp(prefix=f"{_TMP_PREFIX}{key}-", dir=folder)
@@ -64,12 +64,33 @@ class FileStore(RendezvousStore):
             Path(tmp).unlink(missing_ok=True)
             raise
 
+    def read_shard(self, shard: int) -> dict[str, str]:
+        """All raw keys of ``shard`` (what a ConfigMap's ``data`` would show)."""
+        return self._read(shard)
+
+    def patch_shard(self, shard: int, patch: Mapping[str, str | None]) -> None:
+        """Apply a JSON merge patch of ``data`` to ``shard``: set keys, None deletes.
+
+        The local runner applies the coordinator's ConfigMap patches with this.  Each key
+        changes atomically; the patch as a whole does not (nor need it: every reader
+        takes keys one by one).  An invalid key is refused before anything changes.
+        """
+        folder = self._shard_dir(shard)
+        bad = [key for key in patch if not _is_file_key(key)]
+        if bad:
+            raise ValueError(f"not valid rendezvous keys: {', '.join(map(repr, bad))}")
+        for key, value in patch.items():
+            if value is None:
+                (folder / key).unlink(missing_ok=True)
+            else:
+                self._put(shard, key, value)
+
     def _read(self, shard: int) -> dict[str, str]:
         data: dict[str, str] = {}
         folder = self._shard_dir(shard)
         for path in folder.iterdir():
-            if path.name.startswith(_TMP_PREFIX) or parse_key(path.name) is None:
-                continue
+            if not _is_file_key(path.name):
+                continue  # a temporary file of a write under way, or not ours
             try:
                 with path.open("rb") as src:
                     raw = src.read(_READ_LIMIT + 1)
@@ -101,3 +122,8 @@ class FileStore(RendezvousStore):
 
     def close(self) -> None:
         """Nothing to release: every call opens and closes its own files."""
+
+
+def _is_file_key(key: str) -> bool:
+    # A ConfigMap data key, and never a dot-name (temporary files, "." and "..").
+    return is_valid_data_key(key) and not key.startswith(".")

@@ -1,0 +1,245 @@
+"""``refit run``: one RefitJob on one machine, decided by the operator's own reconcile.
+
+The loop is the operator's, minus the API server: observe (the process kubelet's pods, the
+file-backed rendezvous), :func:`refit_operator.reconcile.reconcile`, apply the actions
+(start or stop processes, patch the rendezvous files), repeat until the job's phase is
+final.  Pods are rendered by the operator's renderers; the only local differences are
+what one host needs (see :func:`local_env`): Service names resolve to loopback, each
+role's rendezvous port is a free local port, and the rendezvous store is a directory.
+
+Must not import: kopf, kubernetes.
+"""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from refit_operator import names
+from refit_operator.coordinate import PatchData, merged
+from refit_operator.local.kubelet import KubeletError, ProcessKubelet
+from refit_operator.models import Phase, RefitJobSpec, RefitJobStatus
+from refit_operator.observe import observe
+from refit_operator.reconcile import Create, Decision, Delete, Emit, JobView, reconcile
+from refit_operator.render import JobRef, RenderOptions
+from refit_worker.config import RendezvousConfig, WorkerConfig
+from refit_worker.rendezvous import FileStore, Layout
+from refit_worker.rendezvous.protocol import EntryError, read_snapshot
+
+#: How often the loop observes and reconciles.
+TICK_S = 0.2
+
+FINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    workdir: Path | None = None
+    #: Seconds after the gang first runs at which one pod is drained (None: no drain).
+    drain_after: float | None = None
+    drain_pod: str | None = None
+    #: Give up (and stop everything) after this many seconds.
+    timeout: float = 3600.0
+
+
+@dataclass(frozen=True)
+class RefitRecord:
+    """One refit as the rollout ranks reported it."""
+
+    index: int
+    epoch: int
+    #: Bytes all rollout ranks received for it.
+    bytes: int
+    #: Time of the slowest rollout rank.
+    seconds: float
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+@dataclass
+class RunResult:
+    status: RefitJobStatus
+    refits: list[RefitRecord] = field(default_factory=list)
+    #: (epoch, refit) -> rollout rank -> (bytes, seconds), as reported.
+    per_rank: dict[tuple[int, int], dict[int, tuple[int, float]]] = field(default_factory=dict)
+    events: list[Emit] = field(default_factory=list)
+    drained: str | None = None
+    interrupted: bool = False
+    timed_out: bool = False
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status.phase == Phase.SUCCEEDED and not self.interrupted
+
+
+class LocalCluster:
+    """The few objects a job owns, held in memory; pods live in the process kubelet."""
+
+    def __init__(self, job: JobRef, spec: RefitJobSpec, workdir: Path) -> None:
+        self.job, self.spec = job, spec
+        self.workdir = workdir
+        policy, rollout = spec.policy.replicas, spec.rollout.replicas
+        self.layout = Layout(policy, rollout, names.rendezvous_shards(policy, rollout))
+        self.store_dir = workdir / "rendezvous"
+        self.store = FileStore(self.store_dir, self.layout)
+        self.kubelet = ProcessKubelet(workdir, rewrite_env=self._local_env)
+        self.others: dict[tuple[str, str], dict[str, Any]] = {}
+        self._ports: dict[tuple[str, str], int] = {}
+
+    def _local_env(self, pod: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
+        labels = pod["metadata"].get("labels") or {}
+        key = (str(labels.get(names.LABEL_ROLE, "")), str(labels.get(names.LABEL_EPOCH, "")))
+        if key not in self._ports:
+            self._ports[key] = _free_port()
+        return local_env(env, port=self._ports[key], store_dir=self.store_dir,
+                         shards=self.layout.shards)
+
+    def observed_rendezvous(self) -> dict[str, dict[str, str]]:
+        base = names.rendezvous_name(self.job.name)
+        return {names.rendezvous_name(self.job.name, shard) if shard else base:
+                self.store.read_shard(shard) for shard in range(self.layout.shards)}
+
+    def apply(self, decision: Decision, on_event: Callable[[Emit], None]) -> None:
+        for action in decision.actions:
+            if isinstance(action, Create):
+                obj = action.obj
+                if obj.get("kind") == "Pod":
+                    self.kubelet.create(obj)
+                else:
+                    self.others[(str(obj["kind"]), str(obj["metadata"]["name"]))] = obj
+            elif isinstance(action, Delete):
+                if action.kind == "Pod":
+                    self.kubelet.delete(action.name)
+                else:
+                    self.others.pop((action.kind, action.name), None)
+            elif isinstance(action, PatchData):
+                self.store.patch_shard(self._shard_of(action.name), action.data)
+            else:
+                on_event(action)
+
+    def _shard_of(self, configmap: str) -> int:
+        for shard in range(self.layout.shards):
+            if names.rendezvous_name(self.job.name, shard) == configmap:
+                return shard
+        raise ValueError(f"{configmap} is not a rendezvous ConfigMap of job {self.job.name}")
+
+    def close(self, timeout: float) -> None:
+        self.kubelet.close(timeout)
+        self.store.close()
+
+
+def local_env(env: Mapping[str, str], *, port: int, store_dir: Path, shards: int) -> dict[str, str]:
+    """What one host changes in a rendered pod's env: loopback rendezvous, file store."""
+    config = WorkerConfig.from_env(env)
+    local = config.model_copy(update={
+        "master_addr": "127.0.0.1",
+        "master_port": port,
+        "rendezvous": RendezvousConfig(store="file", location=str(store_dir), shards=shards),
+    })
+    return {**env, **local.to_env()}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_job(
+    manifest: Mapping[str, Any],
+    spec: RefitJobSpec,
+    options: RunOptions,
+    *,
+    on_tick: Callable[[RefitJobStatus, LocalCluster], None] = lambda s, c: None,
+    on_event: Callable[[Emit], None] = lambda e: None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> RunResult:
+    """Run the job until its phase is final, ``should_stop()`` or the timeout; always
+    stops every process and removes its working files before returning."""
+    meta = manifest.get("metadata") or {}
+    job = JobRef(str(meta["name"]), str(meta.get("namespace") or "default"), str(uuid.uuid4()))
+    own_dir = options.workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix=f"refit-{job.name}-")) if own_dir else Path(
+        options.workdir  # type: ignore[arg-type]
+    )
+    cluster = LocalCluster(job, spec, workdir)
+    view = JobView(job, int(meta.get("generation") or 1), manifest["spec"], RefitJobStatus())
+    result = RunResult(view.status)
+    started = time.monotonic()
+    running_since: float | None = None
+
+    def emit(event: Emit) -> None:
+        result.events.append(event)
+        on_event(event)
+
+    try:
+        while True:
+            observed = observe(cluster.kubelet.pods(), list(cluster.others.values()),
+                               cluster.observed_rendezvous())
+            decision = reconcile(view, observed, datetime.now(UTC), RenderOptions())
+            try:
+                cluster.apply(decision, emit)
+            except KubeletError as exc:
+                # As a pod whose container cannot start: nothing a restart would fix here.
+                emit(Emit("Warning", "StartError", str(exc)))
+                result.status = decision.status.model_copy(
+                    update={"phase": Phase.FAILED, "message": str(exc)})
+                return result
+            _record_refits(result, cluster, decision.status.epoch)
+            view = JobView(view.ref, view.generation, view.raw_spec, decision.status)
+            result.status = decision.status
+            on_tick(decision.status, cluster)
+            if decision.status.phase in FINAL_PHASES:
+                return result
+            if running_since is None and decision.status.phase == Phase.RUNNING:
+                running_since = time.monotonic()
+            if (options.drain_after is not None and result.drained is None
+                    and running_since is not None
+                    and time.monotonic() - running_since >= options.drain_after):
+                target = options.drain_pod or names.pod_name(job.name, "rollout", 0)
+                if cluster.kubelet.disrupt(target):
+                    result.drained = target
+                    on_event(Emit("Warning", "Drain", f"draining {target}: DisruptionTarget "
+                                                      "(EvictionByEvictionAPI), then deletion"))
+            if should_stop():
+                result.interrupted = True
+                return result
+            if time.monotonic() - started > options.timeout:
+                result.timed_out = True
+                return result
+            time.sleep(TICK_S)
+    finally:
+        cluster.close(timeout=float(spec.preemption.grace_period_seconds) + 5)
+        if own_dir:
+            import shutil
+
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _record_refits(result: RunResult, cluster: LocalCluster, epoch: int) -> None:
+    """Per-refit figures from the rollout ranks' own reports (bytes summed, time of the
+    slowest rank); a refit some rank finished between two ticks is filled in once seen."""
+    try:
+        snap = read_snapshot(merged(cluster.observed_rendezvous()), epoch,
+                             cluster.layout.policy_world_size, cluster.layout.rollout_world_size)
+    except EntryError:
+        return  # the reconcile reports a bad entry in the status
+    for (role, rank), entry in snap.progress.items():
+        if role == "rollout" and entry.refits_completed > 0 and entry.last_refit_bytes:
+            key = (epoch, entry.refits_completed - 1)
+            result.per_rank.setdefault(key, {})[rank] = (entry.last_refit_bytes,
+                                                         entry.last_refit_seconds)
+    result.refits = [
+        RefitRecord(index, ep, sum(b for b, _ in ranks.values()),
+                    max(sec for _, sec in ranks.values()))
+        for (ep, index), ranks in sorted(result.per_rank.items(), key=lambda kv: kv[0][::-1])
+    ]
