@@ -250,3 +250,14 @@ def test_importing_the_stores_loads_no_kubernetes_client() -> None:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_patch_shard_sets_and_deletes_keys_like_a_merge_patch(tmp_path: Path) -> None:
+    store = FileStore(tmp_path, Layout(1, 1, 1))
+    store.publish_metadata(Member("policy", 0, 0, "p"), "{}")
+    store.patch_shard(0, {"note": "x", "meta.policy.0": None, "meta.rollout.9": None})
+    assert store.read_shard(0) == {"note": "x"}  # as a ConfigMap's data would show it
+    assert store.snapshot(0).meta == {}  # and readers of the protocol pass over it
+    with pytest.raises(ValueError, match=r"not valid rendezvous keys: '\.\.', 'a/b'"):
+        store.patch_shard(0, {"note": None, "..": None, "a/b": "y"})
+    assert (tmp_path / "shard-0" / "note").exists()  # refused as a whole
