@@ -29,7 +29,7 @@ def load_job(name: str = "demo", **spec_changes: Any) -> dict[str, Any]:
 
 
 async def eventually(
-    check: Callable[[], Any], what: str, timeout: float = 20.0, interval: float = 0.05
+    check: Callable[[], Any], what: str, timeout: float = 60.0, interval: float = 0.05
 ) -> Any:
     """Wait until ``check()`` returns something truthy; fail naming ``what`` on timeout."""
     loop = asyncio.get_running_loop()
