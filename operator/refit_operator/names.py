@@ -17,6 +17,8 @@ LABEL_ROLE = "refit.dev/role"
 LABEL_RANK = "refit.dev/rank"
 LABEL_EPOCH = "refit.dev/epoch"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+#: Pod annotation: hash of the spec the pod was rendered from (a changed spec, a new gang).
+ANNOTATION_SPEC_HASH = "refit.dev/spec-hash"
 MANAGER = "refit-operator"
 
 #: Ranks whose rendezvous entries share one ConfigMap; 128 entries of a few KiB of NIXL

@@ -24,6 +24,8 @@ class ObservedPod:
     rank: int
     epoch: int
     phase: str
+    #: The spec digest the pod was rendered from (``render.spec_hash``).
+    spec_hash: str
     ready: bool
     deleting: bool
     #: Why the pod is being taken away (None: it is not): a preemption, not a failure.
@@ -90,6 +92,7 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         rank=_int_label(labels, names.LABEL_RANK),
         epoch=_int_label(labels, names.LABEL_EPOCH),
         phase=phase,
+        spec_hash=str((meta.get("annotations") or {}).get(names.ANNOTATION_SPEC_HASH, "")),
         ready=ready,
         deleting=bool(meta.get("deletionTimestamp")),
         disruption=disruption,

@@ -192,8 +192,10 @@ def _act(
         rnd.update(completion_time=now, refits_completed=spec.transfer.refits)
         _delete_pods(rnd, [p for p in pods if p.phase not in ("Succeeded", "Failed")])
         return PhaseFacts(current=st.phase, all_rollouts_done=True)
-    if created and 0 < st.observed_generation != job.generation:
-        # A new spec (world size, image...) needs a new gang; neither failure nor preemption.
+    want = render.spec_hash(spec)
+    if any(p.spec_hash != want for p in current):
+        # Pods of another spec (world size, image...) need a new gang; neither a failure nor
+        # a preemption.  Read from the pods, so a lost status write cannot hide it.
         return _restart_gang(
             job=job, spec=spec, pods=pods, failures=[], disruptions=[], now=now, rnd=rnd
         )

@@ -8,6 +8,8 @@ Must not import: kopf, kubernetes.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,6 +149,12 @@ def worker_env(config: WorkerConfig, spec: RefitJobSpec, role: Role) -> list[dic
     return env
 
 
+def spec_hash(spec: RefitJobSpec) -> str:
+    """A short digest of what shapes the pods (not failurePolicy or suspend)."""
+    shape = spec.model_dump(mode="json", exclude={"failure_policy", "suspend"})
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _stop_grace(grace: int) -> int:
     # The preStop hook shares the grace period with the kubelet's own stop; leave it a quarter.
     return max(1, grace - grace // 4)
@@ -239,11 +247,14 @@ def render_pod(
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _meta(
-            job,
-            names.pod_name(job.name, role, rank),
-            names.pod_labels(job.name, role, rank, epoch),
-        ),
+        "metadata": {
+            **_meta(
+                job,
+                names.pod_name(job.name, role, rank),
+                names.pod_labels(job.name, role, rank, epoch),
+            ),
+            "annotations": {names.ANNOTATION_SPEC_HASH: spec_hash(spec)},
+        },
         "spec": pod_spec,
     }
     return owned(pod, job)

@@ -416,3 +416,12 @@ def test_stale_entries_are_cleared_before_the_new_gang_starts() -> None:
     pod = next(a.obj for a in clean.actions if isinstance(a, rc.Create))
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env["REFIT_FIRST_REFIT"] == "2"  # the new gang resumes after the refits done
+
+
+def test_pods_of_an_older_spec_are_never_adopted() -> None:
+    # The status write after creating the gang was lost, then the spec changed.
+    grown = {**SPEC, "rollout": {"replicas": 2}}
+    d = _run(_status(), _pods(0), spec=grown, generation=2)
+    assert (d.status.epoch, d.status.restarts, d.status.preemptions) == (1, 0, 0)
+    assert _creates(d) == []  # no pod of the new spec while old ones stand
+    assert _deletes(d) == POD_NAMES and ("Warning", "SpecChanged") in _events(d)

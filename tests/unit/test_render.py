@@ -14,6 +14,7 @@ from refit_operator.render import (
     render_rendezvous,
     render_service,
     render_static,
+    spec_hash,
 )
 from refit_worker.config import WorkerConfig
 
@@ -65,6 +66,7 @@ GOLDEN_POD: dict[str, Any] = {
             "refit.dev/epoch": "3",
         },
         "ownerReferences": OWNER,
+        "annotations": {"refit.dev/spec-hash": "c3a1309b4b9e606d"},
     },
     "spec": {
         "restartPolicy": "Never",
@@ -273,3 +275,11 @@ def test_a_recreated_gang_resumes_after_the_refits_done() -> None:
     for pod in pods:
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
         assert (env["REFIT_FIRST_REFIT"], env["REFIT_EPOCH"]) == ("5", "2")
+
+
+def test_spec_hash_follows_what_shapes_the_pods() -> None:
+    base = spec_hash(_spec())
+    assert spec_hash(_spec()) == base
+    assert spec_hash(_spec(failurePolicy={"maxRestarts": 9}, suspend=True)) == base
+    assert spec_hash(_spec(rollout={"replicas": 2})) != base
+    assert spec_hash(_spec(image="img:2")) != base
