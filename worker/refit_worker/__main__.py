@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 from datetime import timedelta
 
@@ -32,7 +33,7 @@ import torch.distributed as dist
 from refit_worker.config import EXIT_PREEMPTED, ConfigError, SyntheticWeights, WorkerConfig
 from refit_worker.rendezvous.entries import ProgressState
 from refit_worker.session import Preempted, RefitSession, RefitStats, StateDict, Verifier
-from refit_worker.signal_handler import DistributedSignalHandler
+from refit_worker.signal_handler import DistributedSignalHandler, resolve_signal
 from refit_worker.weights import advance, load_weights
 
 log = logging.getLogger("refit_worker")
@@ -67,36 +68,41 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"refit-worker: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    return run(config)
+    code = run(config)
+    # This rank has stopped; a preemption signal arriving during interpreter teardown
+    # (NIXL/UCX and gloo threads take a moment) has nothing left to stop and must not turn
+    # a clean exit into a signal death.
+    for sig in _signals(config):
+        signal.signal(resolve_signal(sig), signal.SIG_IGN)
+    log.info("exiting with code %d", code)
+    return code
 
 
 def run(config: WorkerConfig) -> int:
     """Run this rank to completion; returns the process exit code."""
     who = f"{config.role} rank {config.rank} (epoch {config.epoch})"
     _join_group(config)
-    session: RefitSession | None = None
-    try:
-        with DistributedSignalHandler(_signals(config)) as handler:
-            session = RefitSession(config, stop_requested=lambda: handler.received)
-            done = [config.first_refit]  # refits finished, for the report after an error
-            try:
-                log.info("%s: connecting", who)
-                session.connect()
-                asyncio.run(_refits(config, session, handler, done))
-            except Preempted as exc:
-                log.warning("%s: preempted: %s", who, exc)
-                _report(session, "preempted", done[0], str(exc))
-                return EXIT_PREEMPTED
-            except Exception as exc:
-                log.exception("%s: failed", who)
-                _report(session, "failed", done[0], f"{type(exc).__name__}: {exc}")
-                return EXIT_FAILED
-        log.info("%s: all %d refits done", who, config.transfer.refits)
-        return 0
-    finally:
-        if session is not None:
+    # Everything, clean-up included, stays inside the handler: a preemption signal that
+    # arrives while this rank is already stopping must not kill it half-way.
+    with DistributedSignalHandler(_signals(config)) as handler:
+        session = RefitSession(config, stop_requested=lambda: handler.received)
+        done = [config.first_refit]  # refits finished, for the report after an error
+        try:
+            log.info("%s: connecting", who)
+            session.connect()
+            asyncio.run(_refits(config, session, handler, done))
+            log.info("%s: all %d refits done", who, config.transfer.refits)
+            return 0
+        except Preempted as exc:
+            log.warning("%s: preempted: %s", who, exc)
+            _report(session, "preempted", done[0], str(exc))
+            return EXIT_PREEMPTED
+        except Exception as exc:
+            log.exception("%s: failed", who)
+            _report(session, "failed", done[0], f"{type(exc).__name__}: {exc}")
+            return EXIT_FAILED
+        finally:
             session.close()
-        if dist.is_initialized():
             dist.destroy_process_group()
 
 

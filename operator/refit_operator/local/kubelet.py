@@ -92,6 +92,8 @@ class ProcessKubelet:
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         self._base_env = env
         self._pods: dict[str, _Pod] = {}
+        #: (pod name, uid) -> exit code of every process that ended, deleted pods included.
+        self.exit_codes: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------
@@ -268,6 +270,7 @@ class ProcessKubelet:
                 # Kubernetes reports a signal death as 128 + signal number.
                 pod.exit_code = 128 - code if code < 0 else code
                 pod.finished = _now()
+                self.exit_codes[(pod.name, pod.manifest["metadata"]["uid"])] = pod.exit_code
 
     def _terminate(self, pod: _Pod, grace: float) -> None:
         deadline = time.monotonic() + grace

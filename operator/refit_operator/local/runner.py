@@ -93,14 +93,10 @@ class LocalCluster:
         self.store = FileStore(self.store_dir, self.layout)
         self.kubelet = ProcessKubelet(workdir, rewrite_env=self._local_env)
         self.others: dict[tuple[str, str], dict[str, Any]] = {}
-        self._ports: dict[tuple[str, str], int] = {}
+        self._ports = LoopbackPorts()
 
     def _local_env(self, pod: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
-        labels = pod["metadata"].get("labels") or {}
-        key = (str(labels.get(names.LABEL_ROLE, "")), str(labels.get(names.LABEL_EPOCH, "")))
-        if key not in self._ports:
-            self._ports[key] = _free_port()
-        return local_env(env, port=self._ports[key], store_dir=self.store_dir,
+        return local_env(env, port=self._ports.for_pod(pod), store_dir=self.store_dir,
                          shards=self.layout.shards)
 
     def observed_rendezvous(self) -> dict[str, dict[str, str]]:
@@ -137,15 +133,30 @@ class LocalCluster:
         self.store.close()
 
 
-def local_env(env: Mapping[str, str], *, port: int, store_dir: Path, shards: int) -> dict[str, str]:
-    """What one host changes in a rendered pod's env: loopback rendezvous, file store."""
+def local_env(env: Mapping[str, str], *, port: int, store_dir: Path | None = None,
+              shards: int = 1) -> dict[str, str]:
+    """What one host changes in a rendered pod's env: the role's rendezvous on loopback at
+    ``port`` and, with ``store_dir``, the file-backed store instead of the ConfigMaps."""
     config = WorkerConfig.from_env(env)
-    local = config.model_copy(update={
-        "master_addr": "127.0.0.1",
-        "master_port": port,
-        "rendezvous": RendezvousConfig(store="file", location=str(store_dir), shards=shards),
-    })
-    return {**env, **local.to_env()}
+    update: dict[str, Any] = {"master_addr": "127.0.0.1", "master_port": port}
+    if store_dir is not None:
+        update["rendezvous"] = RendezvousConfig(store="file", location=str(store_dir),
+                                                shards=shards)
+    return {**env, **config.model_copy(update=update).to_env()}
+
+
+class LoopbackPorts:
+    """One free local port per (role, epoch): each role's torch.distributed rendezvous."""
+
+    def __init__(self) -> None:
+        self._ports: dict[tuple[str, str], int] = {}
+
+    def for_pod(self, pod: Mapping[str, Any]) -> int:
+        labels = pod["metadata"].get("labels") or {}
+        key = (str(labels.get(names.LABEL_ROLE, "")), str(labels.get(names.LABEL_EPOCH, "")))
+        if key not in self._ports:
+            self._ports[key] = _free_port()
+        return self._ports[key]
 
 
 def _free_port() -> int:
