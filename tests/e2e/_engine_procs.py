@@ -7,6 +7,8 @@ results cross process boundaries only as JSON strings in queues.  Nothing is emu
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import faulthandler
 import hashlib
 import json
 import multiprocessing as mp
@@ -20,7 +22,7 @@ from typing import Any
 import torch
 
 CTX = mp.get_context("spawn")
-JOIN_TIMEOUT_S = 90.0
+JOIN_TIMEOUT_S = float(os.environ.get("REFIT_TEST_JOIN_TIMEOUT_S", "90"))
 
 
 def state_dict(refit: int, *, experts: int = 0) -> dict[str, torch.Tensor]:
@@ -66,6 +68,11 @@ class Job:
     release_cycles: bool = False
 
 
+def patience(job: Job) -> float:
+    """How long a whole run may take before the test gives up on it."""
+    return JOIN_TIMEOUT_S * (1 + (job.refits if job.release_cycles else 1))
+
+
 def _engine(job: Job, rank_role: str, rank: int) -> Any:
     from refit_worker.checkpoint_engines import NIXLCheckpointEngine, TargetWeightLayout
 
@@ -86,6 +93,8 @@ def _exchange(engine: Any, index: int, meta_q: Any, my_q: Any) -> list[str]:
 def rank_main(job_json: str, role: str, rank: int, meta_q: Any, my_q: Any, out_q: Any) -> None:
     """Process entry point: run ``job.refits`` refits as ``role`` ``rank``; report JSON."""
     job = Job(**json.loads(job_json))
+    # A rank stuck past the test's patience prints where it is stuck and exits.
+    faulthandler.dump_traceback_later(0.95 * patience(job), exit=True)
     index = rank if role == "policy" else job.train + rank
     report: dict[str, Any] = {"role": role, "rank": rank, "refits": []}
     started = time.monotonic()
@@ -143,12 +152,16 @@ def run_job(job: Job, on_event: Callable[[dict[str, Any], dict[tuple[str, int], 
 
     ranks = [("policy", r) for r in range(job.train)] + [("rollout", r) for r in
                                                           range(job.rollout)]
-    meta_q, out_q = CTX.Queue(), CTX.Queue()
+    # One queue per rank and direction: a rank killed while writing would otherwise take a
+    # shared queue's lock down with it and block every other writer.
+    meta_qs = {key: CTX.Queue() for key in ranks}
+    out_qs = {key: CTX.Queue() for key in ranks}
     own = {key: CTX.Queue() for key in ranks}
     env_before = dict(os.environ)
     procs = {
         key: CTX.Process(target=rank_main, args=(json.dumps(asdict(job)), key[0], key[1],
-                                                  meta_q, own[key], out_q), daemon=True)
+                                                  meta_qs[key], own[key], out_qs[key]),
+                         daemon=True)
         for key in ranks
     }
     for proc in procs.values():
@@ -158,8 +171,7 @@ def run_job(job: Job, on_event: Callable[[dict[str, Any], dict[tuple[str, int], 
     reports: dict[tuple[str, int], dict[str, Any]] = {}
     arrived: dict[tuple[str, int], float] = {}
     events: list[dict[str, Any]] = []
-    rounds = job.refits if job.release_cycles else 1
-    deadline = time.monotonic() + JOIN_TIMEOUT_S * (1 + rounds)
+    deadline = time.monotonic() + patience(job)
     pending_meta: dict[int, str] = {}
     try:
         while len(reports) < len(ranks) - sum(not p.is_alive() and k not in reports
@@ -167,28 +179,27 @@ def run_job(job: Job, on_event: Callable[[dict[str, Any], dict[tuple[str, int], 
                                               and p.exitcode < 0):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"ranks {sorted(set(ranks) - set(reports))} did not report")
-            try:
-                index, meta = json.loads(meta_q.get(timeout=0.05))
-                pending_meta[index] = meta
-                if len(pending_meta) == len(ranks):
-                    listing = json.dumps([pending_meta[i] for i in range(len(ranks))])
-                    for key in ranks:
-                        own[key].put(listing)
-                    pending_meta = {}
-            except queue.Empty:
-                pass
-            try:
-                message = json.loads(out_q.get(timeout=0.05))
-            except queue.Empty:
-                continue
-            key = (message["role"], message["rank"])
-            if "first_batch" in message:
-                events.append(message)
-                if on_event:
-                    on_event(message, procs)
-            else:
-                reports[key] = message
-                arrived[key] = time.monotonic()
+            for meta_q in meta_qs.values():
+                with contextlib.suppress(queue.Empty):
+                    index, meta = json.loads(meta_q.get_nowait())
+                    pending_meta[index] = meta
+            if len(pending_meta) == len(ranks):
+                listing = json.dumps([pending_meta[i] for i in range(len(ranks))])
+                for key in ranks:
+                    own[key].put(listing)
+                pending_meta = {}
+            for out_q in out_qs.values():
+                with contextlib.suppress(queue.Empty):
+                    message = json.loads(out_q.get_nowait())
+                    key = (message["role"], message["rank"])
+                    if "first_batch" in message:
+                        events.append(message)
+                        if on_event:
+                            on_event(message, procs)
+                    else:
+                        reports[key] = message
+                        arrived[key] = time.monotonic()
+            time.sleep(0.02)
     finally:
         for proc in procs.values():
             proc.join(timeout=10)

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 NIXL_DEFAULT_BACKEND_NAME = "UCX"
 NIXL_TRANSFER_BUFFER_COUNT = 2
 _BACKOFF_START_S = 50e-6
-_BACKOFF_CAP_S = 2e-3
+_BACKOFF_CAP_S = 5e-4
 _NIXL_KWARGS = frozenset({"backend_name", "backend_init_params"})
 
 Region = tuple[int, int, int]  # (addr, length, dev_id)
@@ -216,6 +216,18 @@ class NixlAgent:
         """Tell ``peer`` that refit ``refit`` failed here; best effort (it may be gone)."""
         with contextlib.suppress(Exception):
             self.send_control(peer, Abort(refit=refit, reason=reason[:2000]))
+            self.flush()
+
+    def flush(self, duration_s: float = 0.05) -> None:
+        """Drive progress briefly so just-sent notifications leave before we stop polling.
+
+        Without NIXL's progress thread, only our own calls move queued messages; a rank
+        that sends its last message and returns would otherwise strand it.
+        """
+        end = time.monotonic() + duration_s
+        while time.monotonic() < end:
+            self.poll()
+            time.sleep(0.002)
 
     def send_message(self, agent_name: str, message: dict[str, Any]) -> None:
         """Send a JSON object (upstream API; no pickle)."""

@@ -60,9 +60,15 @@ def dtype_from_name(name: str) -> torch.dtype:
         ) from None
 
 
+_ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size() for name, dtype in
+             WIRE_DTYPES.items()}
+
+
 def element_size(name: str) -> int:
     """Bytes per element of the wire dtype ``name``."""
-    return torch.empty((), dtype=dtype_from_name(name)).element_size()
+    if name not in _ITEMSIZE:
+        dtype_from_name(name)  # raises, naming the bad value
+    return _ITEMSIZE[name]
 
 
 class TensorMeta(BaseModel):

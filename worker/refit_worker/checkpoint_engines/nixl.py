@@ -270,6 +270,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         async for batch in receiver.run():
             yield batch
         if self.release_after_refit:
+            self.agent.flush()
             self._disconnect_peers()
             self._release_transfer_buffers()
 
@@ -287,5 +288,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
 
     def finalize(self) -> None:
         """Disconnect from all peers and free the transfer buffers (``prepare()`` redoes it)."""
+        if self._agent is not None:
+            self._agent.flush()  # last control messages (e.g. "done") must leave first
         self._disconnect_peers()
         self._release_transfer_buffers()

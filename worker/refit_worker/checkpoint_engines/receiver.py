@@ -79,10 +79,12 @@ class RefitReceiver:
                             source.agent, Done(refit=self.refit),
                             who=f"rollout rank {self.rank}: policy rank {source.rank}",
                         )
+                    self.agent.poll()  # one progress call: usually enough to send it
                 if batch:
                     yield batch
                 if seq + len(self.buffers) < manifest.total_buckets:
                     self._credit(seq + len(self.buffers))
+            self.agent.poll()  # progress once more so "done" leaves; finalize() flushes
         except Exception as exc:
             for source in self.sources:
                 self.agent.abort(source.agent, self.refit, f"rollout rank {self.rank}: {exc}")
