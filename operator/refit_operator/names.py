@@ -5,9 +5,10 @@ Pure; must not import kopf or kubernetes.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Literal
+
+from refit_worker.rendezvous.protocol import configmap_name, shards_needed
 
 Role = Literal["policy", "rollout"]
 ROLES: tuple[Role, Role] = ("policy", "rollout")
@@ -20,10 +21,6 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 #: Pod annotation: hash of the spec the pod was rendered from (a changed spec, a new gang).
 ANNOTATION_SPEC_HASH = "refit.dev/spec-hash"
 MANAGER = "refit-operator"
-
-#: Ranks whose rendezvous entries share one ConfigMap; 128 entries of a few KiB of NIXL
-#: metadata each keep a shard well under the 1 MiB object limit.
-RANKS_PER_SHARD = 128
 
 #: The port of torch.distributed's rendezvous inside a role.
 MASTER_PORT = 29500
@@ -41,12 +38,13 @@ def service_name(job: str, role: Role) -> str:
 
 
 def rendezvous_name(job: str, shard: int = 0) -> str:
-    """Shard 0 is ``<job>-rendezvous``; later shards get a ``-<i>`` suffix."""
-    return f"{job}-rendezvous" if shard == 0 else f"{job}-rendezvous-{shard}"
+    """Shard 0 is ``<job>-rendezvous``; later shards get a ``-<i>`` suffix (the worker's
+    rendezvous protocol owns the rule and the shard size)."""
+    return configmap_name(f"{job}-rendezvous", shard)
 
 
 def rendezvous_shards(policy_replicas: int, rollout_replicas: int) -> int:
-    return max(1, math.ceil((policy_replicas + rollout_replicas) / RANKS_PER_SHARD))
+    return shards_needed(policy_replicas + rollout_replicas)
 
 
 def worker_account_name(job: str) -> str:
