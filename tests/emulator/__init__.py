@@ -52,6 +52,16 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", False),
     "refit.dev/v1alpha1/refitjobs": ("RefitJob", True),
 }
+#: resource key -> short names that discovery advertises (``kubectl get rj``, ``svc``, ``cm``)
+SHORT_NAMES: dict[str, tuple[str, ...]] = {
+    "v1/pods": ("po",),
+    "v1/services": ("svc",),
+    "v1/configmaps": ("cm",),
+    "v1/serviceaccounts": ("sa",),
+    "v1/events": ("ev",),
+    "v1/namespaces": ("ns",),
+    "refit.dev/v1alpha1/refitjobs": ("rj",),
+}
 _VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 #: How often an idle watch checks whether its client went away (no busy loop).
 _WATCH_TICK_S = 0.5
@@ -74,12 +84,24 @@ class _Handler(KubernetesScaffold):
         for key, (kind, has_status) in RESOURCES.items():
             self.resources[key] = ResourceInfo(
                 kind=kind,
+                singular=kind.lower(),
+                shortnames=SHORT_NAMES.get(key, ()),
                 namespaced=key != "v1/namespaces",
                 verbs=_VERBS,
                 subresources={"status"} if has_status else set(),
             )
             if has_status:
                 self.store.status_resources.add(key)
+
+    async def _serve_version(self, request: Any) -> Any:
+        # kmock writes the core group's version as "/v1", which kubectl cannot resolve, and
+        # gives subresources the names of their parent, which the apiserver never does.
+        payload = await super()._serve_version(request)
+        payload["groupVersion"] = payload["groupVersion"].lstrip("/")
+        for entry in payload["resources"]:
+            if "/" in entry["name"]:
+                entry["singularName"], entry["shortNames"] = "", []
+        return payload
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
         res = request.resource
