@@ -25,6 +25,7 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -40,6 +41,8 @@ log = logging.getLogger("refit_worker")
 
 EXIT_FAILED = 1
 EXIT_BAD_CONFIG = 2
+#: After an error, how long to wait for a preemption notice that would explain it.
+NOTICE_WAIT_S = 10.0
 
 
 class VerificationError(RuntimeError):
@@ -98,12 +101,32 @@ def run(config: WorkerConfig) -> int:
             _report(session, "preempted", done[0], str(exc))
             return EXIT_PREEMPTED
         except Exception as exc:
+            # A peer that stopped for a preemption breaks our transfer or collective
+            # first; the notice (or our own signal) follows within moments.
+            if _preemption_follows(session, NOTICE_WAIT_S):
+                log.warning("%s: preempted (after %s: %s)", who, type(exc).__name__, exc)
+                _report(session, "preempted", done[0], f"after {type(exc).__name__}: {exc}")
+                return EXIT_PREEMPTED
             log.exception("%s: failed", who)
             _report(session, "failed", done[0], f"{type(exc).__name__}: {exc}")
             return EXIT_FAILED
         finally:
             session.close()
             dist.destroy_process_group()
+
+
+def _preemption_follows(session: RefitSession, seconds: float) -> bool:
+    """Whether a preemption is under way now or is announced within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if session.preemption_pending():
+                return True
+        except Exception:  # the store is unreachable: it cannot tell us
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
 def _signals(config: WorkerConfig) -> list[str]:
@@ -160,14 +183,12 @@ async def _refits(config: WorkerConfig, session: RefitSession,
 
 def _stop_at_boundary(config: WorkerConfig, session: RefitSession,
                       handler: DistributedSignalHandler) -> None:
-    """A refit boundary: stop if any rank of the role got the signal, or the job is preempted."""
-    try:
-        flags = handler.signals_received()
-    except RuntimeError as exc:
-        # A peer of the group left (it was preempted or failed): do not start a refit.
-        if session.preemption_pending():
-            raise Preempted(f"a peer left the {config.role} group: {exc}") from exc
-        raise
+    """A refit boundary: stop if any rank of the role got the signal, or the job is preempted.
+
+    ``signals_received`` is a collective: if a peer already left, it raises, and
+    :func:`run` tells a preemption from a failure.
+    """
+    flags = handler.signals_received()
     if any(flags):
         ranks = [r for r, flag in enumerate(flags) if flag]
         raise Preempted(f"signal received by {config.role} rank(s) {ranks}")

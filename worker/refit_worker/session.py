@@ -28,6 +28,7 @@ import torch
 from refit_worker.checkpoint_engines import NIXLCheckpointEngine
 from refit_worker.config import WorkerConfig
 from refit_worker.rendezvous import Member, PreemptedError, RendezvousStore, open_store
+from refit_worker.rendezvous.watch import PreemptionWatch
 
 T = TypeVar("T")
 
@@ -80,6 +81,9 @@ class RefitSession:
         self._stop_requested = stop_requested
         self._engine: NIXLCheckpointEngine | None = None
         self._committed: CommittedRefit | None = None
+        # One long watch for the job-wide notice instead of a read per check: a thousand
+        # ranks polling the ConfigMap would load the API server for nothing.
+        self._watch = PreemptionWatch(self.store, self.member, lambda notice: None)
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> RefitSession:
@@ -124,9 +128,11 @@ class RefitSession:
             engine.finalize()
             raise
         self._engine = engine
+        self._watch.start()
 
     def close(self) -> None:
         """Disconnect and free the engine's buffers, and close the store; idempotent."""
+        self._watch.stop()
         if self._engine is not None:
             self._engine.finalize()
             self._engine = None
@@ -174,9 +180,12 @@ class RefitSession:
 
     def preemption_pending(self) -> bool:
         """Whether this process got the signal or the job posted a preemption notice."""
-        if self._stop_requested():
+        if self._stop_requested() or self._watch.notice is not None:
             return True
-        return self.store.preemption_notice(self.member) is not None
+        if self._watch.error is not None:
+            # The watch lost the store; ask directly (this raises if the store is gone).
+            return self.store.preemption_notice(self.member) is not None
+        return False
 
     async def _watched(self, transfer: Awaitable[T]) -> T:
         task = asyncio.ensure_future(transfer)
