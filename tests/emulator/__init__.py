@@ -19,6 +19,9 @@ Clients reach it over HTTP at ``api.url`` (PATCH with ``application/merge-patch+
 ``?watch=true&resourceVersion=N`` streams, ``labelSelector``, ``/status``).  The helper
 methods go through the same store, so watchers see their writes.  Resources are declared
 in :data:`RESOURCES` (kind, and whether they have a status subresource).
+
+Faults (409s, 500s, 410 Gone on watches, slow answers) are injected through
+``api.faults`` (:mod:`tests.emulator.faults`); with no rules the emulator behaves as above.
 """
 
 from __future__ import annotations
@@ -36,9 +39,11 @@ import attrs
 import yaml
 from kmock import KubernetesScaffold, ResourceInfo, Server
 
+from .faults import ApiFault, ApiFaults
 from .store import ApiStatusError, Store, field_matches, label_matches, merge_patch
 
-__all__ = ["RESOURCES", "ApiEmulator", "ApiStatusError", "Store", "merge_patch"]
+__all__ = ["RESOURCES", "ApiEmulator", "ApiFault", "ApiFaults", "ApiStatusError", "Store",
+           "merge_patch"]
 
 #: resource key -> (kind, has a status subresource)
 RESOURCES: dict[str, tuple[str, bool]] = {
@@ -78,6 +83,7 @@ def free_port() -> int:
 class _Handler(KubernetesScaffold):
     store: Store = attrs.field(factory=Store)
     changed: asyncio.Condition = attrs.field(factory=asyncio.Condition)
+    faults: ApiFaults = attrs.field(factory=ApiFaults)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -110,10 +116,28 @@ class _Handler(KubernetesScaffold):
         key = f"{res.group}/{res.version}/{res.plural}".lstrip("/")
         if key not in RESOURCES:
             return _status(ApiStatusError(404, "NotFound", f"resource {key} is not served"))
+        watch = request.method.value == "GET" and request.params.get("watch") in ("true", "1")
+        fault = self.faults.take(request.method.value, key, request.name or "", watch,
+                                 request.subresource or "")
+        if fault is not None:
+            await asyncio.sleep(fault.delay)
+            if fault.code == 410 and watch:
+                return await self._expired(request)
+            if fault.code is not None:
+                return _status(ApiStatusError(fault.code, fault.reason,
+                                              f"injected fault: HTTP {fault.code}"))
         try:
             return await self._serve(request, key)
         except ApiStatusError as exc:
             return _status(exc)
+
+    async def _expired(self, request: Any) -> aiohttp.web.StreamResponse:
+        """What an apiserver answers a watch from a too-old resourceVersion."""
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request._raw_request)
+        gone = ApiStatusError(410, "Expired", "injected fault: too old resource version")
+        await _line(response, "ERROR", gone.body())
+        return response
 
     async def _serve(self, request: Any, key: str) -> aiohttp.web.StreamResponse:
         method, ns, name = request.method.value, request.namespace, request.name
@@ -234,6 +258,11 @@ class ApiEmulator:
     @property
     def store(self) -> Store:
         return self._handler.store
+
+    @property
+    def faults(self) -> ApiFaults:
+        """Rules for injected faults (see :mod:`tests.emulator.faults`)."""
+        return self._handler.faults
 
     async def __aenter__(self) -> Self:
         await self._handler.__aenter__()

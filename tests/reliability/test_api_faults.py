@@ -1,0 +1,163 @@
+"""API faults injected in the emulator: 409 conflicts, 410 Gone on watches, 500s and slow
+answers.  The ConfigMap rendezvous store and the operator retry with back-off and lose
+nothing.
+
+Real: the ``kubernetes`` client and its HTTP (the store), kopf with our handlers and
+aiohttp client (the operator).  Emulated: the API server, with the fault rules of
+``tests/emulator/faults.py``; no kubelet (the test writes pod status as one would).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from tests.emulator import ApiEmulator, ApiFault
+from tests.integration.support import JOBS, NS, PODS, OperatorRun, eventually, set_pod_phase
+
+from refit_worker.rendezvous.configmap_store import ConfigMapStore
+from refit_worker.rendezvous.protocol import BARRIER_KEY, meta_key
+from refit_worker.rendezvous.store import Layout, Member, RendezvousError
+
+CM = "v1/configmaps"
+BASE = "faulty-rendezvous"
+
+
+@pytest.fixture()
+async def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ApiEmulator]:
+    async with ApiEmulator(tmp_path) as emulator:
+        monkeypatch.setenv("KUBECONFIG", str(emulator.kubeconfig_path))
+        yield emulator
+
+
+def _members(policy: int, rollout: int) -> list[Member]:
+    return [Member("policy", r, 0, f"uid-p{r}") for r in range(policy)] + [
+        Member("rollout", r, 0, f"uid-r{r}") for r in range(rollout)]
+
+
+async def test_store_write_backs_off_then_gives_up_naming_the_configmap(
+    api: ApiEmulator,
+) -> None:
+    api.create(CM, NS, {"metadata": {"name": BASE}, "data": {}})
+    store = ConfigMapStore(BASE, NS, Layout(1, 1, 1))
+    me = Member("policy", 0, 0, "uid-p0")
+    try:
+        # Four 500s: the fifth attempt lands, after waits that double each time.
+        api.faults.add(ApiFault(code=500, method="PATCH", resource=CM, times=4))
+        await asyncio.to_thread(store.publish_metadata, me, json.dumps({"agent": "a"}))
+        assert meta_key("policy", 0) in api.get(CM, NS, BASE)["data"]
+        at = [h.at for h in api.faults.hits]
+        gaps = [b - a for a, b in itertools.pairwise(at)]
+        assert len(gaps) == 3 and all(b > a * 1.5 for a, b in itertools.pairwise(gaps))
+        assert gaps[0] >= 0.09, gaps
+        # Five: the store gives up with an error that names the map and the status.
+        api.faults.add(ApiFault(code=503, method="PATCH", resource=CM, times=5))
+        with pytest.raises(RendezvousError, match=rf"{BASE}.*HTTP 503"):
+            await asyncio.to_thread(store.write_progress, me, refits_completed=1)
+        assert "progress.policy.0" not in api.get(CM, NS, BASE)["data"]
+        # A 404 is not transient: no retry.
+        before = len(api.faults.hits)
+        api.faults.add(ApiFault(code=404, method="PATCH", resource=CM, times=3))
+        with pytest.raises(RendezvousError, match="HTTP 404"):
+            await asyncio.to_thread(store.write_progress, me, refits_completed=1)
+        assert len(api.faults.hits) == before + 1
+    finally:
+        store.close()
+
+
+async def test_store_rendezvous_under_conflicts_errors_gone_watches_and_slowness(
+    api: ApiEmulator,
+) -> None:
+    api.create(CM, NS, {"metadata": {"name": BASE}, "data": {}})
+    layout = Layout(2, 2, 1)
+    members = _members(2, 2)
+    for fault in (ApiFault(code=409, method="PATCH", resource=CM, times=3),
+                  ApiFault(code=500, method="PATCH", resource=CM, times=3),
+                  ApiFault(code=410, resource=CM, watch=True, times=3),
+                  ApiFault(code=500, method="GET", resource=CM, watch=False, times=2),
+                  ApiFault(delay=0.3, method="GET", resource=CM, times=6)):
+        api.faults.add(fault)
+    stores = [ConfigMapStore(BASE, NS, layout) for _ in members]
+    coordinator = ConfigMapStore(BASE, NS, layout)
+    try:
+        async def rank(store: ConfigMapStore, me: Member) -> list[str]:
+            await asyncio.to_thread(store.publish_metadata, me, json.dumps({"agent": me.rank}))
+            barrier = await asyncio.to_thread(store.wait_barrier, me, 30.0)
+            peers = await asyncio.to_thread(store.peers, me, barrier)
+            await asyncio.to_thread(store.write_progress, me, refits_completed=1)
+            return sorted(f"{role}{rank}" for role, rank in peers)
+
+        waiting = [asyncio.create_task(rank(s, m)) for s, m in zip(stores, members, strict=True)]
+        barrier = await asyncio.to_thread(coordinator.open_barrier, 0, 30.0)
+        assert barrier.policy_uids == ("uid-p0", "uid-p1")
+        results = await asyncio.wait_for(asyncio.gather(*waiting), timeout=60)
+        assert results == [["policy0", "policy1", "rollout0", "rollout1"]] * 4
+        # Nothing lost: every rank's metadata and progress, and the barrier, are there.
+        data = api.get(CM, NS, BASE)["data"]
+        keys = {meta_key(m.role, m.rank) for m in members} | {BARRIER_KEY}
+        keys |= {f"progress.{m.role}.{m.rank}" for m in members}
+        assert keys <= set(data)
+        assert api.faults.spent(), [(f.code, f.delay, f.used) for f in api.faults.rules]
+    finally:
+        for store in [*stores, coordinator]:
+            store.close()
+
+
+# -- the operator ---------------------------------------------------------------------
+
+
+def _job(name: str) -> dict[str, object]:
+    from tests.integration.support import load_job
+
+    return load_job(name)
+
+
+async def test_operator_under_api_faults_creates_each_child_once_and_finishes(
+    api: ApiEmulator,
+) -> None:
+    for fault in (ApiFault(code=500, method="POST", resource=PODS, times=3),
+                  ApiFault(code=409, method="PATCH", resource=JOBS, subresource="status",
+                           times=2),
+                  ApiFault(code=500, method="PATCH", resource=JOBS, times=2),
+                  ApiFault(code=410, resource=JOBS, watch=True, times=2),
+                  ApiFault(code=410, resource=PODS, watch=True, times=2),
+                  ApiFault(code=500, method="GET", resource=PODS, watch=False, times=2),
+                  ApiFault(delay=0.2, method="GET", times=20)):
+        api.faults.add(fault)
+    run = OperatorRun(resync_seconds=2.0)
+    await run.start()
+    try:
+        api.create(JOBS, NS, _job("flaky"))
+        pods = await eventually(lambda: len(api.list(PODS, NS)) == 4 and api.list(PODS, NS),
+                                "4 pods despite the faults", timeout=90)
+        uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+        for name in uids:
+            set_pod_phase(api, name, "Running")
+        await eventually(lambda: _status(api).get("phase") == "Running", "phase Running",
+                         timeout=90)
+        for name in uids:
+            if "-rollout-" in name:
+                set_pod_phase(api, name, "Succeeded")
+        status = await eventually(lambda: _status(api).get("phase") == "Succeeded"
+                                  and _status(api), "phase Succeeded", timeout=90)
+    finally:
+        await run.stop()
+    assert status["restarts"] == 0 and status["preemptions"] == 0 and status["epoch"] == 0
+    # Each child was created once, and no pod was replaced: the failed creates were
+    # retried, not doubled (the store's history holds every creation).
+    added = [(e.obj["metadata"]["name"], e.obj["metadata"]["uid"])
+             for e in api.store.events_since(0) if e.resource == PODS and e.type == "ADDED"]
+    assert sorted(added) == sorted(uids.items())
+    for resource, want in ((CM, ["flaky-rendezvous"]),
+                           ("v1/services", ["flaky-policy", "flaky-rollout"])):
+        assert sorted(o["metadata"]["name"] for o in api.list(resource, NS)) == want
+    assert api.faults.spent(), [(f.code, f.method, f.used, f.times) for f in api.faults.rules]
+
+
+def _status(api: ApiEmulator) -> dict[str, object]:
+    status: dict[str, object] = api.get(JOBS, NS, "flaky").get("status") or {}
+    return status
