@@ -37,6 +37,24 @@ KUBELET_STOP_SIGNALS: tuple[str, ...] = tuple(
     )
 )
 _UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
+#: A whole number of bytes above 0 with an optional suffix: what the CRD accepts for
+#: bucketSize, and (with the validator's clearer messages) what the model accepts.
+BUCKET_SIZE_PATTERN = r"^[0-9]*[1-9][0-9]*(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+
+
+def _any_case(text: str) -> str:
+    # Letter by letter, not (?i): RE2's case folding also maps non-ASCII letters (U+017F).
+    return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in text)
+
+
+#: Every spelling :func:`canonical_signal` accepts, as a pattern the CRD can check.
+SIGNAL_PATTERN = (
+    f"^({_any_case('SIG')})?("
+    + "|".join(
+        _any_case(n[3:]) for n in sorted(_signal.Signals.__members__) if n not in _UNCATCHABLE
+    )
+    + ")$"
+)
 
 
 def canonical_signal(name: str) -> str:
@@ -51,13 +69,30 @@ def canonical_signal(name: str) -> str:
 
 
 class _Wire(BaseModel):
+    # No inf/nan: JSON, and so the API server, cannot carry them.
     model_config = ConfigDict(
-        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+        extra="forbid",
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+        allow_inf_nan=False,
     )
 
 
 class EnvVar(_Wire):
     """An extra environment variable for the worker container."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"!self.name.startsWith('{ENV_PREFIX}')",
+                    "message": f"env names starting {ENV_PREFIX} are reserved"
+                    " for the worker config",
+                }
+            ]
+        }
+    )
 
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=253)
     value: str = ""
@@ -128,7 +163,12 @@ class TransferSpec(_Wire):
 
     backend: str = Field("UCX", min_length=1)
     backend_params: dict[str, str] = Field(default_factory=dict)
-    bucket_size: str = Field("64Mi", pattern=QUANTITY_PATTERN, description="e.g. 64Mi")
+    bucket_size: str = Field(
+        "64Mi",
+        pattern=QUANTITY_PATTERN,
+        description="e.g. 64Mi",
+        json_schema_extra={"pattern": BUCKET_SIZE_PATTERN},
+    )
     device: Literal["cpu", "cuda"] = "cpu"
     shard_expert_weights: bool = False
     release_after_refit: bool = False
@@ -144,6 +184,9 @@ class TransferSpec(_Wire):
             raise ValueError(str(exc)) from exc
         if size <= 0:
             raise ValueError(f"bucketSize {value!r} must be more than 0 bytes")
+        if "." in value:
+            raise ValueError(f"bucketSize {value!r} must be a whole number with an optional"
+                             f" suffix, without a fraction: write {str(size)!r}")
         return value
 
     @property
@@ -171,13 +214,17 @@ class PreemptionSpec(_Wire):
             ]
         }
     )
-    signal: str = Field("SIGTERM", min_length=1, max_length=16)
+    signal: str = Field(
+        "SIGTERM", min_length=1, max_length=16, json_schema_extra={"pattern": SIGNAL_PATTERN}
+    )
     grace_period_seconds: int = Field(30, ge=1, le=86400)
     injection: Injection = "auto"
 
     @field_validator("signal")
     @classmethod
     def _known(cls, value: str) -> str:
+        if not value.isascii() or value != value.strip():
+            raise ValueError(f"signal name {value!r} must be ASCII with no surrounding spaces")
         canonical_signal(value)
         return value
 
@@ -205,6 +252,20 @@ class FailurePolicy(_Wire):
 
 class RefitJobSpec(_Wire):
     """The desired state of a RefitJob."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(has(self.policy) ? self.policy.replicas : 1)"
+                    " + (has(self.rollout) ? self.rollout.replicas : 1)"
+                    f" <= {MAX_RANKS}",
+                    "message": f"policy.replicas + rollout.replicas must be at most {MAX_RANKS},"
+                    " the most ranks one rendezvous serves",
+                }
+            ]
+        }
+    )
 
     image: str = Field(min_length=1)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
@@ -296,7 +357,8 @@ def parse_spec(raw: Any) -> RefitJobSpec:
     if not isinstance(raw, dict):
         raise InvalidSpecError(f"spec must be an object, got {type(raw).__name__}")
     try:
-        return RefitJobSpec.model_validate(raw)
+        # As the API server judges: JSON types exactly ("3" is no integer), wire names only.
+        return RefitJobSpec.model_validate(raw, strict=True, by_alias=True, by_name=False)
     except ValidationError as exc:
         raise InvalidSpecError(_describe(exc)) from exc
 
