@@ -1,5 +1,6 @@
 """Test tiers by folder: ``unit/`` (pure), ``integration/`` (API emulator + kopf in-loop),
-``e2e/`` (real processes, real NIXL, real signals).  Each test gets its tier's marker, so
+``e2e/`` (real processes, real NIXL, real signals); ``reliability/`` (fault injection on
+real processes) counts as e2e.  Each test gets its tier's marker, so
 ``-m unit`` selects the fast tier; CI runs all of them.
 """
 
@@ -18,3 +19,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for tier in _TIERS:
             if tier in parts:
                 item.add_marker(getattr(pytest.mark, tier))
+        if "reliability" in parts:
+            item.add_marker(pytest.mark.e2e)

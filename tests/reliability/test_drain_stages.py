@@ -1,0 +1,83 @@
+"""Drain at every stage of a refit, for topologies (1,1), (2,2) and (1,3).
+
+Real: ``run_job`` (the operator's reconcile), ``refit-worker`` processes, NIXL, gloo, the
+file rendezvous, the kubelet's drain path (DisruptionTarget + deletion -> preStop ->
+SIGTERM).  Nothing is emulated.  One job per topology meets the five stages in turn, one
+drain per epoch (each new gang resumes where the last one stopped), which costs six gang
+starts instead of ten.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests.reliability.harness import (
+    STAGES,
+    TOPOLOGIES,
+    Stage,
+    Topology,
+    committed_refits,
+    manifest,
+    processes_under,
+    rollout_logs,
+    run_with,
+    stage_plan,
+    stop_points,
+)
+
+from refit_operator.models import Phase
+from refit_worker.config import EXIT_PREEMPTED
+
+REFITS = 4
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("topo", TOPOLOGIES, ids=str)
+def test_drain_at_every_stage(tmp_path: Path, topo: Topology) -> None:
+    job = manifest("drain", topo, refits=REFITS)
+    workdir = tmp_path / "work"
+    result, observer, _ = run_with(job, stage_plan("drain", topo, REFITS), workdir,
+                                   max_faults=len(STAGES), timeout=300)
+    logs = rollout_logs(workdir)
+    # No hang: the run ended on its own, well inside its timeout.
+    assert not result.timed_out, result.status
+    assert result.status.phase == Phase.SUCCEEDED, result.status
+    assert [f.stage for f in observer.faults] == [s.value for s in STAGES]
+    assert result.status.preemptions == len(STAGES)
+    # A drain is never a failure: no rank exited 1 (a failed bit-exact check) or was
+    # SIGKILLed after its grace period.
+    assert result.status.restarts == 0, result.status.message
+    # A rank still starting up (before it installed its signal handler) dies of the stop
+    # signal itself (143), as any container would; only the first two stages meet one.
+    early = {pod for f in observer.faults[:2] for pod in f.old_pods}
+    for key, code in observer.exit_codes.items():
+        assert code in ({0, EXIT_PREEMPTED, 143} if key in early else {0, EXIT_PREEMPTED}), (
+            key, code)
+    assert EXIT_PREEMPTED in observer.exit_codes.values()
+    # Each stage was met as planned when the drain went in.
+    by_stage = {Stage(f.stage): f for f in observer.faults}
+    assert by_stage[Stage.BEFORE_BARRIER].published == 0
+    assert not by_stage[Stage.BEFORE_BARRIER].barrier_open
+    meta = by_stage[Stage.METADATA]
+    assert meta.published == topo.rollout and not meta.barrier_open  # policy 0 was held
+    for stage in (Stage.MID_BUCKET, Stage.BETWEEN_REFITS, Stage.FINAL_COMMIT):
+        assert by_stage[stage].barrier_open
+    assert by_stage[Stage.FINAL_COMMIT].committed == REFITS - 1
+    # Every gang of every epoch stopped (the kubelet saw each process exit).
+    assert all(f.stopped_s is not None for f in observer.faults)
+    # No rollout rank exposed a partial refit: each commit follows the bit-exact check,
+    # a rank commits a contiguous run of refits from where its gang resumed, and every
+    # refit of the job was committed by some rank.
+    seen: set[int] = set()
+    for name, text in logs.items():
+        ids = committed_refits(text)
+        assert "VerificationError" not in text, name
+        if ids:
+            assert ids == list(range(ids[0], ids[-1] + 1)), (name, ids)
+        seen.update(ids)
+    assert seen == set(range(REFITS))
+    # Ranks stopped inside a refit at least once (mid-bucket or final commit).
+    assert any("bucket boundary" in why for why in stop_points(workdir).values())
+    assert not processes_under(workdir)
+

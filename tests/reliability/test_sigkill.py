@@ -1,0 +1,67 @@
+"""SIGKILL of one rank at a seeded random moment, 20 cases over four jobs.
+
+Real: ``run_job`` (the operator's reconcile), ``refit-worker`` processes, NIXL, gloo, the
+file rendezvous, ``os.kill(pid, SIGKILL)``.  Nothing is emulated.  Each job allows
+``KILLS - 1`` restarts and meets ``KILLS`` kills (one per epoch, a seeded rank at a seeded
+time after its gang was created): every kill but the last restarts the gang within
+``timeoutSeconds`` + backoff; the last one fails the job with a message naming the rank.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests.reliability.harness import (
+    KillPlan,
+    Topology,
+    manifest,
+    processes_under,
+    run_with,
+    seeded_kills,
+)
+
+from refit_operator.models import Phase
+
+KILLS = 5
+#: Kills land within this many seconds of a gang's creation: start-up, the barrier and the
+#: first refits all fall inside it on this machine.
+WINDOW_S = 6.0
+CASES = [(Topology(1, 1), 11), (Topology(2, 2), 22), (Topology(1, 3), 13), (Topology(2, 1), 21)]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("topo", "seed"), CASES, ids=[f"{t}-seed{s}" for t, s in CASES])
+def test_sigkill_restarts_then_fails_naming_the_rank(
+    tmp_path: Path, topo: Topology, seed: int
+) -> None:
+    kills = seeded_kills(seed, KILLS, topo, "kill", WINDOW_S)
+    timeout, backoff = 15, 0.5
+    job = manifest("kill", topo, refits=1000, max_restarts=KILLS - 1, backoff=backoff,
+                   timeout=timeout, grace=10)
+    workdir = tmp_path / "work"
+    result, observer, spec = run_with(job, KillPlan(kills), workdir, max_faults=KILLS,
+                                      timeout=240)
+    faults = observer.faults
+    assert not result.timed_out, result.status
+    assert [(f.target, f.epoch) for f in faults] == [(t, e) for e, (t, _) in enumerate(kills)]
+    # Each kill but the last: the gang was recreated within timeout + backoff.
+    max_backoff = spec.failure_policy.max_backoff_seconds
+    for fault in faults[:-1]:
+        assert fault.restarted_s is not None, fault
+        assert fault.restarted_s <= timeout + max_backoff, fault
+    # The last kill spent maxRestarts: the job failed, naming the killed rank.
+    assert result.status.phase == Phase.FAILED, result.status
+    assert result.status.restarts == KILLS - 1
+    last = kills[-1][0]
+    assert f"pod {last} failed: exit code 137" in result.status.message
+    assert "maxRestarts (4) used up" in result.status.message
+    # Every killed pod died of the kill; no other rank had to be SIGKILLed after its grace
+    # period: they all stopped on their own.
+    killed = {(f.target, uid) for f in faults for name, uid in f.old_pods if name == f.target}
+    for key, code in observer.exit_codes.items():
+        assert (code == 137) == (key in killed), (key, code)
+    # Every restarted gang stopped first; after the failure the run stops the last one,
+    # and nothing is left in the process table.
+    assert all(f.stopped_s is not None for f in faults[:-1])
+    assert not processes_under(workdir)
