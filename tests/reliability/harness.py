@@ -331,25 +331,30 @@ class StagePlan(Plan):
 
 @dataclass
 class KillPlan(Plan):
-    """Epoch i: SIGKILL pod ``kills[i][0]``, ``kills[i][1]`` s after its gang was created."""
+    """Epoch i: SIGKILL pod ``kills[i].pod``, ``kills[i].delay`` s after its gang was
+    created (anchor "created") or after its barrier opened (anchor "barrier")."""
 
-    kills: list[tuple[str, float]]
+    kills: list[Kill]
     _since: dict[int, float] = field(default_factory=dict)
 
     def decide(self, view: EpochView) -> Choice | None:
         if view.epoch >= len(self.kills):
             return None
-        since = self._since.setdefault(view.epoch, time.monotonic())
-        target, delay = self.kills[view.epoch]
-        if time.monotonic() - since < delay:
+        kill = self.kills[view.epoch]
+        if kill.anchor == "barrier" and not view.barrier_open:
             return None
-        return "kill", target, phase_of(view)
+        since = self._since.setdefault(view.epoch, time.monotonic())
+        if time.monotonic() - since < kill.delay:
+            return None
+        return "kill", kill.pod, phase_of(view)
 
 
 def phase_of(view: EpochView) -> str:
     """Where the gang was, as the rendezvous shows it (pure)."""
     if not view.barrier_open:
         return f"before the barrier ({view.published}/{len(view.pods)} published)"
+    if view.committed() == 0 and view.refits == 0:
+        return "barrier open, first refit not committed yet"
     return f"refits running ({view.committed()} committed)"
 
 
@@ -399,10 +404,21 @@ def stop_points(workdir: Path) -> dict[str, str]:
     return out
 
 
+@dataclass(frozen=True)
+class Kill:
+    pod: str
+    #: "created": timed from the gang's creation (start-up, publishing, the barrier wait);
+    #: "barrier": from the barrier's opening (connecting, refits).
+    anchor: str
+    delay: float
+
+
 def seeded_kills(seed: int, count: int, topo: Topology, job: str,
-                 window: float) -> list[tuple[str, float]]:
-    """``count`` (pod, seconds after the gang is connected) choices from ``seed`` (pure)."""
+                 window: float) -> list[Kill]:
+    """``count`` kills from ``seed`` (pure): a rank, an anchor (start-up or refits, half
+    each) and a delay within ``window`` seconds of it."""
     rng = random.Random(seed)
     pods = [names.pod_name(job, "policy", r) for r in range(topo.policy)]
     pods += [names.pod_name(job, "rollout", r) for r in range(topo.rollout)]
-    return [(rng.choice(pods), round(rng.uniform(0.0, window), 2)) for _ in range(count)]
+    return [Kill(rng.choice(pods), rng.choice(("created", "barrier")),
+                 round(rng.uniform(0.0, window), 2)) for _ in range(count)]
