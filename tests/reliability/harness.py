@@ -326,7 +326,9 @@ class StagePlan(Plan):
         if not (ready and view.barrier_open):
             return False
         seen = self._first_commit.setdefault(view.epoch, (committed, time.monotonic()))
-        return time.monotonic() - seen[1] >= 0.5 * self._refit_s
+        # The final refit is the last chance: aim earlier into it, so a fast refit does
+        # not finish before the drain goes in.
+        return time.monotonic() - seen[1] >= (0.25 if final else 0.5) * self._refit_s
 
 
 @dataclass

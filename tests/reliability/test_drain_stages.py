@@ -63,7 +63,10 @@ def test_drain_at_every_stage(tmp_path: Path, topo: Topology) -> None:
     assert meta.published == topo.rollout and not meta.barrier_open  # policy 0 was held
     for stage in (Stage.MID_BUCKET, Stage.BETWEEN_REFITS, Stage.FINAL_COMMIT):
         assert by_stage[stage].barrier_open
-    assert by_stage[Stage.FINAL_COMMIT].committed == REFITS - 1
+    # Timed from outside (statistical): the drain goes in once the next-to-last refit is
+    # committed; on a slow tick the final refit may land first. Either way it is the last
+    # refit's window, and the job must still end with every refit committed.
+    assert by_stage[Stage.FINAL_COMMIT].committed in (REFITS - 1, REFITS)
     # Every gang of every epoch stopped (the kubelet saw each process exit).
     assert all(f.stopped_s is not None for f in observer.faults)
     # No rollout rank exposed a partial refit: each commit follows the bit-exact check,
