@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 from tests.emulator import ApiEmulator
+from tests.integration.support import OperatorRun
 
 from refit_operator.local.kubelet import ProcessKubelet
+from refit_operator.local.runner import LoopbackPorts, local_env
 
+ROOT = Path(__file__).resolve().parents[2]
 PODS = "v1/pods"
 FINALIZER = "kubelet.refit.dev/process"
 
@@ -94,3 +101,25 @@ class KubeletBridge:
 
 def _grace(pod: dict[str, Any]) -> float:
     return float(pod["spec"].get("terminationGracePeriodSeconds", 30))
+
+
+@contextlib.asynccontextmanager
+async def operator_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[ApiEmulator, KubeletBridge, OperatorRun]]:
+    """The emulator, the operator in this loop, and the bridge running its pods locally."""
+    async with ApiEmulator(tmp_path) as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig_path))
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+            [str(ROOT / "operator"), str(ROOT / "worker")]))
+        ports = LoopbackPorts()
+        kubelet = ProcessKubelet(
+            tmp_path / "node",
+            rewrite_env=lambda pod, env: local_env(env, port=ports.for_pod(pod)))
+        run = OperatorRun(resync_seconds=30.0)
+        await run.start()
+        try:
+            async with KubeletBridge(api, kubelet) as bridge:
+                yield api, bridge, run
+        finally:
+            await run.stop()

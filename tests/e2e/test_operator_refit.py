@@ -8,19 +8,15 @@ Emulated: only the Kubernetes API server.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from tests.e2e.kubelet_bridge import KubeletBridge
+from tests.e2e.kubelet_bridge import KubeletBridge, operator_cluster
 from tests.emulator import ApiEmulator
-from tests.integration.support import OperatorRun, eventually
-
-from refit_operator.local.kubelet import ProcessKubelet
-from refit_operator.local.runner import LoopbackPorts, local_env
+from tests.integration.support import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = "refit.dev/v1alpha1/refitjobs"
@@ -39,22 +35,8 @@ def _job(name: str, refits: int) -> dict[str, Any]:
 async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
     tuple[ApiEmulator, KubeletBridge]
 ]:
-    async with ApiEmulator(tmp_path) as api:
-        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig_path))
-        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-            [str(ROOT / "operator"), str(ROOT / "worker")]))
-        ports = LoopbackPorts()
-        kubelet = ProcessKubelet(
-            tmp_path / "node",
-            rewrite_env=lambda pod, env: local_env(env, port=ports.for_pod(pod)),
-        )
-        run = OperatorRun(resync_seconds=30.0)
-        await run.start()
-        try:
-            async with KubeletBridge(api, kubelet) as bridge:
-                yield api, bridge
-        finally:
-            await run.stop()
+    async with operator_cluster(tmp_path, monkeypatch) as (api, bridge, _run):
+        yield api, bridge
 
 
 def _status(api: ApiEmulator, name: str) -> dict[str, Any]:

@@ -9,19 +9,15 @@ kubernetes client, NIXL, gloo.  Emulated: only the API server.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from tests.e2e.kubelet_bridge import KubeletBridge
+from tests.e2e.kubelet_bridge import KubeletBridge, operator_cluster
 from tests.emulator import ApiEmulator
 from tests.integration.support import OperatorRun, eventually
-
-from refit_operator.local.kubelet import ProcessKubelet
-from refit_operator.local.runner import LoopbackPorts, local_env
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = "refit.dev/v1alpha1/refitjobs"
@@ -34,21 +30,8 @@ Cluster = tuple[ApiEmulator, KubeletBridge, OperatorRun]
 
 @pytest.fixture()
 async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Cluster]:
-    async with ApiEmulator(tmp_path) as api:
-        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig_path))
-        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-            [str(ROOT / "operator"), str(ROOT / "worker")]))
-        ports = LoopbackPorts()
-        kubelet = ProcessKubelet(
-            tmp_path / "node",
-            rewrite_env=lambda pod, env: local_env(env, port=ports.for_pod(pod)))
-        run = OperatorRun(resync_seconds=30.0)
-        await run.start()
-        try:
-            async with KubeletBridge(api, kubelet) as bridge:
-                yield api, bridge, run
-        finally:
-            await run.stop()
+    async with operator_cluster(tmp_path, monkeypatch) as (api, bridge, run):
+        yield api, bridge, run
 
 
 def _status(api: ApiEmulator) -> dict[str, Any]:
