@@ -127,3 +127,25 @@ def test_signal_to_one_rank_stops_the_gang(tmp_path: Path) -> None:
     store.post_preemption(make_preempt_notice(0, "e2e-policy-1", "uid", "signal"))
     codes = _wait_all(procs, timeout=60)
     assert codes == [EXIT_PREEMPTED] * 3, _logs(tmp_path)
+
+
+def test_signal_while_waiting_for_the_barrier_stops_at_once(tmp_path: Path) -> None:
+    # The policy pod died at start-up, so the barrier never opens; the operator deletes the
+    # gang and the rollout pod gets its signal while it waits.  It must stop well within a
+    # grace period, not sit out the 30 s barrier timeout and be SIGKILLed.
+    weights = SyntheticWeights(layers=1, hidden=32, vocab=64, dtype="float32", seed=4)
+    procs, store = _start_gang(tmp_path, policy=1, rollout=1, refits=3, weights=weights)
+    procs[0].kill()
+    procs[0].wait(10)
+    deadline = time.monotonic() + 60
+    while ("rollout", 0) not in store.snapshot(0).meta:  # published: now waiting
+        assert procs[1].poll() is None and time.monotonic() < deadline, _logs(tmp_path)
+        time.sleep(0.05)
+    os.kill(procs[1].pid, signal.SIGTERM)
+    try:
+        code = procs[1].wait(timeout=10)
+    finally:
+        _wait_all(procs, timeout=0)
+    assert code == EXIT_PREEMPTED, _logs(tmp_path)
+    assert "stop requested while waiting for the barrier of epoch 0" in _logs(tmp_path)
+    assert store.snapshot(0).progress[("rollout", 0)].state == "preempted"

@@ -27,7 +27,13 @@ import torch
 
 from refit_worker.checkpoint_engines import NIXLCheckpointEngine
 from refit_worker.config import WorkerConfig
-from refit_worker.rendezvous import Member, PreemptedError, RendezvousStore, open_store
+from refit_worker.rendezvous import (
+    Member,
+    PreemptedError,
+    RendezvousStore,
+    WaitCancelled,
+    open_store,
+)
 from refit_worker.rendezvous.watch import PreemptionWatch
 
 T = TypeVar("T")
@@ -58,6 +64,16 @@ class RefitStats:
 class CommittedRefit:
     refit_id: int
     state: StateDict
+
+
+class _Flag:
+    """A stop callable seen as a cancel flag for the store's waits."""
+
+    def __init__(self, requested: Callable[[], bool]) -> None:
+        self._requested = requested
+
+    def is_set(self) -> bool:
+        return self._requested()
 
 
 class RefitSession:
@@ -109,7 +125,10 @@ class RefitSession:
         try:
             metadata = engine.prepare()
             self.store.publish_metadata(self.member, metadata.model_dump_json())
-            barrier = self.store.wait_barrier(self.member, transfer.timeout_seconds)
+            # A pod stopped while its peers never came (one was killed at start-up) must
+            # not sit out the whole timeout: its grace period is usually shorter.
+            barrier = self.store.wait_barrier(self.member, transfer.timeout_seconds,
+                                              cancel=_Flag(self._stop_requested))
             peers = self.store.peers(self.member, barrier)
             ordered = [peers[("policy", r)].agent for r in range(cfg.policy_world_size)]
             ordered += [peers[("rollout", r)].agent for r in range(cfg.rollout_world_size)]
@@ -124,6 +143,10 @@ class RefitSession:
         except PreemptedError as exc:
             engine.finalize()
             raise Preempted(str(exc)) from exc
+        except WaitCancelled as exc:
+            engine.finalize()
+            raise Preempted(f"{cfg.role} rank {cfg.rank}: stop requested while waiting for "
+                            f"the barrier of epoch {cfg.epoch}") from exc
         except BaseException:
             engine.finalize()
             raise

@@ -15,6 +15,7 @@ from refit_worker.config import WorkerConfig
 from refit_worker.rendezvous.configmap_store import ConfigMapStore
 from refit_worker.rendezvous.file_store import FileStore
 from refit_worker.rendezvous.store import (
+    CancelFlag,
     Layout,
     Member,
     PreemptedError,
@@ -26,8 +27,9 @@ from refit_worker.rendezvous.store import (
 from refit_worker.rendezvous.watch import PreemptionWatch
 
 __all__ = [
-    "ConfigMapStore", "FileStore", "Layout", "Member", "PreemptedError", "PreemptionWatch",
-    "RendezvousError", "RendezvousStore", "RendezvousTimeout", "WaitCancelled", "open_store",
+    "CancelFlag", "ConfigMapStore", "FileStore", "Layout", "Member", "PreemptedError",
+    "PreemptionWatch", "RendezvousError", "RendezvousStore", "RendezvousTimeout",
+    "WaitCancelled", "open_store",
 ]
 
 

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from refit_worker.rendezvous.protocol import configmap_name, merge_patch
 from refit_worker.rendezvous.store import (
+    CancelFlag,
     Check,
     Layout,
     RendezvousError,
@@ -46,7 +47,7 @@ _REQUEST_SECONDS = 30.0
 _ATTEMPTS = 5
 _MAX_BACKOFF = 2.0
 _FATAL = {400, 401, 403, 404, 422}
-#: How often a cancellable wait looks at its cancel event.
+#: How often a cancellable wait looks at its cancel flag.
 _CANCEL_TICK = 0.25
 
 
@@ -138,7 +139,7 @@ class ConfigMapStore(RendezvousStore):
             delay, attempt = min(delay * 2, _MAX_BACKOFF), attempt + 1
 
     def _wait(self, shards: Sequence[int], check: Check[T], timeout: float, what: str,
-              cancel: threading.Event | None) -> T:
+              cancel: CancelFlag | None) -> T:
         state = _WaitState()
         feeds = [threading.Thread(target=self._feed, args=(shard, state), daemon=True,
                                   name=f"rendezvous-watch-{self.names[shard]}")
@@ -166,7 +167,7 @@ class ConfigMapStore(RendezvousStore):
                         raise RendezvousTimeout(
                             f"timed out after {timeout:g}s waiting for {what} in ConfigMap "
                             f"{self.namespace}/{names}")
-                    # A cancel event cannot wake the condition: look at it now and then.
+                    # A cancel flag cannot wake the condition: look at it now and then.
                     state.cond.wait(left if cancel is None else min(left, _CANCEL_TICK))
         finally:
             state.stop()

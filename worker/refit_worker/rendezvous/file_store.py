@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from refit_worker.rendezvous.protocol import is_valid_data_key, max_value_bytes
 from refit_worker.rendezvous.store import (
+    CancelFlag,
     Check,
     Layout,
     RendezvousStore,
@@ -100,7 +100,7 @@ class FileStore(RendezvousStore):
         return data
 
     def _wait(self, shards: Sequence[int], check: Check[T], timeout: float, what: str,
-              cancel: threading.Event | None) -> T:
+              cancel: CancelFlag | None) -> T:
         deadline = time.monotonic() + timeout
         delay = _FIRST_DELAY
         while True:
@@ -114,10 +114,9 @@ class FileStore(RendezvousStore):
             if left <= 0:
                 raise RendezvousTimeout(f"timed out after {timeout:g}s waiting for {what} "
                                         f"in {self.directory}")
-            if cancel is None:
-                time.sleep(min(delay, left))
-            elif cancel.wait(min(delay, left)):
+            if cancel is not None and cancel.is_set():
                 raise WaitCancelled(f"wait for {what} was cancelled")
+            time.sleep(min(delay, left))
             delay = min(delay * 2, _MAX_DELAY)
 
     def close(self) -> None:

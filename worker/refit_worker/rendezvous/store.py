@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from refit_worker.config import Role, WorkerConfig
 from refit_worker.rendezvous.protocol import (
@@ -60,6 +59,13 @@ T = TypeVar("T")
 Check = Callable[[Mapping[str, str]], "T | None"]
 
 
+class CancelFlag(Protocol):
+    """What calls a wait off: a :class:`threading.Event`, or anything with ``is_set()``
+    (a signal handler's flag); waits look at it a few times a second."""
+
+    def is_set(self) -> bool: ...
+
+
 class RendezvousError(RuntimeError):
     """The store could not be read or written (API error, lost connection)."""
 
@@ -69,7 +75,7 @@ class RendezvousTimeout(TimeoutError):
 
 
 class WaitCancelled(Exception):
-    """A wait was called off through its ``cancel`` event."""
+    """A wait was called off through its ``cancel`` flag."""
 
 
 class PreemptedError(RuntimeError):
@@ -151,7 +157,7 @@ class RendezvousStore(ABC):
 
     @abstractmethod
     def _wait(self, shards: Sequence[int], check: Check[T], timeout: float, what: str,
-              cancel: threading.Event | None) -> T:
+              cancel: CancelFlag | None) -> T:
         """Until ``check`` over the merged data of ``shards`` returns non-None; raise
         RendezvousTimeout naming ``what`` after ``timeout`` seconds, WaitCancelled soon
         after ``cancel`` is set."""
@@ -179,7 +185,7 @@ class RendezvousStore(ABC):
 
     def wait_for(self, what: str, check: Callable[[Snapshot], T | None], *, epoch: int,
                  timeout: float, shards: Sequence[int] | None = None,
-                 cancel: threading.Event | None = None) -> T:
+                 cancel: CancelFlag | None = None) -> T:
         """Until ``check`` of the snapshot of ``epoch`` (over ``shards``, default all)
         returns non-None."""
         _check_timeout(timeout, what)
@@ -195,10 +201,12 @@ class RendezvousStore(ABC):
                               agent=agent_json)
         self.put_entry(meta_key(me.role, me.rank), entry)
 
-    def wait_barrier(self, me: Member, timeout: float) -> BarrierEntry:
+    def wait_barrier(self, me: Member, timeout: float,
+                     cancel: CancelFlag | None = None) -> BarrierEntry:
         """The barrier of this rank's epoch, once the coordinator opened it.
 
-        Raises PreemptedError if a preemption notice of the epoch comes first, and
+        Raises PreemptedError if a preemption notice of the epoch comes first,
+        WaitCancelled soon after ``cancel`` is set (the pod is being stopped), and
         EntryError if the barrier lists another pod under this rank.
         """
         def opened(snap: Snapshot) -> BarrierEntry | None:
@@ -207,7 +215,8 @@ class RendezvousStore(ABC):
             return snap.barrier
 
         barrier = self.wait_for(f"the barrier of epoch {me.epoch} (key {BARRIER_KEY!r})",
-                                opened, epoch=me.epoch, timeout=timeout, shards=[0])
+                                opened, epoch=me.epoch, timeout=timeout, shards=[0],
+                                cancel=cancel)
         listed = barrier.uid_of(me.role, me.rank)
         if listed != me.uid:
             raise EntryError(BARRIER_KEY, f"lists pod uid {listed!r} for {me.role} rank "
@@ -251,7 +260,7 @@ class RendezvousStore(ABC):
         return self._decode(self._read(0), me.epoch).preempt
 
     def wait_preemption(self, me: Member, timeout: float,
-                        cancel: threading.Event | None = None) -> PreemptNotice:
+                        cancel: CancelFlag | None = None) -> PreemptNotice:
         """Block until a preemption notice of this rank's epoch is posted (see
         :class:`~.watch.PreemptionWatch` to do it in the background)."""
         return self.wait_for(f"a preemption notice for epoch {me.epoch} (key "
