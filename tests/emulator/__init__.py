@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import threading
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -70,6 +71,8 @@ SHORT_NAMES: dict[str, tuple[str, ...]] = {
 _VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 #: How often an idle watch checks whether its client went away (no busy loop).
 _WATCH_TICK_S = 0.5
+#: Bound on starting and stopping the server thread.
+_START_STOP_S = 30.0
 
 
 def free_port() -> int:
@@ -246,7 +249,12 @@ def _status(exc: ApiStatusError) -> aiohttp.web.Response:
 
 
 class ApiEmulator:
-    """The emulator on a real TCP port, with a kubeconfig and direct store helpers."""
+    """The emulator on a real TCP port, with a kubeconfig and direct store helpers.
+
+    The HTTP server runs on its own thread and event loop, like an apiserver in another
+    process: nothing the test's loop does (an operator stopping and cancelling its tasks,
+    a blocking call) can stall the answers to worker processes.
+    """
 
     def __init__(self, workdir: Path, *, history_limit: int = 100_000) -> None:
         self.port = free_port()
@@ -254,6 +262,12 @@ class ApiEmulator:
         self.kubeconfig_path = workdir / "kubeconfig.yaml"
         self._handler = _Handler(store=Store(history_limit=history_limit))
         self._server = Server(self._handler, port=self.port)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"api-emulator-{self.port}",
+                                        daemon=True)
 
     @property
     def store(self) -> Store:
@@ -265,8 +279,12 @@ class ApiEmulator:
         return self._handler.faults
 
     async def __aenter__(self) -> Self:
-        await self._handler.__aenter__()
-        await self._server.__aenter__()
+        self._thread.start()
+        started = await asyncio.to_thread(self._started.wait, _START_STOP_S)
+        if self._error is not None:
+            raise RuntimeError(f"the API emulator did not start: {self._error}") from self._error
+        if not started:
+            raise TimeoutError(f"the API emulator did not start within {_START_STOP_S}s")
         self.kubeconfig_path.write_text(yaml.safe_dump(_kubeconfig(self.url)))
         return self
 
@@ -276,15 +294,34 @@ class ApiEmulator:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self._server.__aexit__(exc_type, exc, tb)
-        await self._handler.__aexit__(exc_type, exc, tb)
+        if self._loop is not None and self._stopping is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+        await asyncio.to_thread(self._thread.join, _START_STOP_S)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the API emulator did not stop within {_START_STOP_S}s")
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve_until_stopped())
+        except BaseException as exc:  # reported by __aenter__
+            self._error = exc
+            self._started.set()
+
+    async def _serve_until_stopped(self) -> None:
+        self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
+        async with self._handler, self._server:
+            self._started.set()
+            await self._stopping.wait()
 
     def _notify(self) -> None:
         async def wake() -> None:
             async with self._handler.changed:
                 self._handler.changed.notify_all()
 
-        asyncio.get_running_loop().create_task(wake())
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            # Watches wait on a condition of the emulator's loop: wake them there.
+            loop.call_soon_threadsafe(lambda: loop.create_task(wake()))
 
     # Direct helpers (the test's own hands on the cluster, like kubectl or a kubelet).
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any]:

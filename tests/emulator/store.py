@@ -12,20 +12,24 @@ watches resume from a resourceVersion and get 410 Gone when it is too old.
 What it does not: admission, schema validation, defaulting, strategic merge (treated as a
 merge patch), server-side apply, kubelets or controllers (nothing moves pods by itself).
 
-Pure Python, no I/O; ``tests/emulator/__init__.py`` serves it over HTTP through kmock.
+Pure Python, no I/O, thread-safe (one lock around each operation: the HTTP server runs on
+its own thread while tests write through the helpers); ``tests/emulator/__init__.py`` serves
+it over HTTP through kmock.
 """
 
 from __future__ import annotations
 
 import builtins
 import copy
+import functools
 import re
+import threading
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 Key = tuple[str, str, str]  # (resource "group/version/plural", namespace, name)
 
@@ -185,6 +189,19 @@ class Event:
     obj: dict[str, Any]
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _locked(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate[Store, P], R]:
+    @functools.wraps(method)
+    def wrapper(self: Store, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self.lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 @dataclass
 class Store:
     """All objects of all resources, plus the write history for watches."""
@@ -197,6 +214,7 @@ class Store:
     rv: int = 1
     #: resourceVersion of the oldest event still in the history (older: 410 Gone).
     oldest_rv: int = 1
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     def _record(self, resource: str, type_: str, obj: dict[str, Any]) -> None:
         self.history.append(Event(self.rv, resource, type_, copy.deepcopy(obj)))
@@ -207,12 +225,14 @@ class Store:
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
 
+    @_locked
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
         obj = self.objects.get((resource, namespace, name))
         if obj is None:
             raise ApiStatusError(404, "NotFound", f"{resource} {namespace}/{name} not found")
         return copy.deepcopy(obj)
 
+    @_locked
     def list(
         self,
         resource: str,
@@ -229,6 +249,7 @@ class Store:
             and field_matches(field_selector, obj)
         ]
 
+    @_locked
     def create(self, resource: str, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
         obj = copy.deepcopy(dict(body))
         meta = obj.setdefault("metadata", {})
@@ -253,6 +274,7 @@ class Store:
         self._record(resource, "ADDED", obj)
         return copy.deepcopy(obj)
 
+    @_locked
     def write(
         self,
         resource: str,
@@ -308,6 +330,7 @@ class Store:
             self._remove(key)
         return copy.deepcopy(new)
 
+    @_locked
     def delete(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
         key = (resource, namespace, name)
         if key not in self.objects:
@@ -334,6 +357,7 @@ class Store:
                 self.delete(*dep_key)
         return obj
 
+    @_locked
     def events_since(self, rv: int) -> builtins.list[Event]:
         if rv + 1 < self.oldest_rv:
             raise ApiStatusError(
