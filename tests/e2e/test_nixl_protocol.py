@@ -181,3 +181,29 @@ async def test_sender_without_receiver_credit_times_out(pair) -> None:
     policy, _ = pair
     with pytest.raises(RefitTimeoutError, match="credit for bucket 0 from rollout rank 0"):
         await policy.send_weights(iter([("w", torch.zeros(3))]))
+
+
+async def test_reassembly_memory_is_reused_by_the_next_refit_and_pruned(pair) -> None:
+    policy, rollout = pair
+    seen: list[dict[str, tuple[int, torch.Tensor]]] = []
+
+    async def receive() -> None:
+        got: dict[str, tuple[int, torch.Tensor]] = {}
+        async for batch in rollout.receive_weight_batches():
+            got.update((name, (t.data_ptr(), t.clone())) for name, t in batch)
+        seen.append(got)
+
+    refits = [
+        {"big": torch.arange(3000, dtype=torch.float32), "gone": torch.ones(2000)},
+        {"big": torch.arange(3000, dtype=torch.float32) + 1},
+        {"big": torch.arange(4000, dtype=torch.float32) * 2},  # resized: new memory
+    ]
+    for sd in refits:
+        assert all(t.numel() * 4 > BUCKET for t in sd.values()), "must span buckets"
+        await asyncio.gather(policy.send_weights(iter(sd.items())), receive())
+    for sd, got in zip(refits, seen, strict=True):
+        assert got.keys() == sd.keys() and all(torch.equal(got[k][1], sd[k]) for k in sd)
+    assert seen[0]["big"][0] == seen[1]["big"][0], "refit 1 must reassemble in refit 0's memory"
+    assert set(rollout._staging) == {"big"} and rollout._staging["big"].numel() == 16000
+    rollout.finalize()
+    assert rollout._staging == {}

@@ -118,6 +118,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         self._layout = target_layout
         self._agent: NixlAgent | None = None
         self._buffers: list[torch.Tensor] = []
+        self._staging: dict[str, torch.Tensor] = {}  # reassembly memory kept across refits
         self._registration: Any = None
         self._role: str | None = None
         self._rank = -1
@@ -266,6 +267,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         receiver = RefitReceiver(
             self.agent, rank=self._rank, refit=self._next_refit(refit_id),
             buffers=self._buffers, sources=self._sources, timeout_s=self.timeout_s,
+            staging=self._staging if self.device.type == "cpu" else None,
         )
         async for batch in receiver.run():
             yield batch
@@ -285,6 +287,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         if self._registration is not None and self._agent is not None:
             self._agent.deregister(self._registration)
         self._registration, self._buffers = None, []
+        self._staging.clear()
 
     def finalize(self) -> None:
         """Disconnect from all peers and free the transfer buffers (``prepare()`` redoes it)."""
