@@ -183,9 +183,21 @@ async def test_sender_without_receiver_credit_times_out(pair) -> None:
         await policy.send_weights(iter([("w", torch.zeros(3))]))
 
 
-async def test_reassembly_memory_is_reused_by_the_next_refit_and_pruned(pair) -> None:
+async def test_big_tensors_land_in_last_refits_memory_and_stay_bit_exact(pair, monkeypatch) -> (
+    None
+):
     policy, rollout = pair
     seen: list[dict[str, tuple[int, torch.Tensor]]] = []
+    landed: list[set[str]] = []
+    take = rollout.agent.take_control
+
+    def spy(peer: str, kind: str, refit: int, seq: int = 0) -> object:
+        found = take(peer, kind, refit, seq)
+        if isinstance(found, BucketReady):
+            landed[-1].update(found.landed)
+        return found
+
+    monkeypatch.setattr(rollout.agent, "take_control", spy)
 
     async def receive() -> None:
         got: dict[str, tuple[int, torch.Tensor]] = {}
@@ -195,15 +207,33 @@ async def test_reassembly_memory_is_reused_by_the_next_refit_and_pruned(pair) ->
 
     refits = [
         {"big": torch.arange(3000, dtype=torch.float32), "gone": torch.ones(2000)},
-        {"big": torch.arange(3000, dtype=torch.float32) + 1},
-        {"big": torch.arange(4000, dtype=torch.float32) * 2},  # resized: new memory
+        {"big": torch.arange(3000, dtype=torch.float32) + 1, "w": torch.ones(5)},
+        {"big": torch.arange(4000, dtype=torch.float32) * 2},  # resized: not offered, copied
+        {"big": torch.arange(4000, dtype=torch.float32) * 3},
     ]
     for sd in refits:
-        assert all(t.numel() * 4 > BUCKET for t in sd.values()), "must span buckets"
+        landed.append(set())
         await asyncio.gather(policy.send_weights(iter(sd.items())), receive())
     for sd, got in zip(refits, seen, strict=True):
         assert got.keys() == sd.keys() and all(torch.equal(got[k][1], sd[k]) for k in sd)
+    assert landed == [set(), {"big"}, set(), {"big"}]
     assert seen[0]["big"][0] == seen[1]["big"][0], "refit 1 must reassemble in refit 0's memory"
-    assert set(rollout._staging) == {"big"} and rollout._staging["big"].numel() == 16000
+    assert rollout._staging is not None and rollout._staging.names() == {"big"}
     rollout.finalize()
-    assert rollout._staging == {}
+    assert rollout._staging is None
+
+
+async def test_chunks_landed_in_memory_the_receiver_did_not_offer_are_refused(pair) -> None:
+    policy, rollout = pair
+    agent, peer = policy.agent, rollout.agent.name
+    deadline = time.monotonic() + 2
+
+    async def rogue() -> None:
+        await agent.wait_control(peer, "credit", 0, 0, what="credit", deadline=deadline)
+        agent.send_control(peer, Manifest(refit=0, total_buckets=1, digest="d",
+                                          tensors=(entry("a", 8),)))
+        agent.send_control(peer, BucketReady(refit=0, seq=0, buffer=0, total_buckets=1,
+                                             digest="d", pieces=(piece("a", 8),), landed=("a",)))
+
+    with pytest.raises(IncompleteRefitError, match="'a' landed in memory this rank did not"):
+        await asyncio.gather(collect(rollout), rogue())

@@ -157,6 +157,20 @@ class NixlAgent:
     def deregister(self, handle: Any) -> None:
         self._agent.deregister_memory(handle)
 
+    def memory_metadata(self, handle: Any) -> bytes:
+        """NIXL's partial metadata for one registration, for peers connected before it."""
+        return bytes(self._agent.get_partial_agent_metadata(handle, False, []))
+
+    def add_remote_memory(self, peer: str, metadata: bytes) -> None:
+        """Load ``peer``'s :meth:`memory_metadata` so WRITEs into that memory work."""
+        try:
+            loaded = self._agent.add_remote_agent(metadata)
+        except Exception as exc:  # nixl raises its own error types per status code
+            raise PeerError(f"bad memory metadata from {peer!r}: {exc}") from exc
+        name = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
+        if name != peer:
+            raise PeerError(f"memory metadata from {peer!r} is for agent {name!r}")
+
     # -- transfers ----------------------------------------------------------------------
     def post_write(
         self, peer: str, local: Sequence[Region], remote: Sequence[Region], mem_type: str,

@@ -11,7 +11,9 @@ notification of refit ``k-1`` can never be taken for refit ``k``:
 
 * ``manifest`` (sender -> receiver): every tensor of the refit, optional checksums;
 * ``bucket`` (sender -> receiver, as the notification of the WRITE that filled it);
-* ``credit`` (receiver -> sender): buffer ``b`` may now receive bucket ``seq``;
+  ``landed`` names the tensors whose chunks went to their landing memory, not the buffer;
+* ``credit`` (receiver -> sender): buffer ``b`` may now receive bucket ``seq``; a source's
+  first credit of a refit may offer ``landing`` memory for tensors larger than a bucket;
 * ``done`` (receiver -> sender): the refit arrived complete and verified;
 * ``abort`` (either way): the refit failed on the peer, with its reason.
 
@@ -104,12 +106,29 @@ class BucketReady(_Control):
     total_buckets: int = Field(ge=1)
     digest: str
     pieces: tuple[TensorMeta, ...]
+    landed: tuple[str, ...] = ()
+
+
+class Landing(_Model):
+    """Registered memory where a sender may WRITE the chunks of one tensor in place.
+
+    ``metadata`` is NIXL's partial agent metadata for that registration (its own binary
+    format, as in :class:`NixlAgentMetadata`): the memory is registered after the peers
+    loaded this rank's metadata, so they need it to WRITE there.
+    """
+
+    name: str = Field(min_length=1)
+    nbytes: int = Field(gt=0)
+    addr: int = Field(ge=0)
+    dev_id: int = Field(0, ge=0)
+    metadata: B64Bytes
 
 
 class Credit(_Control):
     kind: Literal["credit"] = "credit"
     seq: int = Field(ge=0)
     buffer: int = Field(ge=0)
+    landing: tuple[Landing, ...] = ()
 
 
 class Done(_Control):

@@ -49,6 +49,7 @@ from .messages import BufferDesc, NixlAgentMetadata
 from .planning import check_bucket_size
 from .receiver import RefitReceiver, Source
 from .sender import RefitSender, Target, prepare_sources
+from .staging import Staging
 
 MetadataLike = NixlAgentMetadata | str | dict[str, Any]
 
@@ -118,7 +119,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         self._layout = target_layout
         self._agent: NixlAgent | None = None
         self._buffers: list[torch.Tensor] = []
-        self._staging: dict[str, torch.Tensor] = {}  # reassembly memory kept across refits
+        self._staging: Staging | None = None  # reassembly memory kept across refits (CPU)
         self._registration: Any = None
         self._role: str | None = None
         self._rank = -1
@@ -264,10 +265,12 @@ class NIXLCheckpointEngine(CheckpointEngine):
     ) -> AsyncGenerator[list[tuple[str, torch.Tensor]], None]:
         """Yield lists of ``(name, tensor)``; tensors are views valid until the next batch."""
         self._require("rollout")
+        if self._staging is None and self.device.type == "cpu":
+            self._staging = Staging(self.agent, self.mem_type)
         receiver = RefitReceiver(
             self.agent, rank=self._rank, refit=self._next_refit(refit_id),
             buffers=self._buffers, sources=self._sources, timeout_s=self.timeout_s,
-            staging=self._staging if self.device.type == "cpu" else None,
+            staging=self._staging,
         )
         async for batch in receiver.run():
             yield batch
@@ -287,7 +290,9 @@ class NIXLCheckpointEngine(CheckpointEngine):
         if self._registration is not None and self._agent is not None:
             self._agent.deregister(self._registration)
         self._registration, self._buffers = None, []
-        self._staging.clear()
+        if self._staging is not None:
+            self._staging.clear()
+        self._staging = None
 
     def finalize(self) -> None:
         """Disconnect from all peers and free the transfer buffers (``prepare()`` redoes it)."""

@@ -6,14 +6,14 @@ source, then for each bucket ``k`` waits for the WRITE's notification from
 ``bucket_sender(k)``, checks every piece against the manifest, and yields the tensors that
 are complete.  Whole tensors are views of the bucket buffer, valid until the consumer asks
 for the next batch (copy them in the loop body, as upstream); chunks of larger tensors are
-reassembled into staging memory.  When the consumer resumes, buffer ``k % B`` is credited for
-bucket ``k + B``.
+reassembled in place.  When the consumer resumes, buffer ``k % B`` is credited for bucket
+``k + B``.
 
-Staging: given a ``staging`` dict (the engine passes one on CPU), a reassembled tensor's
-memory is kept per name and reused by the next refit, so it is valid only until the next
-refit starts.  First-touching ~100 MiB of fresh pages every refit cost more than copying the
-chunks into them (measured: ~15% of a 1 GiB refit at 64 MiB buckets); on CUDA the caching
-allocator already reuses freed blocks, so there the engine passes none.
+Reassembly: with a :class:`~.staging.Staging` (the engine passes one on CPU) each such tensor
+is rebuilt in memory kept across refits, valid until the next refit starts; each source's
+first credit offers that memory as ``landing``, and chunks the sender WROTE there (named in
+the bucket's ``landed``) need no copy.  Without one (CUDA, whose caching allocator already
+reuses freed blocks) chunks are copied out of the buffer into fresh memory.
 
 Completeness (missing, extra, duplicate names, dtype/shape mismatch, checksums) is checked
 *before the final batch is yielded*: a refit that would end incomplete raises instead of
@@ -34,9 +34,10 @@ import torch
 from .agent import NixlAgent
 from .base import TensorMeta, dtype_from_name
 from .mapping import bucket_sender
-from .messages import BucketReady, Credit, Done, Manifest, ManifestEntry
+from .messages import BucketReady, Credit, Done, Landing, Manifest, ManifestEntry
 from .planning import check_unique_names
 from .sender import checksum
+from .staging import Staging
 
 
 class IncompleteRefitError(RuntimeError):
@@ -57,11 +58,14 @@ class RefitReceiver:
     def __init__(
         self, agent: NixlAgent, *, rank: int, refit: int, buffers: Sequence[torch.Tensor],
         sources: Sequence[Source], timeout_s: float,
-        staging: dict[str, torch.Tensor] | None = None,
+        staging: Staging | None = None,
     ) -> None:
         self.agent, self.rank, self.refit = agent, rank, refit
         self.buffers, self.sources, self.timeout_s = list(buffers), list(sources), timeout_s
         self.staging = staging
+        self._landing: tuple[Landing, ...] = staging.offers() if staging else ()
+        self._offered = {offer.name: offer.nbytes for offer in self._landing}
+        self._credited: set[int] = set()
         self._partial: dict[str, tuple[torch.Tensor, int]] = {}
         self._complete: set[str] = set()
         self._staged: set[str] = set()
@@ -83,7 +87,9 @@ class RefitReceiver:
                 batch, last = await self._bucket(seq, manifest, entries)
                 if last:
                     self._check_complete(entries)
-                    self._prune_staging()
+                    if self.staging is not None:
+                        # Renamed, resized or dropped tensors must not pin their memory.
+                        self.staging.keep_only(self._staged)
                     for source in self.sources:
                         self.agent.send_control(
                             source.agent, Done(refit=self.refit),
@@ -103,8 +109,10 @@ class RefitReceiver:
     def _credit(self, seq: int) -> None:
         buffer = seq % len(self.buffers)
         source = self._sender(seq)
+        landing = () if source.rank in self._credited else self._landing
+        self._credited.add(source.rank)
         self.agent.send_control(
-            source.agent, Credit(refit=self.refit, seq=seq, buffer=buffer),
+            source.agent, Credit(refit=self.refit, seq=seq, buffer=buffer, landing=landing),
             who=f"rollout rank {self.rank}: policy rank {source.rank}",
         )
 
@@ -141,11 +149,13 @@ class RefitReceiver:
         buffer = self.buffers[message.buffer]
         if buffer.device.type == "cuda":
             torch.cuda.synchronize(buffer.device)
-        batch = [self._piece(piece, entries, buffer) for piece in message.pieces]
+        landed = set(message.landed)
+        batch = [self._piece(p, entries, buffer, p.name in landed) for p in message.pieces]
         return [item for item in batch if item is not None], seq == manifest.total_buckets - 1
 
     def _piece(
-        self, piece: TensorMeta, entries: dict[str, ManifestEntry], buffer: torch.Tensor
+        self, piece: TensorMeta, entries: dict[str, ManifestEntry], buffer: torch.Tensor,
+        landed: bool,
     ) -> tuple[str, torch.Tensor] | None:
         entry = entries.get(piece.name)
         if entry is None:
@@ -160,9 +170,13 @@ class RefitReceiver:
         end = piece.chunk_offset + piece.chunk_size
         if end > piece.nbytes or piece.offset + piece.chunk_size > buffer.numel():
             raise IncompleteRefitError(f"piece {piece} lies outside its tensor or buffer")
+        if landed and self._offered.get(piece.name) != piece.nbytes:
+            raise IncompleteRefitError(
+                f"tensor {piece.name!r} landed in memory this rank did not offer for it"
+            )
         dtype = dtype_from_name(piece.dtype)
         data = buffer[piece.offset : piece.offset + piece.chunk_size]
-        if piece.is_whole:
+        if piece.is_whole and not landed:
             tensor = data.view(dtype).view(piece.shape) if piece.nbytes else torch.empty(
                 piece.shape, dtype=dtype, device=buffer.device)
             return self._finish(entry, tensor)
@@ -172,7 +186,8 @@ class RefitReceiver:
                 f"tensor {piece.name!r}: chunk at byte {piece.chunk_offset} arrived, "
                 f"expected byte {filled}"
             )
-        whole[piece.chunk_offset : end].copy_(data)
+        if not landed:
+            whole[piece.chunk_offset : end].copy_(data)
         if end < piece.nbytes:
             self._partial[piece.name] = (whole, end)
             return None
@@ -180,20 +195,11 @@ class RefitReceiver:
         return self._finish(entry, whole.view(dtype).view(piece.shape))
 
     def _stage(self, piece: TensorMeta, device: torch.device) -> torch.Tensor:
-        """Memory to reassemble ``piece``'s tensor in: last refit's when it still fits."""
-        kept = self.staging.get(piece.name) if self.staging is not None else None
-        if kept is None or kept.numel() != piece.nbytes or kept.device != device:
-            kept = torch.empty(piece.nbytes, dtype=torch.uint8, device=device)
-        if self.staging is not None:
-            self.staging[piece.name] = kept
-            self._staged.add(piece.name)
-        return kept
-
-    def _prune_staging(self) -> None:
-        # Tensors that were renamed, resized away or dropped must not pin their memory.
-        if self.staging is not None:
-            for name in set(self.staging) - self._staged:
-                del self.staging[name]
+        """Memory to reassemble ``piece``'s tensor in (kept across refits when staging)."""
+        if self.staging is None:
+            return torch.empty(piece.nbytes, dtype=torch.uint8, device=device)
+        self._staged.add(piece.name)
+        return self.staging.get(piece.name, piece.nbytes, device)
 
     def _finish(self, entry: ManifestEntry, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
         if entry.checksum is not None and checksum(tensor) != entry.checksum:

@@ -4,7 +4,10 @@ No packing copy: each source tensor's own storage is registered with NIXL for th
 and a bucket is one WRITE whose descriptors go straight from the tensors into the
 receiver's bucket buffer at the planned offsets, moving only the bytes the bucket uses.
 The receiver's credit for bucket ``k`` (buffer ``k % B`` is free) gates each WRITE, so
-bucket ``k+1`` moves while the receiver's consumer still works on bucket ``k``.
+bucket ``k+1`` moves while the receiver's consumer still works on bucket ``k``.  Chunks of a
+tensor larger than a bucket go straight into the receiver's reassembly memory when its first
+credit offered ``landing`` of the tensor's exact size (see :mod:`.staging`); the bucket
+message names them in ``landed``.
 
 Must not import: torch.distributed, the engine module (``nixl.py``), the operator.
 """
@@ -28,6 +31,7 @@ from .messages import (
     BufferDesc,
     Credit,
     Done,
+    Landing,
     Manifest,
     ManifestEntry,
     encode,
@@ -54,6 +58,7 @@ class _Stream:
     buckets: list[Bucket]
     digest: str
     pending: list[tuple[Any, str]] = field(default_factory=list)
+    landing: dict[str, Landing] = field(default_factory=dict)
 
 
 def checksum(tensor: torch.Tensor) -> int:
@@ -226,19 +231,30 @@ class RefitSender:
         credit = await self._wait(stream, "credit", seq, f"credit for bucket {seq}")
         if not isinstance(credit, Credit) or credit.buffer != buffer:
             raise PeerError(f"rollout rank {target.rank} offered buffer {credit} for bucket {seq}")
+        for offered in credit.landing:
+            try:
+                self.agent.add_remote_memory(target.agent, offered.metadata)
+            except PeerError as exc:
+                raise PeerError(f"{self._who(target)}: landing {offered.name!r}: {exc}") from exc
+            stream.landing[offered.name] = offered
         pieces = stream.buckets[seq]
         desc = target.buffers[buffer]
-        message = BucketReady(
-            refit=self.refit, seq=seq, buffer=buffer, total_buckets=len(stream.buckets),
-            digest=stream.digest, pieces=tuple(pieces),
-        )
-        local, remote = [], []
+        local, remote, landed = [], [], set()
         for piece in pieces:
             if piece.chunk_size == 0:
                 continue
             source = stream.tensors[piece.name]
             local.append((source.data_ptr() + piece.chunk_offset, piece.chunk_size, _dev(source)))
-            remote.append((desc.addr + piece.offset, piece.chunk_size, target.dev_id))
+            offer = stream.landing.get(piece.name)
+            if offer is not None and offer.nbytes == piece.nbytes and not piece.is_whole:
+                landed.add(piece.name)
+                remote.append((offer.addr + piece.chunk_offset, piece.chunk_size, offer.dev_id))
+            else:
+                remote.append((desc.addr + piece.offset, piece.chunk_size, target.dev_id))
+        message = BucketReady(
+            refit=self.refit, seq=seq, buffer=buffer, total_buckets=len(stream.buckets),
+            digest=stream.digest, pieces=tuple(pieces), landed=tuple(sorted(landed)),
+        )
         if not local:
             self.agent.send_control(target.agent, message, who=self._who(target))
             return
