@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import urllib.request
 from typing import Any
 
 import aiohttp
@@ -121,3 +123,23 @@ async def test_watch_resumes_from_a_version_and_expires(tmp_path: Any) -> None:
             (event,) = await _read_events(response, 1)
             assert event["type"] == "ERROR"
             assert (event["object"]["code"], event["object"]["reason"]) == (410, "Expired")
+
+
+async def test_answers_while_the_test_loop_is_blocked(kube_emulator: ApiEmulator) -> None:
+    # Worker processes PATCH the emulator while the test's loop runs kopf; an operator that
+    # stops (or anything blocking that loop) must not stall their answers.
+    kube_emulator.create("v1/configmaps", "default", {"metadata": {"name": "w"}, "data": {}})
+    answers: list[int] = []
+
+    def worker() -> None:
+        request = urllib.request.Request(
+            f"{kube_emulator.url}{CM}/w", data=json.dumps({"data": {"k": "v"}}).encode(),
+            headers=MERGE, method="PATCH")
+        with urllib.request.urlopen(request, timeout=5) as response:
+            answers.append(response.status)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join(10)  # blocks this loop on purpose for as long as the request takes
+    assert answers == [200]
+    assert kube_emulator.get("v1/configmaps", "default", "w")["data"] == {"k": "v"}
