@@ -3,7 +3,7 @@
 ``NixlAgent`` wraps one ``nixl_agent``: memory registration, WRITE transfers described by
 plain ``(addr, length, dev_id)`` tuples, and an inbox of notifications keyed by peer.  Every
 wait takes a deadline and a description of what it waits for, polls with a bounded
-exponential back-off (50 µs up to 2 ms, never a hot spin) and raises
+exponential back-off (50 µs up to 0.5 ms, never a hot spin) and raises
 :class:`RefitTimeoutError` naming the peer and the awaited thing.  The agent runs without
 NIXL's progress thread by default: on a 2-core host that thread competes with the copy
 itself (measured ~3x slower); progress is made by our own polls.
