@@ -22,6 +22,7 @@ from refit_worker.checkpoint_engines.messages import (
     BucketReady,
     BufferDesc,
     Credit,
+    Landing,
     ProtocolError,
     decode,
     encode,
@@ -56,6 +57,11 @@ def test_control_messages_round_trip_and_reject_others() -> None:
     assert decode(encode(message)) == message
     assert piece.is_whole and piece.nbytes == 12
     assert decode(encode(Credit(refit=1, seq=2, buffer=0))) == Credit(refit=1, seq=2, buffer=0)
+    offer = Landing(name="embed", nbytes=3 << 20, addr=2**47, metadata=bytes(range(256)))
+    credit = Credit(refit=1, seq=0, buffer=0, landing=(offer,))
+    assert decode(encode(credit)) == credit  # NIXL's binary blob survives the JSON framing
+    landed = message.model_copy(update={"landed": ("w",)})
+    assert decode(encode(landed)) == landed
     with pytest.raises(ProtocolError, match="not a control message"):
         decode(b"\x80\x04pickle")
     with pytest.raises(ProtocolError, match="invalid control message"):
