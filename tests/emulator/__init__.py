@@ -320,8 +320,9 @@ class ApiEmulator:
 
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            # Watches wait on a condition of the emulator's loop: wake them there.
-            loop.call_soon_threadsafe(lambda: loop.create_task(wake()))
+            # Watches wait on a condition of the emulator's loop: wake them there (the
+            # returned future keeps the task referenced until it ran).
+            asyncio.run_coroutine_threadsafe(wake(), loop)
 
     # Direct helpers (the test's own hands on the cluster, like kubectl or a kubelet).
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
