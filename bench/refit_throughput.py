@@ -42,9 +42,15 @@ def state_dict(layers: int, hidden: int, vocab: int) -> dict[str, torch.Tensor]:
     mlp = hidden * 2 // 3
     sd = {"embed.weight": torch.empty(vocab, hidden, dtype=torch.bfloat16).uniform_()}
     for i in range(layers):
-        for name, shape in (("q", (hidden, hidden)), ("k", (hidden, hidden)),
-                            ("v", (hidden, hidden)), ("o", (hidden, hidden)),
-                            ("up", (mlp, hidden)), ("down", (hidden, mlp)), ("norm", (hidden,))):
+        for name, shape in (
+            ("q", (hidden, hidden)),
+            ("k", (hidden, hidden)),
+            ("v", (hidden, hidden)),
+            ("o", (hidden, hidden)),
+            ("up", (mlp, hidden)),
+            ("down", (hidden, mlp)),
+            ("norm", (hidden,)),
+        ):
             sd[f"layers.{i}.{name}.weight"] = torch.empty(shape, dtype=torch.bfloat16).uniform_()
     return sd
 
@@ -83,8 +89,9 @@ def _raw_nixl(role: str, size: int, runs: int, q_in: Any, q_out: Any, res: Any) 
     times = []
     for i in range(runs + 1):
         t0 = time.perf_counter()
-        handle = agent.post_write(peer, [(buf.data_ptr(), size, 0)], [(addr, length, 0)], "DRAM",
-                                  f"x{i}".encode())
+        handle = agent.post_write(
+            peer, [(buf.data_ptr(), size, 0)], [(addr, length, 0)], "DRAM", f"x{i}".encode()
+        )
         asyncio.run(agent.wait_transfer(handle, peer, "raw buffer", time.monotonic() + WAIT_S))
         times.append(time.perf_counter() - t0)
     res.put(json.dumps(times[1:]))
@@ -93,8 +100,7 @@ def _raw_nixl(role: str, size: int, runs: int, q_in: Any, q_out: Any, res: Any) 
 def _gloo(rank: int, size: int, runs: int, port: int, res: Any) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     buf = torch.ones(size, dtype=torch.uint8) if rank == 0 else torch.zeros(size, dtype=torch.uint8)
     times = []
     for _ in range(runs + 1):
@@ -111,16 +117,20 @@ def _gloo(rank: int, size: int, runs: int, port: int, res: Any) -> None:
     dist.destroy_process_group()
 
 
-def _engine_rank(role: str, rank: int, cfg: dict[str, Any], meta_q: Any, own_q: Any,
-                 res: Any) -> None:
+def _engine_rank(
+    role: str, rank: int, cfg: dict[str, Any], meta_q: Any, own_q: Any, res: Any
+) -> None:
     from refit_worker.checkpoint_engines import NIXLCheckpointEngine
 
     engine = NIXLCheckpointEngine(cfg["bucket"], device="cpu", timeout_s=WAIT_S)
     index = rank if role == "policy" else cfg["train"] + rank
     meta_q.put(json.dumps([index, engine.prepare().model_dump_json()]))
     metadata = json.loads(own_q.get(timeout=WAIT_S))
-    kw = {"train_world_size": cfg["train"], "rollout_world_size": cfg["rollout"],
-          "metadata": metadata}
+    kw = {
+        "train_world_size": cfg["train"],
+        "rollout_world_size": cfg["rollout"],
+        "metadata": metadata,
+    }
     if role == "policy":
         engine.init_policy_process_group(worker_rank=rank, **kw)
         sd = state_dict(cfg["layers"], cfg["hidden"], cfg["vocab"])
@@ -145,8 +155,12 @@ async def _drain(engine: Any) -> int:
     return count
 
 
-def _run(targets: list[tuple[Any, tuple[Any, ...]]], broker: tuple[Any, list[Any]] | None,
-         res: Any, expect: int) -> list[str]:
+def _run(
+    targets: list[tuple[Any, tuple[Any, ...]]],
+    broker: tuple[Any, list[Any]] | None,
+    res: Any,
+    expect: int,
+) -> list[str]:
     procs = [CTX.Process(target=t, args=a, daemon=True) for t, a in targets]
     for p in procs:
         p.start()
@@ -176,8 +190,12 @@ def _run(targets: list[tuple[Any, tuple[Any, ...]]], broker: tuple[Any, list[Any
 
 def bench_raw_nixl(size: int, runs: int) -> list[float]:
     a, b, res = CTX.Queue(), CTX.Queue(), CTX.Queue()
-    out = _run([(_raw_nixl, ("rx", size, runs, a, b, res)),
-                (_raw_nixl, ("tx", size, runs, b, a, res))], None, res, 1)
+    out = _run(
+        [(_raw_nixl, ("rx", size, runs, a, b, res)), (_raw_nixl, ("tx", size, runs, b, a, res))],
+        None,
+        res,
+        1,
+    )
     return list(json.loads(out[0]))
 
 
@@ -190,10 +208,12 @@ def bench_gloo(size: int, runs: int) -> list[float]:
 def bench_engine(cfg: dict[str, Any]) -> list[float]:
     meta_q, res = CTX.Queue(), CTX.Queue()
     ranks = [("policy", r) for r in range(cfg["train"])] + [
-        ("rollout", r) for r in range(cfg["rollout"])]
+        ("rollout", r) for r in range(cfg["rollout"])
+    ]
     own = [CTX.Queue() for _ in ranks]
-    targets = [(_engine_rank, (role, r, cfg, meta_q, own[i], res)) for i, (role, r) in
-               enumerate(ranks)]
+    targets = [
+        (_engine_rank, (role, r, cfg, meta_q, own[i], res)) for i, (role, r) in enumerate(ranks)
+    ]
     out = [json.loads(x) for x in _run(targets, (meta_q, own), res, len(ranks))]
     per_run = [max(t[i] for role, t in out if role == "policy") for i in range(cfg["runs"])]
     return per_run
@@ -216,20 +236,34 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         buckets = [1, 4]
     size = nbytes(state_dict(*shape) if args.quick else _meta_size(shape))
-    print(f"payload {size / 2**20:.0f} MiB, runs {args.runs}, UCX_TLS="
-          f"{os.environ.get('UCX_TLS', '(default)')}, load {os.getloadavg()}", flush=True)
-    gbps = {"memcpy": size / statistics.median(_bench_memcpy(size, args.runs)) / 1e9,
-            "raw NIXL": size / statistics.median(bench_raw_nixl(size, args.runs)) / 1e9,
-            "gloo": size / statistics.median(bench_gloo(size, args.runs)) / 1e9}
+    print(
+        f"payload {size / 2**20:.0f} MiB, runs {args.runs}, UCX_TLS="
+        f"{os.environ.get('UCX_TLS', '(default)')}, load {os.getloadavg()}",
+        flush=True,
+    )
+    gbps = {
+        "memcpy": size / statistics.median(_bench_memcpy(size, args.runs)) / 1e9,
+        "raw NIXL": size / statistics.median(bench_raw_nixl(size, args.runs)) / 1e9,
+        "gloo": size / statistics.median(bench_gloo(size, args.runs)) / 1e9,
+    }
     for name, value in gbps.items():
         print(f"{name:>10}: {value:6.2f} GB/s", flush=True)
-    print(f"{'topology':>8} {'bucket':>7} {'GB/s':>6} " + " ".join(
-        f"{'x ' + n:>11}" for n in gbps), flush=True)
+    print(
+        f"{'topology':>8} {'bucket':>7} {'GB/s':>6} " + " ".join(f"{'x ' + n:>11}" for n in gbps),
+        flush=True,
+    )
     for topo in args.topologies.split(","):
         train, rollout = (int(x) for x in topo.split("x"))
         for mib in buckets:
-            cfg = {"train": train, "rollout": rollout, "bucket": mib << 20, "runs": args.runs,
-                   "layers": shape[0], "hidden": shape[1], "vocab": shape[2]}
+            cfg = {
+                "train": train,
+                "rollout": rollout,
+                "bucket": mib << 20,
+                "runs": args.runs,
+                "layers": shape[0],
+                "hidden": shape[1],
+                "vocab": shape[2],
+            }
             moved = size * max(train, rollout) if train <= rollout else size * rollout
             rate = moved / statistics.median(bench_engine(cfg)) / 1e9
             ratios = " ".join(f"{rate / v:11.2f}" for v in gbps.values())

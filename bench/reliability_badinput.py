@@ -59,8 +59,10 @@ def agreement_section(examples: int) -> list[str]:
         "",
     ]
     for spec, crd, model in tally.disagreements[:10]:
-        lines.append(f"- disagreement: `{_cell(repr(spec))}`: CRD {crd or 'valid'}, "
-                     f"models {model or 'valid'}")
+        lines.append(
+            f"- disagreement: `{_cell(repr(spec))}`: CRD {crd or 'valid'}, "
+            f"models {model or 'valid'}"
+        )
     lines += ["Not generated, and why:", ""]
     lines += [f"- {what}: {why}" for what, why in NOT_GENERATED.items()]
     return [*lines, ""]
@@ -113,16 +115,19 @@ def tampered_section() -> list[str]:
             store.mkdir()
             got = operator_outcome(row, marker), worker_outcome(row, marker, store)
             ran = " (PICKLE RAN)" if marker.exists() else ""
-            lines.append(f"| {_cell(row.name, 40)} | {_cell(got[0], 110)} "
-                         f"| {_cell(got[1], 110)}{ran} |")
+            lines.append(
+                f"| {_cell(row.name, 40)} | {_cell(got[0], 110)} | {_cell(got[1], 110)}{ran} |"
+            )
     return [*lines, ""]
 
 
 def scan_section() -> list[str]:
     count, findings = scan_tree(*SCANNED)
-    lines = ["### Unpickling scan", "",
-             f"AST scan of {count} modules under `worker/` and `operator/`: "
-             f"{len(findings)} finding(s)."]
+    lines = [
+        "### Unpickling scan",
+        "",
+        f"AST scan of {count} modules under `worker/` and `operator/`: {len(findings)} finding(s).",
+    ]
     lines += [f"- {f.path}:{f.line}: {f.what}" for f in findings]
     return [*lines, ""]
 

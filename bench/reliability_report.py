@@ -74,8 +74,13 @@ def drains(runs: int) -> list[str]:
                 workdir = Path(tmp) / "work"
                 job = manifest("drain", topo, refits=REFITS)
                 started = time.monotonic()
-                result, observer, _ = run_with(job, stage_plan("drain", topo, REFITS), workdir,
-                                               max_faults=len(STAGES), timeout=600)
+                result, observer, _ = run_with(
+                    job,
+                    stage_plan("drain", topo, REFITS),
+                    workdir,
+                    max_faults=len(STAGES),
+                    timeout=600,
+                )
                 took = time.monotonic() - started
                 committed: set[int] = set()
                 exact = True
@@ -89,49 +94,65 @@ def drains(runs: int) -> list[str]:
                     f"{result.status.restarts} | {sorted(committed) == list(range(REFITS))} "
                     f"and {'no' if exact else 'a'} failed check | "
                     f"{dict(sorted(codes.items()))} | {len(processes_under(workdir))} | "
-                    f"{took:.0f} |")
+                    f"{took:.0f} |"
+                )
                 for fault in observer.faults:
                     key = (str(topo), fault.stage)
                     row = rows.setdefault(key, {"stopped": [], "restarted": [], "ready": []})
-                    for name, value in (("stopped", fault.stopped_s),
-                                        ("restarted", fault.restarted_s),
-                                        ("ready", fault.recovered_s)):
+                    for name, value in (
+                        ("stopped", fault.stopped_s),
+                        ("restarted", fault.restarted_s),
+                        ("ready", fault.recovered_s),
+                    ):
                         if value is not None:
                             row[name].append(value)
                     counter = points.setdefault(key, Counter())
                     for why in _stop_reports(workdir, fault.old_pods):
                         counter[why] += 1
             if result.status.phase != Phase.SUCCEEDED:
-                print(f"drain run {topo} #{run + 1} ended {result.status.phase}: "
-                      f"{result.status.message}", file=sys.stderr)
+                print(
+                    f"drain run {topo} #{run + 1} ended {result.status.phase}: "
+                    f"{result.status.message}",
+                    file=sys.stderr,
+                )
     lines = [
-        "## Drain at every stage of a refit", "",
+        "## Drain at every stage of a refit",
+        "",
         f"One job per topology and run ({REFITS} refits, a ~9 MiB bf16 model in 64 KiB "
         "buckets, grace 20 s) meets the five stages in turn, one drain of the last rollout "
         "pod per epoch (DisruptionTarget, deletion, preStop, SIGTERM); each new gang resumes "
         f"where the last stopped.  {runs} run(s) per topology; times are medians in seconds "
-        "from the drain.", "",
+        "from the drain.",
+        "",
         "| topology | run | phase | drains | preemptions | restarts | all refits committed,"
         " bit-exact | exit codes | processes left | seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|", *outcomes, "",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *outcomes,
+        "",
         "| topology | stage | gang stopped (s) | new gang created (s) | its barrier open (s) "
         "| where the ranks stopped (count) |",
         "|---|---|---|---|---|---|",
     ]
     for (shape, stage), row in rows.items():
         where = ", ".join(f"{k}: {v}" for k, v in sorted(points[(shape, stage)].items()))
-        lines.append(f"| {shape} | {stage} | {_median(row['stopped'])} | "
-                     f"{_median(row['restarted'])} | {_median(row['ready'])} | {where} |")
-    lines += ["", "How each stage is reached: *before the barrier*: the first tick after the "
-              "gang exists, nothing published (checked); *during metadata exchange*: policy rank 0 "
-              "is held with SIGSTOP before it publishes, the drain goes "
-              "in once all others published, then the held rank is let go (deterministic, "
-              "checked); *mid-bucket*: half a refit after a commit; *between refits*: as soon "
-              "as a commit is reported; *during the final commit*: half a refit after the "
-              "second-to-last commit.  The last three are timed from outside, so where the "
-              "ranks really stopped is read from their own `preempted` reports (the last "
-              "column): a rank stopped at a bucket boundary was inside a transfer, one "
-              "stopped at a refit boundary was between refits.", ""]
+        lines.append(
+            f"| {shape} | {stage} | {_median(row['stopped'])} | "
+            f"{_median(row['restarted'])} | {_median(row['ready'])} | {where} |"
+        )
+    lines += [
+        "",
+        "How each stage is reached: *before the barrier*: the first tick after the "
+        "gang exists, nothing published (checked); *during metadata exchange*: policy rank 0 "
+        "is held with SIGSTOP before it publishes, the drain goes "
+        "in once all others published, then the held rank is let go (deterministic, "
+        "checked); *mid-bucket*: half a refit after a commit; *between refits*: as soon "
+        "as a commit is reported; *during the final commit*: half a refit after the "
+        "second-to-last commit.  The last three are timed from outside, so where the "
+        "ranks really stopped is read from their own `preempted` reports (the last "
+        "column): a rank stopped at a bucket boundary was inside a transfer, one "
+        "stopped at a refit boundary was between refits.",
+        "",
+    ]
     return lines
 
 
@@ -152,15 +173,19 @@ def _stop_reports(workdir: Path, pods: list[tuple[str, str]]) -> list[str]:
 
 def kills(cases: int) -> list[str]:
     per_job = 5
-    lines = ["## SIGKILL of one rank", "",
-             f"{cases} kills: jobs of {per_job} kills each (maxRestarts {per_job - 1}, "
-             "backoff 0.5 s doubling to 2 s, timeoutSeconds 15, grace 10 s); epoch i's gang "
-             "gets a SIGKILL to a seeded rank at a seeded moment 0-3 s after it was "
-             "created or (half the cases, seeded) after its barrier opened.  "
-             "Every kill but each job's last must restart the gang within "
-             "timeoutSeconds + maxBackoff (17 s); the last must fail the job naming the rank.",
-             "", "| job | kill | target | at (s) | gang then | outcome | gang stopped (s) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "## SIGKILL of one rank",
+        "",
+        f"{cases} kills: jobs of {per_job} kills each (maxRestarts {per_job - 1}, "
+        "backoff 0.5 s doubling to 2 s, timeoutSeconds 15, grace 10 s); epoch i's gang "
+        "gets a SIGKILL to a seeded rank at a seeded moment 0-3 s after it was "
+        "created or (half the cases, seeded) after its barrier opened.  "
+        "Every kill but each job's last must restart the gang within "
+        "timeoutSeconds + maxBackoff (17 s); the last must fail the job naming the rank.",
+        "",
+        "| job | kill | target | at (s) | gang then | outcome | gang stopped (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     restart_times: list[float] = []
     jobs = max(1, cases // per_job)
     left_total = 0
@@ -170,10 +195,18 @@ def kills(cases: int) -> list[str]:
         plan = seeded_kills(seed, per_job, topo, "kill", 3.0)
         with tempfile.TemporaryDirectory(prefix="rel-kill-") as tmp:
             workdir = Path(tmp) / "work"
-            job = manifest("kill", topo, refits=1000, max_restarts=per_job - 1, backoff=0.5,
-                           timeout=15, grace=10)
-            result, observer, _ = run_with(job, KillPlan(plan), workdir, max_faults=per_job,
-                                           timeout=300)
+            job = manifest(
+                "kill",
+                topo,
+                refits=1000,
+                max_restarts=per_job - 1,
+                backoff=0.5,
+                timeout=15,
+                grace=10,
+            )
+            result, observer, _ = run_with(
+                job, KillPlan(plan), workdir, max_faults=per_job, timeout=300
+            )
             left_total += len(processes_under(workdir))
         for i, fault in enumerate(observer.faults):
             last = i == len(observer.faults) - 1
@@ -185,12 +218,18 @@ def kills(cases: int) -> list[str]:
             else:
                 outcome = "no restart seen"
             stopped = f"{fault.stopped_s:.1f}" if fault.stopped_s is not None else "n/a"
-            lines.append(f"| {topo} seed {seed} | {i + 1} | {fault.target} | "
-                         f"{plan[i].delay:.2f} after {plan[i].anchor} | {fault.stage} | "
-                         f"{outcome} | {stopped} |")
-    lines += ["", f"Restart after a kill: median {_median(restart_times)} s, max "
-              f"{max(restart_times, default=0):.1f} s over {len(restart_times)} restarts.  "
-              f"Worker processes left after all jobs: {left_total}.", ""]
+            lines.append(
+                f"| {topo} seed {seed} | {i + 1} | {fault.target} | "
+                f"{plan[i].delay:.2f} after {plan[i].anchor} | {fault.stage} | "
+                f"{outcome} | {stopped} |"
+            )
+    lines += [
+        "",
+        f"Restart after a kill: median {_median(restart_times)} s, max "
+        f"{max(restart_times, default=0):.1f} s over {len(restart_times)} restarts.  "
+        f"Worker processes left after all jobs: {left_total}.",
+        "",
+    ]
     return lines
 
 
@@ -207,8 +246,9 @@ async def _store_backoff() -> list[float]:
             api.faults.add(ApiFault(code=500, method="PATCH", times=4))
             store = ConfigMapStore("bo", "default", Layout(1, 1, 1))
             try:
-                await asyncio.to_thread(store.publish_metadata,
-                                        Member("policy", 0, 0, "u"), json.dumps({"a": 1}))
+                await asyncio.to_thread(
+                    store.publish_metadata, Member("policy", 0, 0, "u"), json.dumps({"a": 1})
+                )
             finally:
                 store.close()
             at = [h.at for h in api.faults.hits]
@@ -218,33 +258,57 @@ async def _store_backoff() -> list[float]:
 def api_faults() -> list[str]:
     gaps = asyncio.run(_store_backoff())
     tests = ["tests/reliability/test_api_faults.py", "tests/reliability/test_operator_restart.py"]
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "--durations=0", *tests], cwd=ROOT, capture_output=True, text=True,
-                          check=False)
-    summary = [ln for ln in done.stdout.splitlines() if " call " in ln or "passed" in ln
-               or "failed" in ln]
-    return ["## API faults and operator restarts", "",
-            "The ConfigMap store's retry of a write that met four 500s, as the emulator saw "
-            "it: seconds between attempts "
-            + ", ".join(f"{g:.2f}" for g in gaps) + " (doubling from 0.1 s, capped at 2 s; "
-            "five attempts, then an error naming the ConfigMap and the status).", "",
-            "The fault tests (`tests/reliability/test_api_faults.py`: the store's "
-            "rendezvous under 409s, 500s, 410 Gone watches and 0.3 s answers; the operator "
-            "under failed pod creates, status conflicts, 500s on patches and lists, expired "
-            "watches and 0.2 s answers, checked to create each child once; "
-            "`test_operator_restart.py`: the kopf task cancelled and restarted twice "
-            "mid-job) in this run:", "", "```", *summary, "```", ""]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=0", *tests],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    summary = [
+        ln for ln in done.stdout.splitlines() if " call " in ln or "passed" in ln or "failed" in ln
+    ]
+    return [
+        "## API faults and operator restarts",
+        "",
+        "The ConfigMap store's retry of a write that met four 500s, as the emulator saw "
+        "it: seconds between attempts "
+        + ", ".join(f"{g:.2f}" for g in gaps)
+        + " (doubling from 0.1 s, capped at 2 s; "
+        "five attempts, then an error naming the ConfigMap and the status).",
+        "",
+        "The fault tests (`tests/reliability/test_api_faults.py`: the store's "
+        "rendezvous under 409s, 500s, 410 Gone watches and 0.3 s answers; the operator "
+        "under failed pod creates, status conflicts, 500s on patches and lists, expired "
+        "watches and 0.2 s answers, checked to create each child once; "
+        "`test_operator_restart.py`: the kopf task cancelled and restarted twice "
+        "mid-job) in this run:",
+        "",
+        "```",
+        *summary,
+        "```",
+        "",
+    ]
 
 
 def badinput() -> list[str]:
     script = ROOT / "bench" / "reliability_badinput.py"
     if not script.exists():
         return ["## Bad input", "", "`bench/reliability_badinput.py` is not there yet.", ""]
-    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
-        return ["## Bad input", "", f"`bench/reliability_badinput.py` failed "
-                f"(exit {done.returncode}):", "", "```", done.stderr[-2000:], "```", ""]
+        return [
+            "## Bad input",
+            "",
+            f"`bench/reliability_badinput.py` failed (exit {done.returncode}):",
+            "",
+            "```",
+            done.stderr[-2000:],
+            "```",
+            "",
+        ]
     return [done.stdout.rstrip(), ""]
 
 
@@ -260,12 +324,16 @@ def main() -> None:
         parser.error(f"--runs must be >= 1 and --kill-cases >= 5 (got {runs}, {cases})")
     started = time.monotonic()
     body = drains(runs) + kills(cases) + api_faults() + badinput()
-    head = ["# Reliability: figures under faults", "",
-            "Generated by `python bench/reliability_report.py` "
-            f"({'--quick, ' if args.quick else ''}{runs} drain run(s) per topology, "
-            f"{cases} kills) in {time.monotonic() - started:.0f} s on "
-            f"{os.cpu_count()} CPU cores; do not edit by hand.  The same scenarios run in CI "
-            "as `tests/reliability/` (smaller: one run per topology, 20 kills).", ""]
+    head = [
+        "# Reliability: figures under faults",
+        "",
+        "Generated by `python bench/reliability_report.py` "
+        f"({'--quick, ' if args.quick else ''}{runs} drain run(s) per topology, "
+        f"{cases} kills) in {time.monotonic() - started:.0f} s on "
+        f"{os.cpu_count()} CPU cores; do not edit by hand.  The same scenarios run in CI "
+        "as `tests/reliability/` (smaller: one run per topology, 20 kills).",
+        "",
+    ]
     args.out.write_text("\n".join(head + body).rstrip() + "\n")
     print(f"wrote {args.out}")
 

@@ -56,16 +56,21 @@ NS = "default"
 
 def agent_json(rank: int) -> str:
     raw = os.urandom(451)
-    return json.dumps({"name": f"rank-{rank}", "metadata": base64.b64encode(raw).decode(),
-                       "buffers": [[140_000_000_000 + i * 67_108_864, 67_108_864, 0]
-                                   for i in range(2)]})
+    return json.dumps(
+        {
+            "name": f"rank-{rank}",
+            "metadata": base64.b64encode(raw).decode(),
+            "buffers": [[140_000_000_000 + i * 67_108_864, 67_108_864, 0] for i in range(2)],
+        }
+    )
 
 
 def members(total: int) -> list[Member]:
     half = total // 2
-    return ([Member("policy", r, 0, f"{r:08d}-0000-4000-8000-000000000000") for r in range(half)]
-            + [Member("rollout", r, 0, f"{r:08d}-0000-4000-8000-00000000000{r % 10}")
-               for r in range(total - half)])
+    return [Member("policy", r, 0, f"{r:08d}-0000-4000-8000-000000000000") for r in range(half)] + [
+        Member("rollout", r, 0, f"{r:08d}-0000-4000-8000-00000000000{r % 10}")
+        for r in range(total - half)
+    ]
 
 
 def run_protocol(make_store: Callable[[], RendezvousStore], total: int) -> float:
@@ -84,8 +89,14 @@ def run_protocol(make_store: Callable[[], RendezvousStore], total: int) -> float
         start = time.perf_counter()
         opened = pool.submit(coordinator.open_barrier, 0, 300)
         seen = [pool.submit(wait, i) for i in range(len(sample))]
-        list(pool.map(lambda i: stores[i % PUBLISHERS].publish_metadata(
-            ranks[i], payloads[(ranks[i].role, ranks[i].rank)]), range(total)))
+        list(
+            pool.map(
+                lambda i: stores[i % PUBLISHERS].publish_metadata(
+                    ranks[i], payloads[(ranks[i].role, ranks[i].rank)]
+                ),
+                range(total),
+            )
+        )
         opened.result()
         counts = [f.result() for f in seen]
         elapsed = time.perf_counter() - start
@@ -155,18 +166,25 @@ def bench_configmap(box: dict[str, Any], total: int, run: int) -> tuple[float, f
     names = [configmap_name(base, s) for s in range(shards)]
     raw_names = [configmap_name(raw_base, s) for s in range(shards)]
     for name in names + raw_names:
-        on_loop(box, lambda name=name: api.create(CM, NS, {"metadata": {"name": name},
-                                                          "data": {}}))
+        on_loop(box, lambda name=name: api.create(CM, NS, {"metadata": {"name": name}, "data": {}}))
     seconds = run_protocol(lambda: ConfigMapStore(base, NS, layout), total)
-    size = sum(len(json.dumps(api.get(CM, NS, configmap_name(base, s))).encode())
-               for s in range(shards))
+    size = sum(
+        len(json.dumps(api.get(CM, NS, configmap_name(base, s))).encode()) for s in range(shards)
+    )
     from kubernetes import client  # after KUBECONFIG points at the emulator
 
     core = client.CoreV1Api(load_api_client())
     # Spread over as many ConfigMaps as the protocol uses: a map's size sets a write's cost.
-    baseline = run_raw(lambda i, value: core.patch_namespaced_config_map(
-        raw_names[i * shards // total], NS, {"data": {f"k{i}": value}},
-        _content_type=MERGE_PATCH, _preload_content=False).release_conn(), total)
+    baseline = run_raw(
+        lambda i, value: core.patch_namespaced_config_map(
+            raw_names[i * shards // total],
+            NS,
+            {"data": {f"k{i}": value}},
+            _content_type=MERGE_PATCH,
+            _preload_content=False,
+        ).release_conn(),
+        total,
+    )
     return seconds, baseline, size / total, shards
 
 
@@ -190,10 +208,12 @@ def bench_files(total: int) -> tuple[float, float, float, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="Figures are medians of --runs runs; the ratio "
-                                            "is protocol time over raw-write time.")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Figures are medians of --runs runs; the ratio "
+        "is protocol time over raw-write time.",
+    )
     parser.add_argument("--quick", action="store_true", help="only 8 and 64 ranks")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (>= 3)")
     parser.add_argument("--ranks", type=int, nargs="*", help="job sizes (default 8 64 256 1024)")
@@ -204,18 +224,25 @@ def main(argv: list[str] | None = None) -> int:
     bad = [n for n in sizes if n < 2]
     if bad:
         parser.error(f"--ranks must each be >= 2 (one policy and one rollout rank), got {bad}")
-    print(f"{'store':<10}{'ranks':>6}{'shards':>7}{'publish+barrier s':>19}"
-          f"{'per rank ms':>12}{'raw writes s':>13}{'ratio':>7}{'bytes/rank':>11}")
+    print(
+        f"{'store':<10}{'ranks':>6}{'shards':>7}{'publish+barrier s':>19}"
+        f"{'per rank ms':>12}{'raw writes s':>13}{'ratio':>7}{'bytes/rank':>11}"
+    )
     for label in ("configmap", "file"):
         for total in sizes:
-            rows = [measure_configmap(total, run) if label == "configmap"
-                    else bench_files(total) for run in range(args.runs)]
+            rows = [
+                measure_configmap(total, run) if label == "configmap" else bench_files(total)
+                for run in range(args.runs)
+            ]
             seconds = statistics.median(r[0] for r in rows)
             baseline = statistics.median(r[1] for r in rows)
             per_rank = statistics.median(r[2] for r in rows)
-            print(f"{label:<10}{total:>6}{rows[0][3]:>7}{seconds:>19.3f}"
-                  f"{seconds / total * 1e3:>12.2f}{baseline:>13.3f}"
-                  f"{seconds / baseline:>7.2f}{per_rank:>11.0f}", flush=True)
+            print(
+                f"{label:<10}{total:>6}{rows[0][3]:>7}{seconds:>19.3f}"
+                f"{seconds / total * 1e3:>12.2f}{baseline:>13.3f}"
+                f"{seconds / baseline:>7.2f}{per_rank:>11.0f}",
+                flush=True,
+            )
     return 0
 
 

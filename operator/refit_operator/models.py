@@ -185,8 +185,10 @@ class TransferSpec(_Wire):
         if size <= 0:
             raise ValueError(f"bucketSize {value!r} must be more than 0 bytes")
         if "." in value:
-            raise ValueError(f"bucketSize {value!r} must be a whole number with an optional"
-                             f" suffix, without a fraction: write {str(size)!r}")
+            raise ValueError(
+                f"bucketSize {value!r} must be a whole number with an optional"
+                f" suffix, without a fraction: write {str(size)!r}"
+            )
         return value
 
     @property

@@ -78,10 +78,13 @@ def _engine(job: Job, rank_role: str, rank: int) -> Any:
 
     layout = job.layouts.get(str(rank)) if rank_role == "rollout" else None
     return NIXLCheckpointEngine(
-        job.bucket_size, device="cpu", timeout_s=job.timeout_s,
+        job.bucket_size,
+        device="cpu",
+        timeout_s=job.timeout_s,
         shard_expert_weights=layout is not None,
         target_layout=TargetWeightLayout.model_validate(layout) if layout else None,
-        release_after_refit=job.release_cycles, **job.engine,
+        release_after_refit=job.release_cycles,
+        **job.engine,
     )
 
 
@@ -103,8 +106,11 @@ def rank_main(job_json: str, role: str, rank: int, meta_q: Any, my_q: Any, out_q
         for refit in range(job.refits):
             if refit == 0 or job.release_cycles:
                 metadata = _exchange(engine, index, meta_q, my_q)
-                kwargs = {"train_world_size": job.train, "rollout_world_size": job.rollout,
-                          "metadata": metadata}
+                kwargs = {
+                    "train_world_size": job.train,
+                    "rollout_world_size": job.rollout,
+                    "metadata": metadata,
+                }
                 if role == "policy":
                     engine.init_policy_process_group(worker_rank=rank, **kwargs)
                 else:
@@ -145,13 +151,13 @@ class Run:
     arrived: dict[tuple[str, int], float]  # time.monotonic() when each report came in
 
 
-def run_job(job: Job, on_event: Callable[[dict[str, Any], dict[tuple[str, int], Any]], None]
-            | None = None) -> Run:
+def run_job(
+    job: Job, on_event: Callable[[dict[str, Any], dict[tuple[str, int], Any]], None] | None = None
+) -> Run:
     """Start every rank, broker the metadata, collect the reports; never hangs."""
     from dataclasses import asdict
 
-    ranks = [("policy", r) for r in range(job.train)] + [("rollout", r) for r in
-                                                          range(job.rollout)]
+    ranks = [("policy", r) for r in range(job.train)] + [("rollout", r) for r in range(job.rollout)]
     # One queue per rank and direction: a rank killed while writing would otherwise take a
     # shared queue's lock down with it and block every other writer.
     meta_qs = {key: CTX.Queue() for key in ranks}
@@ -159,9 +165,11 @@ def run_job(job: Job, on_event: Callable[[dict[str, Any], dict[tuple[str, int], 
     own = {key: CTX.Queue() for key in ranks}
     env_before = dict(os.environ)
     procs = {
-        key: CTX.Process(target=rank_main, args=(json.dumps(asdict(job)), key[0], key[1],
-                                                  meta_qs[key], own[key], out_qs[key]),
-                         daemon=True)
+        key: CTX.Process(
+            target=rank_main,
+            args=(json.dumps(asdict(job)), key[0], key[1], meta_qs[key], own[key], out_qs[key]),
+            daemon=True,
+        )
         for key in ranks
     }
     for proc in procs.values():
@@ -174,9 +182,11 @@ def run_job(job: Job, on_event: Callable[[dict[str, Any], dict[tuple[str, int], 
     deadline = time.monotonic() + patience(job)
     pending_meta: dict[int, str] = {}
     try:
-        while len(reports) < len(ranks) - sum(not p.is_alive() and k not in reports
-                                              for k, p in procs.items() if p.exitcode is not None
-                                              and p.exitcode < 0):
+        while len(reports) < len(ranks) - sum(
+            not p.is_alive() and k not in reports
+            for k, p in procs.items()
+            if p.exitcode is not None and p.exitcode < 0
+        ):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"ranks {sorted(set(ranks) - set(reports))} did not report")
             for meta_q in meta_qs.values():

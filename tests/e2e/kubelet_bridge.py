@@ -71,9 +71,12 @@ class KubeletBridge:
             elif self.running.get(name) != uid:
                 if name in local:
                     continue  # the previous pod of that name is still terminating
-                self.api.patch(PODS, self.namespace, name,
-                               {"metadata": {"finalizers": [*meta.get("finalizers", []),
-                                                            FINALIZER]}})
+                self.api.patch(
+                    PODS,
+                    self.namespace,
+                    name,
+                    {"metadata": {"finalizers": [*meta.get("finalizers", []), FINALIZER]}},
+                )
                 self.kubelet.create(pod)
                 self.running[name] = uid
             elif name in local:
@@ -85,7 +88,8 @@ class KubeletBridge:
         # Keep conditions others wrote (DisruptionTarget from an eviction).
         ours = {c["type"] for c in status["conditions"]}
         status["conditions"] = status["conditions"] + [
-            c for c in (pod.get("status") or {}).get("conditions", []) if c["type"] not in ours]
+            c for c in (pod.get("status") or {}).get("conditions", []) if c["type"] not in ours
+        ]
         key = repr((uid, status["phase"], status["conditions"]))
         if self._reported.get(name) != key:
             self._reported[name] = key
@@ -110,12 +114,13 @@ async def operator_cluster(
     """The emulator, the operator in this loop, and the bridge running its pods locally."""
     async with ApiEmulator(tmp_path) as api:
         monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig_path))
-        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-            [str(ROOT / "operator"), str(ROOT / "worker")]))
+        monkeypatch.setenv(
+            "PYTHONPATH", os.pathsep.join([str(ROOT / "operator"), str(ROOT / "worker")])
+        )
         ports = LoopbackPorts()
         kubelet = ProcessKubelet(
-            tmp_path / "node",
-            rewrite_env=lambda pod, env: local_env(env, port=ports.for_pod(pod)))
+            tmp_path / "node", rewrite_env=lambda pod, env: local_env(env, port=ports.for_pod(pod))
+        )
         run = OperatorRun(resync_seconds=30.0)
         await run.start()
         try:

@@ -26,12 +26,12 @@ _STUBBORN = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\
 
 def _pod(name: str, code: str, **container: Any) -> dict[str, Any]:
     return {
-        "apiVersion": "v1", "kind": "Pod",
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {"name": name, "namespace": "ns1", "labels": {}},
         "spec": {
             "terminationGracePeriodSeconds": 5,
-            "containers": [{"name": "main", "command": [sys.executable, "-c", code],
-                            **container}],
+            "containers": [{"name": "main", "command": [sys.executable, "-c", code], **container}],
         },
     }
 
@@ -57,17 +57,25 @@ def _wait_gone(kubelet: ProcessKubelet, name: str, timeout: float = 20) -> None:
 
 def test_exit_codes_and_downward_api(tmp_path: Path) -> None:
     kubelet = ProcessKubelet(tmp_path)
-    code = ("import os, sys\n"
-            "sys.exit(0 if os.environ['ME'] == 'p0' and os.environ['NS'] == 'ns1'"
-            " and len(os.environ['UID']) == 36 else 3)\n")
-    env = [{"name": "ME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-           {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-           {"name": "UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}]
+    code = (
+        "import os, sys\n"
+        "sys.exit(0 if os.environ['ME'] == 'p0' and os.environ['NS'] == 'ns1'"
+        " and len(os.environ['UID']) == 36 else 3)\n"
+    )
+    env = [
+        {"name": "ME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+    ]
     kubelet.create(_pod("p0", code, env=env))
     kubelet.create(_pod("p1", "import sys; sys.exit(4)"))
     try:
-        assert _wait_status(kubelet, "p0", "Succeeded")["status"]["containerStatuses"][0][
-            "state"]["terminated"]["exitCode"] == 0
+        assert (
+            _wait_status(kubelet, "p0", "Succeeded")["status"]["containerStatuses"][0]["state"][
+                "terminated"
+            ]["exitCode"]
+            == 0
+        )
         failed = _wait_status(kubelet, "p1", "Failed")
         assert failed["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 4
         with pytest.raises(KubeletError, match="already exists"):
@@ -101,16 +109,25 @@ def test_delete_sends_stop_signal_then_sigkill(tmp_path: Path) -> None:
 def test_prestop_hook_runs_with_pod_env_and_empty_dir(tmp_path: Path) -> None:
     # The hook writes into the emptyDir mount (remapped locally) and the main process,
     # which ignores SIGTERM, exits when it sees the file: proof the hook ran first.
-    main = ("import os, signal, sys, time\n"
-            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            "flag = os.path.join(os.environ['SHARED'], 'flag')\n"
-            "while not os.path.exists(flag): time.sleep(0.02)\n"
-            "sys.exit(0)\n")
-    hook = [sys.executable, "-c",
-            "import os; open(os.path.join(os.environ['SHARED'], 'flag'), 'w').close()"]
-    pod = _pod("hooked", main, env=[{"name": "SHARED", "value": "/var/run/refit"}],
-               volumeMounts=[{"name": "signals", "mountPath": "/var/run/refit"}],
-               lifecycle={"preStop": {"exec": {"command": hook}}})
+    main = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "flag = os.path.join(os.environ['SHARED'], 'flag')\n"
+        "while not os.path.exists(flag): time.sleep(0.02)\n"
+        "sys.exit(0)\n"
+    )
+    hook = [
+        sys.executable,
+        "-c",
+        "import os; open(os.path.join(os.environ['SHARED'], 'flag'), 'w').close()",
+    ]
+    pod = _pod(
+        "hooked",
+        main,
+        env=[{"name": "SHARED", "value": "/var/run/refit"}],
+        volumeMounts=[{"name": "signals", "mountPath": "/var/run/refit"}],
+        lifecycle={"preStop": {"exec": {"command": hook}}},
+    )
     pod["spec"]["volumes"] = [{"name": "signals", "emptyDir": {}}]
     kubelet = ProcessKubelet(tmp_path)
     try:
@@ -162,6 +179,10 @@ def test_bad_manifests(tmp_path: Path) -> None:
     with pytest.raises(KubeletError, match="no containers"):
         kubelet.create({"metadata": {"name": "x"}, "spec": {"containers": []}})
     with pytest.raises(KubeletError, match="cannot start"):
-        kubelet.create({"metadata": {"name": "y"},
-                        "spec": {"containers": [{"command": ["/nonexistent/binary"]}]}})
+        kubelet.create(
+            {
+                "metadata": {"name": "y"},
+                "spec": {"containers": [{"command": ["/nonexistent/binary"]}]},
+            }
+        )
     assert kubelet.pods() == []

@@ -16,9 +16,9 @@ from refit_worker.checkpoint_engines import TargetWeightLayout
 from refit_worker.checkpoint_engines.layout import WHOLE, select_slice
 
 
-def expected(refit: int, layout: dict[str, object] | None = None, experts: int = 0) -> (
-    dict[str, str]
-):
+def expected(
+    refit: int, layout: dict[str, object] | None = None, experts: int = 0
+) -> dict[str, str]:
     parsed = TargetWeightLayout.model_validate(layout) if layout else None
     out: dict[str, str] = {}
     for name, tensor in state_dict(refit, experts=experts).items():
@@ -53,7 +53,8 @@ def test_big_tensor_really_spans_buckets() -> None:
 
 
 @pytest.mark.parametrize(
-    ("train", "rollout"), [(1, 1), (2, 2), (3, 2), (1, 3), (2, 3)],
+    ("train", "rollout"),
+    [(1, 1), (2, 2), (3, 2), (1, 3), (2, 3)],
     ids=["1x1-pair", "2x2-pair", "3x2-stripe", "1x3-fanout", "2x3-fanout"],
 )
 def test_refits_arrive_bit_exact(train: int, rollout: int) -> None:

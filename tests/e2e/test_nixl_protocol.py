@@ -37,10 +37,12 @@ async def pair() -> AsyncIterator[tuple[NIXLCheckpointEngine, NIXLCheckpointEngi
     policy = NIXLCheckpointEngine(BUCKET, device="cpu", timeout_s=2.0)
     rollout = NIXLCheckpointEngine(BUCKET, device="cpu", timeout_s=2.0)
     metadata = [policy.prepare().model_dump_json(), rollout.prepare().model_dump_json()]
-    policy.init_policy_process_group(worker_rank=0, train_world_size=1, rollout_world_size=1,
-                                     metadata=metadata)
-    rollout.init_rollout_process_group(rollout_rank=0, train_world_size=1,
-                                       rollout_world_size=1, metadata=metadata)
+    policy.init_policy_process_group(
+        worker_rank=0, train_world_size=1, rollout_world_size=1, metadata=metadata
+    )
+    rollout.init_rollout_process_group(
+        rollout_rank=0, train_world_size=1, rollout_world_size=1, metadata=metadata
+    )
     yield policy, rollout
     policy.finalize()
     rollout.finalize()
@@ -76,8 +78,14 @@ async def test_stale_notifications_of_an_earlier_refit_are_never_taken(pair) -> 
     new = {"w": torch.full((10,), 2.0)}
     await asyncio.gather(policy.send_weights(iter(old.items())), collect(rollout))
     # Late copies of refit 0's messages arrive while refit 1 is running.
-    stale = encode(Manifest(refit=0, total_buckets=1, digest="x", tensors=(
-        ManifestEntry(name="w", dtype="float32", shape=(10,)),)))
+    stale = encode(
+        Manifest(
+            refit=0,
+            total_buckets=1,
+            digest="x",
+            tensors=(ManifestEntry(name="w", dtype="float32", shape=(10,)),),
+        )
+    )
     receiving = asyncio.ensure_future(collect(rollout))
     await asyncio.sleep(0.05)
     policy.agent._agent.send_notif(rollout.agent.name, stale)
@@ -85,29 +93,38 @@ async def test_stale_notifications_of_an_earlier_refit_are_never_taken(pair) -> 
     assert torch.equal(got["w"], new["w"])
 
 
-async def rogue_refit(policy: NIXLCheckpointEngine, rollout: NIXLCheckpointEngine,
-                      entries: list[ManifestEntry], pieces: list[TensorMeta],
-                      data: torch.Tensor) -> None:
+async def rogue_refit(
+    policy: NIXLCheckpointEngine,
+    rollout: NIXLCheckpointEngine,
+    entries: list[ManifestEntry],
+    pieces: list[TensorMeta],
+    data: torch.Tensor,
+) -> None:
     """Send a hand-made manifest and one bucket of ``data`` as the policy rank would."""
     agent, peer = policy.agent, rollout.agent.name
     target = policy._targets[0]
     deadline = time.monotonic() + 2
     await agent.wait_control(peer, "credit", 0, 0, what="credit", deadline=deadline)
-    agent.send_control(peer, Manifest(refit=0, total_buckets=1, digest="d",
-                                      tensors=tuple(entries)))
+    agent.send_control(peer, Manifest(refit=0, total_buckets=1, digest="d", tensors=tuple(entries)))
     handle_reg = agent.register([(data.data_ptr(), data.numel(), 0)], "DRAM")
-    message = BucketReady(refit=0, seq=0, buffer=0, total_buckets=1, digest="d",
-                          pieces=tuple(pieces))
-    handle = agent.post_write(peer, [(data.data_ptr(), data.numel(), 0)],
-                              [(target.buffers[0].addr, data.numel(), 0)], "DRAM",
-                              encode(message))
+    message = BucketReady(
+        refit=0, seq=0, buffer=0, total_buckets=1, digest="d", pieces=tuple(pieces)
+    )
+    handle = agent.post_write(
+        peer,
+        [(data.data_ptr(), data.numel(), 0)],
+        [(target.buffers[0].addr, data.numel(), 0)],
+        "DRAM",
+        encode(message),
+    )
     await agent.wait_transfer(handle, peer, "rogue bucket", deadline)
     agent.deregister(handle_reg)
 
 
 def piece(name: str, n: int, offset: int = 0) -> TensorMeta:
-    return TensorMeta(name=name, shape=(n,), dtype="uint8", chunk_offset=0, chunk_size=n,
-                      offset=offset)
+    return TensorMeta(
+        name=name, shape=(n,), dtype="uint8", chunk_offset=0, chunk_size=n, offset=offset
+    )
 
 
 def entry(name: str, n: int, checksum: int | None = None) -> ManifestEntry:
@@ -121,13 +138,11 @@ def entry(name: str, n: int, checksum: int | None = None) -> ManifestEntry:
         ([entry("a", 8)], [piece("a", 8), piece("a", 8, 8)], "'a' arrived twice"),
         ([entry("a", 8)], [piece("a", 8), piece("zzz", 8, 8)], "'zzz' is not in the manifest"),
         ([entry("a", 8, checksum=12345)], [piece("a", 8)], "'a' failed its checksum"),
-        ([entry("a", 4)], [piece("a", 8)],
-         r"bucket says uint8\[8\], manifest says uint8\[4\]"),
+        ([entry("a", 4)], [piece("a", 8)], r"bucket says uint8\[8\], manifest says uint8\[4\]"),
     ],
     ids=["missing", "duplicate", "extra", "checksum", "shape-mismatch"],
 )
-async def test_incomplete_refit_raises_before_the_final_batch(pair, entries, pieces,
-                                                               match) -> None:
+async def test_incomplete_refit_raises_before_the_final_batch(pair, entries, pieces, match) -> None:
     policy, rollout = pair
     data = torch.arange(16, dtype=torch.uint8)
     yielded: list[object] = []
@@ -164,8 +179,9 @@ async def test_checksums_pass_when_data_is_right(pair) -> None:
         async for batch in rollout.receive_weight_batches():
             got.extend((n, t.clone()) for n, t in batch)
 
-    await asyncio.gather(receive(), rogue_refit(policy, rollout, [entry("a", 8, crc)],
-                                                [piece("a", 8)], data))
+    await asyncio.gather(
+        receive(), rogue_refit(policy, rollout, [entry("a", 8, crc)], [piece("a", 8)], data)
+    )
     assert [n for n, _ in got] == ["a"] and torch.equal(got[0][1], data[:8])
 
 
@@ -183,9 +199,7 @@ async def test_sender_without_receiver_credit_times_out(pair) -> None:
         await policy.send_weights(iter([("w", torch.zeros(3))]))
 
 
-async def test_big_tensors_land_in_last_refits_memory_and_stay_bit_exact(pair, monkeypatch) -> (
-    None
-):
+async def test_big_tensors_land_in_last_refits_memory_and_stay_bit_exact(pair, monkeypatch) -> None:
     policy, rollout = pair
     seen: list[dict[str, tuple[int, torch.Tensor]]] = []
     landed: list[set[str]] = []
@@ -230,10 +244,21 @@ async def test_chunks_landed_in_memory_the_receiver_did_not_offer_are_refused(pa
 
     async def rogue() -> None:
         await agent.wait_control(peer, "credit", 0, 0, what="credit", deadline=deadline)
-        agent.send_control(peer, Manifest(refit=0, total_buckets=1, digest="d",
-                                          tensors=(entry("a", 8),)))
-        agent.send_control(peer, BucketReady(refit=0, seq=0, buffer=0, total_buckets=1,
-                                             digest="d", pieces=(piece("a", 8),), landed=("a",)))
+        agent.send_control(
+            peer, Manifest(refit=0, total_buckets=1, digest="d", tensors=(entry("a", 8),))
+        )
+        agent.send_control(
+            peer,
+            BucketReady(
+                refit=0,
+                seq=0,
+                buffer=0,
+                total_buckets=1,
+                digest="d",
+                pieces=(piece("a", 8),),
+                landed=("a",),
+            ),
+        )
 
     with pytest.raises(IncompleteRefitError, match="'a' landed in memory this rank did not"):
         await asyncio.gather(collect(rollout), rogue())

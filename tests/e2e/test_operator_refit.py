@@ -32,9 +32,9 @@ def _job(name: str, refits: int) -> dict[str, Any]:
 
 
 @pytest.fixture()
-async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
-    tuple[ApiEmulator, KubeletBridge]
-]:
+async def cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[ApiEmulator, KubeletBridge]]:
     async with operator_cluster(tmp_path, monkeypatch) as (api, bridge, _run):
         yield api, bridge
 
@@ -50,7 +50,9 @@ async def test_two_by_two_three_refits_on_configmaps(
     api.create(JOBS, NS, _job("e2e", refits=3))
     status = await eventually(
         lambda: (s := _status(api, "e2e")).get("phase") in ("Succeeded", "Failed") and s,
-        "the job to finish", timeout=240)
+        "the job to finish",
+        timeout=240,
+    )
     assert status["phase"] == "Succeeded", status
     assert status["refitsCompleted"] == 3
     assert status["bytesTransferred"] > 0
@@ -68,19 +70,36 @@ async def test_drain_mid_refit_preempts_the_gang(
 ) -> None:
     api, bridge = cluster
     api.create(JOBS, NS, _job("drain", refits=6))
-    await eventually(lambda: _status(api, "drain").get("refitsCompleted", 0) >= 1,
-                     "the first refit", timeout=180)
+    await eventually(
+        lambda: _status(api, "drain").get("refitsCompleted", 0) >= 1, "the first refit", timeout=180
+    )
     victim = api.get(PODS, NS, "drain-rollout-1")
     old_uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in api.list(PODS, NS)}
     # What the eviction API does on a drain: DisruptionTarget, then a graceful delete.
-    api.patch(PODS, NS, "drain-rollout-1", {"status": {"conditions": [
-        *victim["status"]["conditions"],
-        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]}},
-        status=True)
+    api.patch(
+        PODS,
+        NS,
+        "drain-rollout-1",
+        {
+            "status": {
+                "conditions": [
+                    *victim["status"]["conditions"],
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "EvictionByEvictionAPI",
+                    },
+                ]
+            }
+        },
+        status=True,
+    )
     api.delete(PODS, NS, "drain-rollout-1")
     status = await eventually(
         lambda: (s := _status(api, "drain")).get("phase") in ("Succeeded", "Failed") and s,
-        "the job to finish after the drain", timeout=300)
+        "the job to finish after the drain",
+        timeout=300,
+    )
     assert status["phase"] == "Succeeded", status
     assert status["preemptions"] == 1 and status["restarts"] == 0
     assert status["epoch"] == 1

@@ -15,9 +15,11 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ,
-       "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "worker")]),
-       "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "worker")]),
+    "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+}
 
 
 def _manifest(tmp_path: Path, **spec_overrides: object) -> Path:
@@ -35,8 +37,14 @@ def _manifest(tmp_path: Path, **spec_overrides: object) -> Path:
 
 
 def _run(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "refit_operator.cli", "run", *args],
-                          env=ENV, capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "refit_operator.cli", "run", *args],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def _processes_under(path: Path) -> list[int]:
@@ -80,9 +88,20 @@ def test_drain_preempts_and_completes(tmp_path: Path) -> None:
 def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     workdir = tmp_path / "work"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "refit_operator.cli", "run",
-         str(_manifest(tmp_path, **{"transfer.refits": 100_000})), "--workdir", str(workdir)],
-        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "refit_operator.cli",
+            "run",
+            str(_manifest(tmp_path, **{"transfer.refits": 100_000})),
+            "--workdir",
+            str(workdir),
+        ],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while len(_processes_under(workdir)) < 4:  # all four ranks are up
@@ -107,16 +126,30 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("apiVersion: refit.dev/v1alpha1\nkind: RefitJob\nmetadata: {name: x}\nspec: [\n",
-         "not valid YAML"),
-        ("apiVersion: refit.dev/v1alpha1\nkind: RefitJob\nmetadata: {name: x}\n"
-         "spec: {image: i, transfer: {bucketSize: '0'}}\n", "bucketSize"),
-        ("apiVersion: refit.dev/v1alpha1\nkind: RefitJob\nmetadata: {name: x}\n"
-         "spec: {image: i, preemption: {signal: SIGNOPE}}\n", "SIGNOPE"),
-        ("apiVersion: refit.dev/v1alpha1\nkind: RefitJob\nmetadata: {name: x}\n"
-         "spec: {image: i, rollout: {replicas: 0}}\n", "replicas"),
-        ("apiVersion: refit.dev/v1alpha1\nkind: RefitJob\nmetadata: {name: x}\n"
-         "spec: {image: i, surprise: 1}\n", "surprise"),
+        (
+            "apiVersion: refit.dev/v1alpha1\nkind: RefitJob\nmetadata: {name: x}\nspec: [\n",
+            "not valid YAML",
+        ),
+        (
+            "apiVersion: refit.dev/v1alpha1\nkind: RefitJob\nmetadata: {name: x}\n"
+            "spec: {image: i, transfer: {bucketSize: '0'}}\n",
+            "bucketSize",
+        ),
+        (
+            "apiVersion: refit.dev/v1alpha1\nkind: RefitJob\nmetadata: {name: x}\n"
+            "spec: {image: i, preemption: {signal: SIGNOPE}}\n",
+            "SIGNOPE",
+        ),
+        (
+            "apiVersion: refit.dev/v1alpha1\nkind: RefitJob\nmetadata: {name: x}\n"
+            "spec: {image: i, rollout: {replicas: 0}}\n",
+            "replicas",
+        ),
+        (
+            "apiVersion: refit.dev/v1alpha1\nkind: RefitJob\nmetadata: {name: x}\n"
+            "spec: {image: i, surprise: 1}\n",
+            "surprise",
+        ),
         ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "kind RefitJob"),
     ],
 )

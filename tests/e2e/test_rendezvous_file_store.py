@@ -87,10 +87,17 @@ print(json.dumps({"reads": reads}), flush=True)
 
 
 def spawn(script: str, order: dict[str, Any]) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "worker"),
-                                                        os.environ.get("PYTHONPATH", "")]))
-    return subprocess.Popen([sys.executable, "-c", script, json.dumps(order)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT / "worker"), os.environ.get("PYTHONPATH", "")]),
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", script, json.dumps(order)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def result(proc: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]:
@@ -106,10 +113,21 @@ def ranks(policy: int, rollout: int) -> list[tuple[str, int]]:
 def test_gang_publishes_meets_at_barrier_and_reports(tmp_path: Path) -> None:
     layout = (2, 2, 2)  # two shards although one would do: exercises the routing
     store = FileStore(tmp_path, Layout(*layout))
-    procs = {f"{role}.{rank}": spawn(WORKER, {
-        "dir": str(tmp_path), "layout": layout, "role": role, "rank": rank, "epoch": 1,
-        "uid": f"uid-{role}-{rank}", "timeout": 60})
-        for role, rank in ranks(2, 2)}
+    procs = {
+        f"{role}.{rank}": spawn(
+            WORKER,
+            {
+                "dir": str(tmp_path),
+                "layout": layout,
+                "role": role,
+                "rank": rank,
+                "epoch": 1,
+                "uid": f"uid-{role}-{rank}",
+                "timeout": 60,
+            },
+        )
+        for role, rank in ranks(2, 2)
+    }
     barrier = store.open_barrier(epoch=1, timeout=60)
     assert barrier.rollout_uids == ("uid-rollout-0", "uid-rollout-1")
     expected = {name: name.replace(".", "-") for name in procs}
@@ -118,15 +136,30 @@ def test_gang_publishes_meets_at_barrier_and_reports(tmp_path: Path) -> None:
     summary = aggregate_progress(store.snapshot(1), 2, 2)
     assert (summary.refits_completed, summary.ranks_done, summary.bytes_total) == (1, 4, 200)
     assert sorted(p.name for p in (tmp_path / "shard-1").iterdir()) == [
-        "meta.rollout.0", "meta.rollout.1", "progress.rollout.0", "progress.rollout.1"]
+        "meta.rollout.0",
+        "meta.rollout.1",
+        "progress.rollout.0",
+        "progress.rollout.1",
+    ]
 
 
 def test_concurrent_writers_never_lose_or_tear_each_others_keys(tmp_path: Path) -> None:
     layout = (3, 3, 1)
     reader = spawn(READER, {"dir": str(tmp_path), "layout": layout, "seconds": 3})
-    writers = [spawn(WRITER, {"dir": str(tmp_path), "layout": layout, "role": role,
-                              "rank": rank, "uid": f"u-{role}-{rank}", "count": 150})
-               for role, rank in ranks(3, 3)]
+    writers = [
+        spawn(
+            WRITER,
+            {
+                "dir": str(tmp_path),
+                "layout": layout,
+                "role": role,
+                "rank": rank,
+                "uid": f"u-{role}-{rank}",
+                "count": 150,
+            },
+        )
+        for role, rank in ranks(3, 3)
+    ]
     for proc in writers:
         result(proc)
     assert result(reader)["reads"] > 0
@@ -141,9 +174,22 @@ def test_concurrent_writers_never_lose_or_tear_each_others_keys(tmp_path: Path) 
 def test_preemption_notice_reaches_every_rank_of_its_epoch_only(tmp_path: Path) -> None:
     layout = (1, 1, 1)
     store = FileStore(tmp_path, Layout(*layout))
-    procs = [spawn(WORKER, {"dir": str(tmp_path), "layout": layout, "role": role,
-                            "rank": rank, "epoch": 2, "uid": f"u{role}", "timeout": 60,
-                            "await_preempt": True}) for role, rank in ranks(1, 1)]
+    procs = [
+        spawn(
+            WORKER,
+            {
+                "dir": str(tmp_path),
+                "layout": layout,
+                "role": role,
+                "rank": rank,
+                "epoch": 2,
+                "uid": f"u{role}",
+                "timeout": 60,
+                "await_preempt": True,
+            },
+        )
+        for role, rank in ranks(1, 1)
+    ]
     store.open_barrier(epoch=2, timeout=60)
     # A notice of the previous epoch must not stop the gang of epoch 2.
     store.post_preemption(make_preempt_notice(1, "job-rollout-0", "old", "stale"))
@@ -156,8 +202,18 @@ def test_preemption_notice_reaches_every_rank_of_its_epoch_only(tmp_path: Path) 
 def test_notice_before_barrier_stops_the_wait(tmp_path: Path) -> None:
     layout = (1, 1, 1)
     store = FileStore(tmp_path, Layout(*layout))
-    proc = spawn(WORKER, {"dir": str(tmp_path), "layout": layout, "role": "policy",
-                          "rank": 0, "epoch": 0, "uid": "u", "timeout": 60})
+    proc = spawn(
+        WORKER,
+        {
+            "dir": str(tmp_path),
+            "layout": layout,
+            "role": "policy",
+            "rank": 0,
+            "epoch": 0,
+            "uid": "u",
+            "timeout": 60,
+        },
+    )
     store.post_preemption(make_preempt_notice(0, "job-policy-0", "u", "node drain"))
     assert result(proc) == {"preempted": "node drain"}
 
@@ -167,8 +223,9 @@ def test_entries_of_an_old_epoch_do_not_open_the_barrier(tmp_path: Path) -> None
     store = FileStore(tmp_path, layout)
     store.publish_metadata(Member("policy", 0, 0, "old-p"), "{}")
     store.publish_metadata(Member("rollout", 0, 0, "old-r"), "{}")
-    with pytest.raises(RendezvousTimeout, match="waiting for metadata of all 2 ranks of "
-                                                "epoch 1 in"):
+    with pytest.raises(
+        RendezvousTimeout, match="waiting for metadata of all 2 ranks of epoch 1 in"
+    ):
         store.open_barrier(epoch=1, timeout=0.3)
     store.publish_metadata(Member("policy", 0, 1, "new-p"), "{}")
     store.publish_metadata(Member("rollout", 0, 1, "new-r"), "{}")
@@ -179,8 +236,11 @@ def test_wait_times_out_naming_what_it_waited_for_without_spinning(tmp_path: Pat
     store = FileStore(tmp_path, Layout(1, 1, 1))
     me = Member("rollout", 0, 3, "u")
     cpu, wall = time.process_time(), time.monotonic()
-    with pytest.raises(RendezvousTimeout, match=r"after 1s waiting for the barrier of epoch 3 "
-                                                r"\(key 'barrier'\)"):
+    with pytest.raises(
+        RendezvousTimeout,
+        match=r"after 1s waiting for the barrier of epoch 3 "
+        r"\(key 'barrier'\)",
+    ):
         store.wait_barrier(me, timeout=1.0)
     assert time.monotonic() - wall >= 1.0
     # Bounded back-off: a second of waiting must not burn a second of CPU.
@@ -204,14 +264,14 @@ def test_garbage_and_tampering_name_the_key(tmp_path: Path) -> None:
     store.publish_metadata(Member("policy", 0, 0, "intruder"), "{}")
     store.publish_metadata(Member("rollout", 0, 0, "r"), "{}")
     store.open_barrier(epoch=0, timeout=5)
-    with pytest.raises(EntryError, match="lists pod uid 'intruder' for policy rank 0, but "
-                                         "this pod is 'me'"):
+    with pytest.raises(
+        EntryError, match="lists pod uid 'intruder' for policy rank 0, but this pod is 'me'"
+    ):
         store.wait_barrier(me, timeout=5)
     # A metadata entry replaced after the barrier opened does not match the barrier.
     barrier = store.wait_barrier(Member("rollout", 0, 0, "r"), timeout=5)
     store.publish_metadata(Member("rollout", 0, 0, "late"), "{}")
-    with pytest.raises(EntryError, match="written by pod uid 'late', but the barrier "
-                                         "recorded 'r'"):
+    with pytest.raises(EntryError, match="written by pod uid 'late', but the barrier recorded 'r'"):
         store.peers(Member("policy", 0, 0, "intruder"), barrier)
 
 
@@ -220,35 +280,50 @@ def test_bad_layouts_and_members_are_refused(tmp_path: Path) -> None:
         Layout(100, 100, 1)
     with pytest.raises(ValueError, match="world sizes must be >= 1"):
         Layout(0, 1, 1)
-    config = WorkerConfig(job="j", role="policy", rank=0, policy_world_size=1,
-                          rollout_world_size=1,
-                          rendezvous=RendezvousConfig(store="file", location=str(tmp_path)))
+    config = WorkerConfig(
+        job="j",
+        role="policy",
+        rank=0,
+        policy_world_size=1,
+        rollout_world_size=1,
+        rendezvous=RendezvousConfig(store="file", location=str(tmp_path)),
+    )
     with pytest.raises(ValueError, match="REFIT_POD_UID is empty"):
         Member.from_config(config)
-    for args, message in ((("critic", 0, 0, "u"), "role 'critic'"),
-                          (("policy", -1, 0, "u"), "member rank must be an int >= 0, got -1"),
-                          (("policy", 0, True, "u"), "member epoch must be an int >= 0"),
-                          (("policy", 0, 0, "a b"), "pod uid 'a b' is not 1..40 characters"),
-                          (("policy", 0, 0, "x" * 41), "is not 1..40 characters")):
+    for args, message in (
+        (("critic", 0, 0, "u"), "role 'critic'"),
+        (("policy", -1, 0, "u"), "member rank must be an int >= 0, got -1"),
+        (("policy", 0, True, "u"), "member epoch must be an int >= 0"),
+        (("policy", 0, 0, "a b"), "pod uid 'a b' is not 1..40 characters"),
+        (("policy", 0, 0, "x" * 41), "is not 1..40 characters"),
+    ):
         with pytest.raises(ValueError, match=message):
             Member(*args)  # type: ignore[arg-type]
     store = open_store(config)
     assert isinstance(store, FileStore)
     with pytest.raises(EntryError, match="a MetadataEntry cannot be stored"):
-        store.put_entry("barrier", MetadataEntry(epoch=0, uid="u", role="policy", rank=0,
-                                                 agent="{}"))
+        store.put_entry(
+            "barrier", MetadataEntry(epoch=0, uid="u", role="policy", rank=0, agent="{}")
+        )
     assert not (tmp_path / "shard-0" / "barrier").exists()
     assert meta_key("policy", 0) not in store.read_data()
 
 
-
 def test_importing_the_stores_loads_no_kubernetes_client() -> None:
     # The API client is configured at first use; importing must not read any kubeconfig.
-    code = ("import sys, refit_worker.rendezvous as r; "
-            "print(sorted(m for m in ('kubernetes', 'urllib3') if m in sys.modules))")
+    code = (
+        "import sys, refit_worker.rendezvous as r; "
+        "print(sorted(m for m in ('kubernetes', 'urllib3') if m in sys.modules))"
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT / "worker"), KUBECONFIG="/nonexistent")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert done.stdout.strip() == "[]"
 
 

@@ -55,9 +55,13 @@ sys.exit(EXIT_PREEMPTED if stop else 0)
 
 def test_notice_of_own_epoch_stops_the_worker_by_signal(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "worker"))
-    proc = subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(
-        {"dir": str(tmp_path), "epoch": 4})], env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WORKER, json.dumps({"dir": str(tmp_path), "epoch": 4})],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "watching"
     coordinator = FileStore(tmp_path, Layout(1, 1, 1))

@@ -35,25 +35,41 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_gang(tmp_path: Path, *, policy: int, rollout: int, refits: int,
-                weights: SyntheticWeights) -> tuple[list[subprocess.Popen[bytes]], FileStore]:
+def _start_gang(
+    tmp_path: Path, *, policy: int, rollout: int, refits: int, weights: SyntheticWeights
+) -> tuple[list[subprocess.Popen[bytes]], FileStore]:
     store_dir = tmp_path / "rdzv"
     ports = {"policy": _free_port(), "rollout": _free_port()}
     procs = []
     for role, world in (("policy", policy), ("rollout", rollout)):
         for rank in range(world):
             config = WorkerConfig(
-                job="e2e", role=role, rank=rank, policy_world_size=policy,  # type: ignore[arg-type]
-                rollout_world_size=rollout, pod_uid=str(uuid.uuid4()),
-                pod_name=f"e2e-{role}-{rank}", master_port=ports[role], weights=weights,
+                job="e2e",
+                role=role,
+                rank=rank,
+                policy_world_size=policy,  # type: ignore[arg-type]
+                rollout_world_size=rollout,
+                pod_uid=str(uuid.uuid4()),
+                pod_name=f"e2e-{role}-{rank}",
+                master_port=ports[role],
+                weights=weights,
                 transfer=TransferConfig(bucket_size=64 << 10, refits=refits, timeout_seconds=30),
                 rendezvous=RendezvousConfig(store="file", location=str(store_dir)),
             )
-            env = {**os.environ, **config.to_env(),
-                   "PYTHONPATH": os.pathsep.join([str(ROOT / "worker"), str(ROOT / "operator")])}
+            env = {
+                **os.environ,
+                **config.to_env(),
+                "PYTHONPATH": os.pathsep.join([str(ROOT / "worker"), str(ROOT / "operator")]),
+            }
             log = (tmp_path / f"{role}-{rank}.log").open("wb")
-            procs.append(subprocess.Popen([sys.executable, "-m", "refit_worker"], env=env,
-                                          stdout=log, stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "refit_worker"],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
     return procs, FileStore(store_dir, Layout(policy, rollout, 1))
 
 

@@ -43,8 +43,15 @@ from kmock import KubernetesScaffold, ResourceInfo, Server
 from .faults import ApiFault, ApiFaults
 from .store import ApiStatusError, Store, field_matches, label_matches, merge_patch
 
-__all__ = ["RESOURCES", "ApiEmulator", "ApiFault", "ApiFaults", "ApiStatusError", "Store",
-           "merge_patch"]
+__all__ = [
+    "RESOURCES",
+    "ApiEmulator",
+    "ApiFault",
+    "ApiFaults",
+    "ApiStatusError",
+    "Store",
+    "merge_patch",
+]
 
 #: resource key -> (kind, has a status subresource)
 RESOURCES: dict[str, tuple[str, bool]] = {
@@ -120,15 +127,17 @@ class _Handler(KubernetesScaffold):
         if key not in RESOURCES:
             return _status(ApiStatusError(404, "NotFound", f"resource {key} is not served"))
         watch = request.method.value == "GET" and request.params.get("watch") in ("true", "1")
-        fault = self.faults.take(request.method.value, key, request.name or "", watch,
-                                 request.subresource or "")
+        fault = self.faults.take(
+            request.method.value, key, request.name or "", watch, request.subresource or ""
+        )
         if fault is not None:
             await asyncio.sleep(fault.delay)
             if fault.code == 410 and watch:
                 return await self._expired(request)
             if fault.code is not None:
-                return _status(ApiStatusError(fault.code, fault.reason,
-                                              f"injected fault: HTTP {fault.code}"))
+                return _status(
+                    ApiStatusError(fault.code, fault.reason, f"injected fault: HTTP {fault.code}")
+                )
         try:
             return await self._serve(request, key)
         except ApiStatusError as exc:
@@ -266,8 +275,9 @@ class ApiEmulator:
         self._stopping: asyncio.Event | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=f"api-emulator-{self.port}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"api-emulator-{self.port}", daemon=True
+        )
 
     @property
     def store(self) -> Store:

@@ -22,8 +22,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-_REASONS = {409: "Conflict", 410: "Expired", 429: "TooManyRequests", 500: "InternalError",
-            503: "ServiceUnavailable", 504: "Timeout"}
+_REASONS = {
+    409: "Conflict",
+    410: "Expired",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
 
 
 @dataclass
@@ -60,8 +66,7 @@ class ApiFault:
     def reason(self) -> str:
         return _REASONS.get(self.code or 0, "Injected")
 
-    def matches(self, method: str, resource: str, name: str, watch: bool,
-                subresource: str) -> bool:
+    def matches(self, method: str, resource: str, name: str, watch: bool, subresource: str) -> bool:
         return (
             self.used < self.times
             and self.method in (None, method)
@@ -99,15 +104,17 @@ class ApiFaults:
         with self._lock:
             self.rules.clear()
 
-    def take(self, method: str, resource: str, name: str, watch: bool,
-             subresource: str = "") -> ApiFault | None:
+    def take(
+        self, method: str, resource: str, name: str, watch: bool, subresource: str = ""
+    ) -> ApiFault | None:
         """The rule that handles this request, counted as used; None: serve it normally."""
         with self._lock:
             for rule in self.rules:
                 if rule.matches(method, resource, name, watch, subresource):
                     rule.used += 1
-                    self.hits.append(Hit(time.monotonic(), method, resource, name, watch,
-                                         rule.code))
+                    self.hits.append(
+                        Hit(time.monotonic(), method, resource, name, watch, rule.code)
+                    )
                     return rule
         return None
 

@@ -133,8 +133,11 @@ async def test_answers_while_the_test_loop_is_blocked(kube_emulator: ApiEmulator
 
     def worker() -> None:
         request = urllib.request.Request(
-            f"{kube_emulator.url}{CM}/w", data=json.dumps({"data": {"k": "v"}}).encode(),
-            headers=MERGE, method="PATCH")
+            f"{kube_emulator.url}{CM}/w",
+            data=json.dumps({"data": {"k": "v"}}).encode(),
+            headers=MERGE,
+            method="PATCH",
+        )
         with urllib.request.urlopen(request, timeout=5) as response:
             answers.append(response.status)
 

@@ -15,14 +15,24 @@ BENCH = ROOT / "bench" / "rendezvous.py"
 
 
 def test_bench_prints_a_row_per_store_and_size() -> None:
-    done = subprocess.run([sys.executable, str(BENCH), "--ranks", "4", "6", "--runs", "3"],
-                          capture_output=True, text=True, timeout=240, cwd=ROOT, check=False)
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--ranks", "4", "6", "--runs", "3"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert lines[0].split()[:2] == ["store", "ranks"]
     rows = [line.split() for line in lines[1:]]
     assert [(r[0], r[1], r[2]) for r in rows] == [
-        ("configmap", "4", "1"), ("configmap", "6", "1"), ("file", "4", "1"), ("file", "6", "1")]
+        ("configmap", "4", "1"),
+        ("configmap", "6", "1"),
+        ("file", "4", "1"),
+        ("file", "6", "1"),
+    ]
     for row in rows:
         seconds, ratio, per_rank_bytes = float(row[3]), float(row[6]), int(row[7])
         assert seconds > 0 and ratio > 0
@@ -30,9 +40,17 @@ def test_bench_prints_a_row_per_store_and_size() -> None:
 
 
 def test_bench_refuses_too_few_runs_and_ranks() -> None:
-    for args, message in ((["--runs", "2"], "--runs must be >= 3"),
-                          (["--ranks", "1"], "--ranks must each be >= 2")):
-        done = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True,
-                              text=True, timeout=60, cwd=ROOT, check=False)
+    for args, message in (
+        (["--runs", "2"], "--runs must be >= 3"),
+        (["--ranks", "1"], "--ranks must each be >= 2"),
+    ):
+        done = subprocess.run(
+            [sys.executable, str(BENCH), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            check=False,
+        )
         assert done.returncode == 2
         assert message in done.stderr

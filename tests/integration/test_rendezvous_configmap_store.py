@@ -85,11 +85,19 @@ def make_maps(api: ApiEmulator, shards: int, base: str = BASE) -> None:
 
 
 async def spawn(order: dict[str, Any]) -> asyncio.subprocess.Process:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "worker"),
-                                                        os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT / "worker"), os.environ.get("PYTHONPATH", "")]),
+    )
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-c", WORKER, json.dumps(order), env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-c",
+        WORKER,
+        json.dumps(order),
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
 
 
 async def result(proc: asyncio.subprocess.Process) -> dict[str, Any]:
@@ -106,9 +114,19 @@ def ranks(policy: int, rollout: int) -> list[tuple[str, int]]:
 async def test_gang_meets_over_sharded_configmaps(api: ApiEmulator) -> None:
     layout = (2, 2, 2)
     make_maps(api, 2)
-    procs = [await spawn({"base": BASE, "layout": layout, "role": role, "rank": rank,
-                          "epoch": 0, "uid": f"uid-{role}-{rank}"})
-             for role, rank in ranks(2, 2)]
+    procs = [
+        await spawn(
+            {
+                "base": BASE,
+                "layout": layout,
+                "role": role,
+                "rank": rank,
+                "epoch": 0,
+                "uid": f"uid-{role}-{rank}",
+            }
+        )
+        for role, rank in ranks(2, 2)
+    ]
     coordinator = ConfigMapStore(BASE, NS, Layout(*layout))
     try:
         barrier = await asyncio.to_thread(coordinator.open_barrier, 0, 60)
@@ -124,10 +142,19 @@ async def test_gang_meets_over_sharded_configmaps(api: ApiEmulator) -> None:
     # Each rank's keys sit in the ConfigMap its shard names; barrier in shard 0.
     first = api.get(CM, NS, BASE)["data"]
     second = api.get(CM, NS, f"{BASE}-1")["data"]
-    assert sorted(first) == [BARRIER_KEY, "meta.policy.0", "meta.policy.1",
-                             "progress.policy.0", "progress.policy.1"]
-    assert sorted(second) == ["meta.rollout.0", "meta.rollout.1",
-                              "progress.rollout.0", "progress.rollout.1"]
+    assert sorted(first) == [
+        BARRIER_KEY,
+        "meta.policy.0",
+        "meta.policy.1",
+        "progress.policy.0",
+        "progress.policy.1",
+    ]
+    assert sorted(second) == [
+        "meta.rollout.0",
+        "meta.rollout.1",
+        "progress.rollout.0",
+        "progress.rollout.1",
+    ]
 
 
 async def test_writes_are_merge_patches_of_own_key(api: ApiEmulator) -> None:
@@ -149,17 +176,31 @@ async def test_writes_are_merge_patches_of_own_key(api: ApiEmulator) -> None:
 async def test_preemption_notice_stops_both_roles(api: ApiEmulator) -> None:
     layout = (1, 1, 1)
     make_maps(api, 1)
-    procs = [await spawn({"base": BASE, "layout": layout, "role": role, "rank": rank,
-                          "epoch": 3, "uid": f"u-{role}", "await_preempt": True})
-             for role, rank in ranks(1, 1)]
+    procs = [
+        await spawn(
+            {
+                "base": BASE,
+                "layout": layout,
+                "role": role,
+                "rank": rank,
+                "epoch": 3,
+                "uid": f"u-{role}",
+                "await_preempt": True,
+            }
+        )
+        for role, rank in ranks(1, 1)
+    ]
     coordinator = ConfigMapStore(BASE, NS, Layout(*layout))
     await asyncio.to_thread(coordinator.open_barrier, 3, 60)
-    await asyncio.to_thread(coordinator.post_preemption,
-                            make_preempt_notice(2, "job-rollout-0", "old", "stale"))
+    await asyncio.to_thread(
+        coordinator.post_preemption, make_preempt_notice(2, "job-rollout-0", "old", "stale")
+    )
     await asyncio.sleep(0.5)
     assert all(proc.returncode is None for proc in procs)
-    await asyncio.to_thread(coordinator.post_preemption,
-                            make_preempt_notice(3, "job-rollout-0", "u-rollout", "eviction"))
+    await asyncio.to_thread(
+        coordinator.post_preemption,
+        make_preempt_notice(3, "job-rollout-0", "u-rollout", "eviction"),
+    )
     assert [(await result(p))["notice"] for p in procs] == ["eviction", "eviction"]
     coordinator.close()
 
@@ -179,8 +220,9 @@ async def test_watch_resumes_after_410_gone(api: ApiEmulator) -> None:
 
     # In one go, without yielding to the watch: the barrier, then enough other writes
     # to push it out of the emulator's 50-event history.  Only a re-list can find it.
-    api.patch(CM, NS, BASE, {"data": {BARRIER_KEY: encode_entry(
-        BARRIER_KEY, make_barrier(snap, 1, 1))}})
+    api.patch(
+        CM, NS, BASE, {"data": {BARRIER_KEY: encode_entry(BARRIER_KEY, make_barrier(snap, 1, 1))}}
+    )
     for i in range(60):
         api.patch(CM, NS, "busy", {"data": {"n": str(i)}})
     assert api.store.oldest_rv > int(api.get(CM, NS, BASE)["metadata"]["resourceVersion"])
@@ -192,16 +234,25 @@ async def test_watch_resumes_after_410_gone(api: ApiEmulator) -> None:
     publish.close()
 
 
-async def test_watch_renews_after_its_server_timeout(api: ApiEmulator,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_watch_renews_after_its_server_timeout(
+    api: ApiEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(configmap_store, "WATCH_SECONDS", 1)
     make_maps(api, 1)
     store = ConfigMapStore(BASE, NS, Layout(1, 1, 1))
     me = Member("rollout", 0, 0, "r")
     waiter = asyncio.create_task(asyncio.to_thread(store.wait_preemption, me, 30))
     await asyncio.sleep(2.5)  # past two watch timeouts
-    api.patch(CM, NS, BASE, {"data": {"preempt": make_preempt_notice(
-        0, "job-policy-0", "p", "drain").model_dump_json()}})
+    api.patch(
+        CM,
+        NS,
+        BASE,
+        {
+            "data": {
+                "preempt": make_preempt_notice(0, "job-policy-0", "p", "drain").model_dump_json()
+            }
+        },
+    )
     assert (await asyncio.wait_for(waiter, timeout=20)).reason == "drain"
     watches = [r for r in api._handler if r.params.get("watch") == "true"]
     assert len(watches) >= 2
@@ -211,9 +262,12 @@ async def test_watch_renews_after_its_server_timeout(api: ApiEmulator,
 async def test_timeout_names_what_and_where(api: ApiEmulator) -> None:
     make_maps(api, 1)
     store = ConfigMapStore(BASE, NS, Layout(1, 1, 1))
-    with pytest.raises(RendezvousTimeout, match=r"after 0.5s waiting for the barrier of epoch "
-                                                r"7 \(key 'barrier'\) in ConfigMap "
-                                                r"default/job-rendezvous"):
+    with pytest.raises(
+        RendezvousTimeout,
+        match=r"after 0.5s waiting for the barrier of epoch "
+        r"7 \(key 'barrier'\) in ConfigMap "
+        r"default/job-rendezvous",
+    ):
         await asyncio.to_thread(store.wait_barrier, Member("policy", 0, 7, "p"), 0.5)
     store.close()
 
@@ -221,8 +275,11 @@ async def test_timeout_names_what_and_where(api: ApiEmulator) -> None:
 async def test_garbage_value_and_missing_map_are_clear_errors(api: ApiEmulator) -> None:
     store = ConfigMapStore(BASE, NS, Layout(1, 1, 1))
     me = Member("policy", 0, 0, "p")
-    with pytest.raises(RendezvousError, match=r"could not set key 'meta\.policy\.0' of ConfigMap "
-                                              r"default/job-rendezvous: HTTP 404"):
+    with pytest.raises(
+        RendezvousError,
+        match=r"could not set key 'meta\.policy\.0' of ConfigMap "
+        r"default/job-rendezvous: HTTP 404",
+    ):
         await asyncio.to_thread(store.publish_metadata, me, "{}")
     make_maps(api, 1)
     waiter = asyncio.create_task(asyncio.to_thread(store.wait_barrier, me, 30))
@@ -230,8 +287,18 @@ async def test_garbage_value_and_missing_map_are_clear_errors(api: ApiEmulator) 
     api.patch(CM, NS, BASE, {"data": {"preempt": '{"v": 1, "epoch": 0, "pod": "x"'}})
     with pytest.raises(EntryError, match=r"'preempt': value is not JSON"):
         await asyncio.wait_for(waiter, timeout=20)
-    api.patch(CM, NS, BASE, {"data": {"preempt": make_preempt_notice(
-        0, "job-rollout-0", "r", "eviction").model_dump_json()}})
+    api.patch(
+        CM,
+        NS,
+        BASE,
+        {
+            "data": {
+                "preempt": make_preempt_notice(
+                    0, "job-rollout-0", "r", "eviction"
+                ).model_dump_json()
+            }
+        },
+    )
     with pytest.raises(PreemptedError, match="job preempted in epoch 0: eviction"):
         await asyncio.to_thread(store.wait_barrier, me, 5)
     store.close()
@@ -244,14 +311,21 @@ async def test_a_job_over_one_shard_spreads_and_fits(api: ApiEmulator) -> None:
     make_maps(api, shards)
     store = ConfigMapStore(BASE, NS, Layout(policy, rollout, shards))
     agent = json.dumps({"name": "x" * 40, "meta": "QUJD" * 200})
-    members = [Member(role, rank, 0, f"{role[0]}{rank:035d}")  # type: ignore[arg-type]
-               for role, rank in ranks(policy, rollout)]
+    members = [
+        Member(role, rank, 0, f"{role[0]}{rank:035d}")  # type: ignore[arg-type]
+        for role, rank in ranks(policy, rollout)
+    ]
     for chunk in range(0, len(members), 20):
-        await asyncio.gather(*(asyncio.to_thread(store.publish_metadata, m, agent)
-                               for m in members[chunk:chunk + 20]))
+        await asyncio.gather(
+            *(
+                asyncio.to_thread(store.publish_metadata, m, agent)
+                for m in members[chunk : chunk + 20]
+            )
+        )
     await asyncio.to_thread(store.open_barrier, 0, 30)
-    sizes = [len(json.dumps(api.get(CM, NS, configmap_name(BASE, s))).encode())
-             for s in range(shards)]
+    sizes = [
+        len(json.dumps(api.get(CM, NS, configmap_name(BASE, s))).encode()) for s in range(shards)
+    ]
     assert all(size < 1 << 20 for size in sizes)
     counts = [len(api.get(CM, NS, configmap_name(BASE, s))["data"]) for s in range(shards)]
     assert counts == [101, 100]  # 100 ranks each, and the barrier in shard 0
@@ -272,8 +346,18 @@ async def test_preemption_watch_hears_the_notice_and_stops_promptly(api: ApiEmul
     heard = threading.Event()
     watch = PreemptionWatch(store, me, lambda notice: heard.set()).start()
     await asyncio.sleep(0.5)
-    api.patch(CM, NS, BASE, {"data": {"preempt": make_preempt_notice(
-        1, "job-policy-1", "p1", "DisruptionTarget").model_dump_json()}})
+    api.patch(
+        CM,
+        NS,
+        BASE,
+        {
+            "data": {
+                "preempt": make_preempt_notice(
+                    1, "job-policy-1", "p1", "DisruptionTarget"
+                ).model_dump_json()
+            }
+        },
+    )
     assert await asyncio.to_thread(heard.wait, 20)
     assert watch.notice is not None and watch.notice.pod == "job-policy-1"
     await asyncio.to_thread(watch.stop)

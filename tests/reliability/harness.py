@@ -64,23 +64,46 @@ HOLD_LIMIT_S = 30.0
 STAGES = tuple(Stage)
 
 
-def manifest(name: str, topo: Topology, *, refits: int, layers: int = 4, hidden: int = 256,
-             vocab: int = 4096, bucket: str = "64Ki", max_restarts: int = 0,
-             backoff: float = 0.5, grace: int = 20, timeout: int = 30) -> dict[str, Any]:
+def manifest(
+    name: str,
+    topo: Topology,
+    *,
+    refits: int,
+    layers: int = 4,
+    hidden: int = 256,
+    vocab: int = 4096,
+    bucket: str = "64Ki",
+    max_restarts: int = 0,
+    backoff: float = 0.5,
+    grace: int = 20,
+    timeout: int = 30,
+) -> dict[str, Any]:
     """A RefitJob small enough for CI: a ~9 MiB bf16 model in 64 KiB buckets, so that a
     refit has ~150 bucket boundaries for a drain to land between."""
     return {
-        "apiVersion": "refit.dev/v1alpha1", "kind": "RefitJob",
+        "apiVersion": "refit.dev/v1alpha1",
+        "kind": "RefitJob",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
             "image": "kube-refit:test",
-            "policy": {"replicas": topo.policy}, "rollout": {"replicas": topo.rollout},
-            "weights": {"synthetic": {"layers": layers, "hidden": hidden, "vocab": vocab,
-                                      "dtype": "bfloat16", "seed": 7}},
+            "policy": {"replicas": topo.policy},
+            "rollout": {"replicas": topo.rollout},
+            "weights": {
+                "synthetic": {
+                    "layers": layers,
+                    "hidden": hidden,
+                    "vocab": vocab,
+                    "dtype": "bfloat16",
+                    "seed": 7,
+                }
+            },
             "transfer": {"bucketSize": bucket, "refits": refits, "timeoutSeconds": timeout},
             "preemption": {"signal": "SIGTERM", "gracePeriodSeconds": grace},
-            "failurePolicy": {"maxRestarts": max_restarts, "backoffSeconds": backoff,
-                              "maxBackoffSeconds": backoff * 4},
+            "failurePolicy": {
+                "maxRestarts": max_restarts,
+                "backoffSeconds": backoff,
+                "maxBackoffSeconds": backoff * 4,
+            },
         },
     }
 
@@ -105,8 +128,11 @@ def stop_point(message: str, state: str) -> StopPoint:
         return StopPoint.PEER
     if "bucket boundary" in message:
         return StopPoint.BUCKET
-    if message.startswith("signal received by") or "posted a preemption notice" in message \
-            or "a peer left" in message:
+    if (
+        message.startswith("signal received by")
+        or "posted a preemption notice" in message
+        or "a peer left" in message
+    ):
         return StopPoint.BOUNDARY
     if "preempt" in message.lower():
         return StopPoint.CONNECT  # the barrier wait raised PreemptedError
@@ -147,8 +173,14 @@ class EpochView:
         """The most refits any rollout rank of this epoch reported committed."""
         if self.snap is None:
             return 0
-        return max((p.refits_completed for (role, _), p in self.snap.progress.items()
-                    if role == "rollout"), default=0)
+        return max(
+            (
+                p.refits_completed
+                for (role, _), p in self.snap.progress.items()
+                if role == "rollout"
+            ),
+            default=0,
+        )
 
     def last_refit_seconds(self) -> float:
         if self.snap is None:
@@ -158,16 +190,27 @@ class EpochView:
 
 def view_of(status: RefitJobStatus, cluster: LocalCluster) -> EpochView:
     epoch = status.epoch
-    pods = [p for p in cluster.kubelet.pods()
-            if (p["metadata"].get("labels") or {}).get(names.LABEL_EPOCH) == str(epoch)]
+    pods = [
+        p
+        for p in cluster.kubelet.pods()
+        if (p["metadata"].get("labels") or {}).get(names.LABEL_EPOCH) == str(epoch)
+    ]
     try:
         snap: Snapshot | None = read_snapshot(
-            merged(cluster.observed_rendezvous()), epoch, cluster.layout.policy_world_size,
-            cluster.layout.rollout_world_size)
+            merged(cluster.observed_rendezvous()),
+            epoch,
+            cluster.layout.policy_world_size,
+            cluster.layout.rollout_world_size,
+        )
     except EntryError:
         snap = None
-    return EpochView(epoch, snap, [(p["metadata"]["name"], p["metadata"]["uid"]) for p in pods],
-                     cluster.kubelet.pids(), status.refits_completed)
+    return EpochView(
+        epoch,
+        snap,
+        [(p["metadata"]["name"], p["metadata"]["uid"]) for p in pods],
+        cluster.kubelet.pids(),
+        status.refits_completed,
+    )
 
 
 @dataclass
@@ -222,7 +265,8 @@ class Observer:
         now = time.monotonic()
         for fault in self.faults:
             if fault.stopped_s is None and all(
-                    key in cluster.kubelet.exit_codes for key in fault.old_pods):
+                key in cluster.kubelet.exit_codes for key in fault.old_pods
+            ):
                 fault.stopped_s = now - fault.at
             later = view.epoch > fault.epoch and status.created_epoch == view.epoch
             if fault.restarted_s is None and later:
@@ -238,8 +282,17 @@ class Observer:
         if choice is None:
             return
         kind, target, stage = choice
-        fault = Fault(kind, view.epoch, target, stage, view.published, view.barrier_open,
-                      view.committed(), now, list(view.pods))
+        fault = Fault(
+            kind,
+            view.epoch,
+            target,
+            stage,
+            view.published,
+            view.barrier_open,
+            view.committed(),
+            now,
+            list(view.pods),
+        )
         if kind == "drain":
             if not cluster.kubelet.disrupt(target):
                 return
@@ -362,12 +415,18 @@ def phase_of(view: EpochView) -> str:
 
 def stage_plan(job: str, topo: Topology, refits: int) -> StagePlan:
     """Drain the last rollout rank at each stage in turn."""
-    return StagePlan(STAGES, refits, names.pod_name(job, "rollout", topo.rollout - 1),
-                     topo.rollout, names.pod_name(job, "policy", 0))
+    return StagePlan(
+        STAGES,
+        refits,
+        names.pod_name(job, "rollout", topo.rollout - 1),
+        topo.rollout,
+        names.pod_name(job, "policy", 0),
+    )
 
 
-def run_with(job: Mapping[str, Any], plan: Plan, workdir: Path, *, max_faults: int,
-             timeout: float = 300.0) -> tuple[RunResult, Observer, RefitJobSpec]:
+def run_with(
+    job: Mapping[str, Any], plan: Plan, workdir: Path, *, max_faults: int, timeout: float = 300.0
+) -> tuple[RunResult, Observer, RefitJobSpec]:
     spec = parse_spec(job["spec"])
     observer = Observer(plan, max_faults=max_faults)
     result = run_job(job, spec, RunOptions(workdir=workdir, timeout=timeout), on_tick=observer)
@@ -382,8 +441,10 @@ processes_under = _processes_under
 
 
 def rollout_logs(workdir: Path) -> dict[str, str]:
-    return {p.name: p.read_text(errors="replace")
-            for p in sorted((workdir / "logs").glob("*-rollout-*.log"))}
+    return {
+        p.name: p.read_text(errors="replace")
+        for p in sorted((workdir / "logs").glob("*-rollout-*.log"))
+    }
 
 
 def preempted_reason(log_text: str) -> str | None:
@@ -415,12 +476,15 @@ class Kill:
     delay: float
 
 
-def seeded_kills(seed: int, count: int, topo: Topology, job: str,
-                 window: float) -> list[Kill]:
+def seeded_kills(seed: int, count: int, topo: Topology, job: str, window: float) -> list[Kill]:
     """``count`` kills from ``seed`` (pure): a rank, an anchor (start-up or refits, half
     each) and a delay within ``window`` seconds of it."""
     rng = random.Random(seed)
     pods = [names.pod_name(job, "policy", r) for r in range(topo.policy)]
     pods += [names.pod_name(job, "rollout", r) for r in range(topo.rollout)]
-    return [Kill(rng.choice(pods), rng.choice(("created", "barrier")),
-                 round(rng.uniform(0.0, window), 2)) for _ in range(count)]
+    return [
+        Kill(
+            rng.choice(pods), rng.choice(("created", "barrier")), round(rng.uniform(0.0, window), 2)
+        )
+        for _ in range(count)
+    ]

@@ -36,7 +36,8 @@ async def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
 
 def _members(policy: int, rollout: int) -> list[Member]:
     return [Member("policy", r, 0, f"uid-p{r}") for r in range(policy)] + [
-        Member("rollout", r, 0, f"uid-r{r}") for r in range(rollout)]
+        Member("rollout", r, 0, f"uid-r{r}") for r in range(rollout)
+    ]
 
 
 async def test_store_write_backs_off_then_gives_up_naming_the_configmap(
@@ -75,15 +76,18 @@ async def test_store_rendezvous_under_conflicts_errors_gone_watches_and_slowness
     api.create(CM, NS, {"metadata": {"name": BASE}, "data": {}})
     layout = Layout(2, 2, 1)
     members = _members(2, 2)
-    for fault in (ApiFault(code=409, method="PATCH", resource=CM, times=3),
-                  ApiFault(code=500, method="PATCH", resource=CM, times=3),
-                  ApiFault(code=410, resource=CM, watch=True, times=3),
-                  ApiFault(code=500, method="GET", resource=CM, watch=False, times=2),
-                  ApiFault(delay=0.3, method="GET", resource=CM, times=6)):
+    for fault in (
+        ApiFault(code=409, method="PATCH", resource=CM, times=3),
+        ApiFault(code=500, method="PATCH", resource=CM, times=3),
+        ApiFault(code=410, resource=CM, watch=True, times=3),
+        ApiFault(code=500, method="GET", resource=CM, watch=False, times=2),
+        ApiFault(delay=0.3, method="GET", resource=CM, times=6),
+    ):
         api.faults.add(fault)
     stores = [ConfigMapStore(BASE, NS, layout) for _ in members]
     coordinator = ConfigMapStore(BASE, NS, layout)
     try:
+
         async def rank(store: ConfigMapStore, me: Member) -> list[str]:
             await asyncio.to_thread(store.publish_metadata, me, json.dumps({"agent": me.rank}))
             barrier = await asyncio.to_thread(store.wait_barrier, me, 30.0)
@@ -119,41 +123,54 @@ def _job(name: str) -> dict[str, object]:
 async def test_operator_under_api_faults_creates_each_child_once_and_finishes(
     api: ApiEmulator,
 ) -> None:
-    for fault in (ApiFault(code=500, method="POST", resource=PODS, times=3),
-                  ApiFault(code=409, method="PATCH", resource=JOBS, subresource="status",
-                           times=2),
-                  ApiFault(code=500, method="PATCH", resource=JOBS, times=2),
-                  ApiFault(code=410, resource=JOBS, watch=True, times=2),
-                  ApiFault(code=410, resource=PODS, watch=True, times=2),
-                  ApiFault(code=500, method="GET", resource=PODS, watch=False, times=2),
-                  ApiFault(delay=0.2, method="GET", times=20)):
+    for fault in (
+        ApiFault(code=500, method="POST", resource=PODS, times=3),
+        ApiFault(code=409, method="PATCH", resource=JOBS, subresource="status", times=2),
+        ApiFault(code=500, method="PATCH", resource=JOBS, times=2),
+        ApiFault(code=410, resource=JOBS, watch=True, times=2),
+        ApiFault(code=410, resource=PODS, watch=True, times=2),
+        ApiFault(code=500, method="GET", resource=PODS, watch=False, times=2),
+        ApiFault(delay=0.2, method="GET", times=20),
+    ):
         api.faults.add(fault)
     run = OperatorRun(resync_seconds=2.0)
     await run.start()
     try:
         api.create(JOBS, NS, _job("flaky"))
-        pods = await eventually(lambda: len(api.list(PODS, NS)) == 4 and api.list(PODS, NS),
-                                "4 pods despite the faults", timeout=90)
+        pods = await eventually(
+            lambda: len(api.list(PODS, NS)) == 4 and api.list(PODS, NS),
+            "4 pods despite the faults",
+            timeout=90,
+        )
         uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
         for name in uids:
             set_pod_phase(api, name, "Running")
-        await eventually(lambda: _status(api).get("phase") == "Running", "phase Running",
-                         timeout=90)
+        await eventually(
+            lambda: _status(api).get("phase") == "Running", "phase Running", timeout=90
+        )
         for name in uids:
             if "-rollout-" in name:
                 set_pod_phase(api, name, "Succeeded")
-        status = await eventually(lambda: _status(api).get("phase") == "Succeeded"
-                                  and _status(api), "phase Succeeded", timeout=90)
+        status = await eventually(
+            lambda: _status(api).get("phase") == "Succeeded" and _status(api),
+            "phase Succeeded",
+            timeout=90,
+        )
     finally:
         await run.stop()
     assert status["restarts"] == 0 and status["preemptions"] == 0 and status["epoch"] == 0
     # Each child was created once, and no pod was replaced: the failed creates were
     # retried, not doubled (the store's history holds every creation).
-    added = [(e.obj["metadata"]["name"], e.obj["metadata"]["uid"])
-             for e in api.store.events_since(0) if e.resource == PODS and e.type == "ADDED"]
+    added = [
+        (e.obj["metadata"]["name"], e.obj["metadata"]["uid"])
+        for e in api.store.events_since(0)
+        if e.resource == PODS and e.type == "ADDED"
+    ]
     assert sorted(added) == sorted(uids.items())
-    for resource, want in ((CM, ["flaky-rendezvous"]),
-                           ("v1/services", ["flaky-policy", "flaky-rollout"])):
+    for resource, want in (
+        (CM, ["flaky-rendezvous"]),
+        ("v1/services", ["flaky-policy", "flaky-rollout"]),
+    ):
         assert sorted(o["metadata"]["name"] for o in api.list(resource, NS)) == want
     assert api.faults.spent(), [(f.code, f.method, f.used, f.times) for f in api.faults.rules]
 

@@ -37,8 +37,9 @@ REFITS = 4
 def test_drain_at_every_stage(tmp_path: Path, topo: Topology) -> None:
     job = manifest("drain", topo, refits=REFITS)
     workdir = tmp_path / "work"
-    result, observer, _ = run_with(job, stage_plan("drain", topo, REFITS), workdir,
-                                   max_faults=len(STAGES), timeout=300)
+    result, observer, _ = run_with(
+        job, stage_plan("drain", topo, REFITS), workdir, max_faults=len(STAGES), timeout=300
+    )
     logs = rollout_logs(workdir)
     # No hang: the run ended on its own, well inside its timeout.
     assert not result.timed_out, result.status
@@ -53,7 +54,9 @@ def test_drain_at_every_stage(tmp_path: Path, topo: Topology) -> None:
     early = {pod for f in observer.faults[:2] for pod in f.old_pods}
     for key, code in observer.exit_codes.items():
         assert code in ({0, EXIT_PREEMPTED, 143} if key in early else {0, EXIT_PREEMPTED}), (
-            key, code)
+            key,
+            code,
+        )
     assert EXIT_PREEMPTED in observer.exit_codes.values()
     # Each stage was met as planned when the drain went in.
     by_stage = {Stage(f.stage): f for f in observer.faults}
@@ -83,4 +86,3 @@ def test_drain_at_every_stage(tmp_path: Path, topo: Topology) -> None:
     # Ranks stopped inside a refit at least once (mid-bucket or final commit).
     assert any("bucket boundary" in why for why in stop_points(workdir).values())
     assert not processes_under(workdir)
-

@@ -40,8 +40,11 @@ def _status(api: ApiEmulator) -> dict[str, Any]:
 
 def _created(api: ApiEmulator, resource: str) -> list[str]:
     """Names of every object of ``resource`` ever created (the store's history)."""
-    return sorted(e.obj["metadata"]["name"] for e in api.store.events_since(0)
-                  if e.resource == resource and e.type == "ADDED")
+    return sorted(
+        e.obj["metadata"]["name"]
+        for e in api.store.events_since(0)
+        if e.resource == resource and e.type == "ADDED"
+    )
 
 
 @pytest.mark.timeout(300)
@@ -55,25 +58,30 @@ async def test_operator_restart_mid_job(cluster: Cluster) -> None:
     # 1: down before the barrier opens; the ranks publish meanwhile and wait.
     await run.stop()
     await asyncio.sleep(3)
-    assert "barrier" not in (api.get("v1/configmaps", NS, "restart-rendezvous").get("data")
-                             or {})
+    assert "barrier" not in (api.get("v1/configmaps", NS, "restart-rendezvous").get("data") or {})
     await run.start()
-    before = await eventually(lambda: (s := _status(api)).get("refitsCompleted", 0) >= 1 and s,
-                              "the first refit after the restart", timeout=180)
+    before = await eventually(
+        lambda: (s := _status(api)).get("refitsCompleted", 0) >= 1 and s,
+        "the first refit after the restart",
+        timeout=180,
+    )
     # 2: down while refits run; the workers carry on without it.
     await run.stop()
     await asyncio.sleep(2)
     await run.start()
     status = await eventually(
         lambda: (s := _status(api)).get("phase") in ("Succeeded", "Failed") and s,
-        "the job to finish after two operator restarts", timeout=240)
+        "the job to finish after two operator restarts",
+        timeout=240,
+    )
     assert status["phase"] == "Succeeded", status
     # Status continued: the count only went up, and nothing was restarted or preempted.
     assert status["refitsCompleted"] == REFITS >= before["refitsCompleted"]
     assert status["restarts"] == 0 and status["preemptions"] == 0 and status["epoch"] == 0
     # No duplicate children: each was created exactly once across the three operators.
     assert _created(api, PODS) == sorted(
-        [f"restart-policy-{r}" for r in range(2)] + [f"restart-rollout-{r}" for r in range(2)])
+        [f"restart-policy-{r}" for r in range(2)] + [f"restart-rollout-{r}" for r in range(2)]
+    )
     assert _created(api, "v1/configmaps") == ["restart-rendezvous"]
     assert _created(api, "v1/services") == ["restart-policy", "restart-rollout"]
     assert sorted(bridge.exit_codes.values()) == [0, 0, 0, 0]

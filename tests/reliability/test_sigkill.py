@@ -38,11 +38,17 @@ def test_sigkill_restarts_then_fails_naming_the_rank(
 ) -> None:
     kills = seeded_kills(seed, KILLS, topo, "kill", WINDOW_S)
     timeout, backoff = 15, 0.5
-    job = manifest("kill", topo, refits=1000, max_restarts=KILLS - 1, backoff=backoff,
-                   timeout=timeout, grace=10)
+    job = manifest(
+        "kill",
+        topo,
+        refits=1000,
+        max_restarts=KILLS - 1,
+        backoff=backoff,
+        timeout=timeout,
+        grace=10,
+    )
     workdir = tmp_path / "work"
-    result, observer, spec = run_with(job, KillPlan(kills), workdir, max_faults=KILLS,
-                                      timeout=240)
+    result, observer, spec = run_with(job, KillPlan(kills), workdir, max_faults=KILLS, timeout=240)
     faults = observer.faults
     assert not result.timed_out, result.status
     assert [(f.target, f.epoch) for f in faults] == [(k.pod, e) for e, k in enumerate(kills)]

@@ -62,18 +62,21 @@ def _json(**fields: Any) -> bytes:
     return json.dumps(fields).encode()
 
 
-def _meta(epoch: int = 0, uid: str = "p0", role: str = "policy", rank: int = 0,
-          agent: str = AGENT) -> bytes:
+def _meta(
+    epoch: int = 0, uid: str = "p0", role: str = "policy", rank: int = 0, agent: str = AGENT
+) -> bytes:
     return _json(v=1, epoch=epoch, uid=uid, role=role, rank=rank, agent=agent)
 
 
 def honest() -> dict[str, str]:
     """Epoch 0 with both ranks published (the operator has not opened the barrier yet)."""
     return {
-        "meta.policy.0": encode_entry("meta.policy.0", MetadataEntry(
-            epoch=0, uid="p0", role="policy", rank=0, agent=AGENT)),
-        "meta.rollout.0": encode_entry("meta.rollout.0", MetadataEntry(
-            epoch=0, uid="r0", role="rollout", rank=0, agent=AGENT)),
+        "meta.policy.0": encode_entry(
+            "meta.policy.0", MetadataEntry(epoch=0, uid="p0", role="policy", rank=0, agent=AGENT)
+        ),
+        "meta.rollout.0": encode_entry(
+            "meta.rollout.0", MetadataEntry(epoch=0, uid="r0", role="rollout", rank=0, agent=AGENT)
+        ),
     }
 
 
@@ -96,58 +99,126 @@ def _pickled(protocol: int) -> Callable[[Path], bytes]:
 
 
 TAMPERED: list[Tamper] = [
-    Tamper("metadata of another epoch", "meta.policy.0", lambda m: _meta(epoch=5), "waits",
-           "refused: 'meta.policy.0': missing for epoch 0, though the barrier is open"),
-    Tamper("barrier of another epoch", BARRIER_KEY,
-           lambda m: _json(v=1, epoch=5, policy_uids=["x"], rollout_uids=["y"]),
-           "opened", "waits"),
-    Tamper("preemption notice of another epoch", PREEMPT_KEY,
-           lambda m: _json(v=1, epoch=5, pod="p", uid="x", reason="old"), "opened", "proceeds"),
-    Tamper("metadata from another pod", "meta.policy.0", lambda m: _meta(uid="intruder"),
-           "refused: 'meta.policy.0': written by pod uid 'intruder', but the rank's pod is 'p0'",
-           "refused: 'meta.policy.0': written by pod uid 'intruder', but the barrier recorded"),
-    Tamper("barrier naming another pod", BARRIER_KEY,
-           lambda m: _json(v=1, epoch=0, policy_uids=["intruder"], rollout_uids=["r0"]),
-           "waits", "refused: lists pod uid 'intruder' for policy rank 0, but this pod is 'p0'"),
-    Tamper("garbage bytes", "meta.rollout.0", lambda m: b"\xff\xfe\x00\x9cgarbage\x00",
-           "refused: 'meta.rollout.0': value is not JSON",
-           "refused: 'meta.rollout.0': value is not JSON"),
-    Tamper("oversized metadata", "meta.policy.0",
-           lambda m: _meta(agent=json.dumps({"pad": "x" * 6000})),
-           "refused: over the 5120-byte limit", "refused: over the 5120-byte limit"),
-    Tamper("16 MiB file", "progress.rollout.0", lambda m: b"{" + b" " * (16 << 20) + b"}",
-           "n/a", "refused: 'progress.rollout.0': value is"),
-    Tamper("pickle, protocol 0", "meta.policy.0", _pickled(0),
-           "refused: 'meta.policy.0': value is not JSON",
-           "refused: 'meta.policy.0': value is not JSON"),
-    Tamper("pickle, protocol 5", BARRIER_KEY, _pickled(5),
-           "refused: 'barrier': value is not JSON", "refused: 'barrier': value is not JSON"),
-    Tamper("pickle inside the agent field", "meta.policy.0",
-           lambda m: _meta(agent=_pickled(0)(m).decode("latin-1")),
-           "refused: agent metadata is not JSON", "refused: agent metadata is not JSON"),
-    Tamper("JSON naming a reducer", PREEMPT_KEY,
-           lambda m: _json(v=1, epoch=0, pod="p", uid="u", reason="r", __reduce__="os.system"),
-           "refused: __reduce__: Extra inputs are not permitted",
-           "refused: __reduce__: Extra inputs are not permitted"),
-    Tamper("entry of another rank", "meta.policy.0", lambda m: _meta(role="rollout", uid="r0"),
-           "refused: holds the entry of rollout rank 0",
-           "refused: holds the entry of rollout rank 0"),
-    Tamper("another protocol version", "meta.policy.0",
-           lambda m: _json(v=2, epoch=0, uid="p0", role="policy", rank=0, agent=AGENT),
-           "refused: protocol version 2, this reader speaks 1",
-           "refused: protocol version 2, this reader speaks 1"),
-    Tamper("rank outside the job", "meta.policy.7", lambda m: _meta(rank=7),
-           "refused: rank 7 is outside the policy world size 1",
-           "refused: rank 7 is outside the policy world size 1"),
-    Tamper("key outside the protocol", "annotations.evil", _pickled(0),
-           "opened", "proceeds"),
-    Tamper("barrier of another shape", BARRIER_KEY,
-           lambda m: _json(v=1, epoch=0, policy_uids=["p0", "p1"], rollout_uids=["r0"]),
-           "refused: lists 2 policy and 1 rollout ranks",
-           "refused: lists 2 policy and 1 rollout ranks"),
-    Tamper("JSON list", "meta.rollout.0", lambda m: b"[1, 2]",
-           "refused: value is a JSON list, not an object",
-           "refused: value is a JSON list, not an object"),
+    Tamper(
+        "metadata of another epoch",
+        "meta.policy.0",
+        lambda m: _meta(epoch=5),
+        "waits",
+        "refused: 'meta.policy.0': missing for epoch 0, though the barrier is open",
+    ),
+    Tamper(
+        "barrier of another epoch",
+        BARRIER_KEY,
+        lambda m: _json(v=1, epoch=5, policy_uids=["x"], rollout_uids=["y"]),
+        "opened",
+        "waits",
+    ),
+    Tamper(
+        "preemption notice of another epoch",
+        PREEMPT_KEY,
+        lambda m: _json(v=1, epoch=5, pod="p", uid="x", reason="old"),
+        "opened",
+        "proceeds",
+    ),
+    Tamper(
+        "metadata from another pod",
+        "meta.policy.0",
+        lambda m: _meta(uid="intruder"),
+        "refused: 'meta.policy.0': written by pod uid 'intruder', but the rank's pod is 'p0'",
+        "refused: 'meta.policy.0': written by pod uid 'intruder', but the barrier recorded",
+    ),
+    Tamper(
+        "barrier naming another pod",
+        BARRIER_KEY,
+        lambda m: _json(v=1, epoch=0, policy_uids=["intruder"], rollout_uids=["r0"]),
+        "waits",
+        "refused: lists pod uid 'intruder' for policy rank 0, but this pod is 'p0'",
+    ),
+    Tamper(
+        "garbage bytes",
+        "meta.rollout.0",
+        lambda m: b"\xff\xfe\x00\x9cgarbage\x00",
+        "refused: 'meta.rollout.0': value is not JSON",
+        "refused: 'meta.rollout.0': value is not JSON",
+    ),
+    Tamper(
+        "oversized metadata",
+        "meta.policy.0",
+        lambda m: _meta(agent=json.dumps({"pad": "x" * 6000})),
+        "refused: over the 5120-byte limit",
+        "refused: over the 5120-byte limit",
+    ),
+    Tamper(
+        "16 MiB file",
+        "progress.rollout.0",
+        lambda m: b"{" + b" " * (16 << 20) + b"}",
+        "n/a",
+        "refused: 'progress.rollout.0': value is",
+    ),
+    Tamper(
+        "pickle, protocol 0",
+        "meta.policy.0",
+        _pickled(0),
+        "refused: 'meta.policy.0': value is not JSON",
+        "refused: 'meta.policy.0': value is not JSON",
+    ),
+    Tamper(
+        "pickle, protocol 5",
+        BARRIER_KEY,
+        _pickled(5),
+        "refused: 'barrier': value is not JSON",
+        "refused: 'barrier': value is not JSON",
+    ),
+    Tamper(
+        "pickle inside the agent field",
+        "meta.policy.0",
+        lambda m: _meta(agent=_pickled(0)(m).decode("latin-1")),
+        "refused: agent metadata is not JSON",
+        "refused: agent metadata is not JSON",
+    ),
+    Tamper(
+        "JSON naming a reducer",
+        PREEMPT_KEY,
+        lambda m: _json(v=1, epoch=0, pod="p", uid="u", reason="r", __reduce__="os.system"),
+        "refused: __reduce__: Extra inputs are not permitted",
+        "refused: __reduce__: Extra inputs are not permitted",
+    ),
+    Tamper(
+        "entry of another rank",
+        "meta.policy.0",
+        lambda m: _meta(role="rollout", uid="r0"),
+        "refused: holds the entry of rollout rank 0",
+        "refused: holds the entry of rollout rank 0",
+    ),
+    Tamper(
+        "another protocol version",
+        "meta.policy.0",
+        lambda m: _json(v=2, epoch=0, uid="p0", role="policy", rank=0, agent=AGENT),
+        "refused: protocol version 2, this reader speaks 1",
+        "refused: protocol version 2, this reader speaks 1",
+    ),
+    Tamper(
+        "rank outside the job",
+        "meta.policy.7",
+        lambda m: _meta(rank=7),
+        "refused: rank 7 is outside the policy world size 1",
+        "refused: rank 7 is outside the policy world size 1",
+    ),
+    Tamper("key outside the protocol", "annotations.evil", _pickled(0), "opened", "proceeds"),
+    Tamper(
+        "barrier of another shape",
+        BARRIER_KEY,
+        lambda m: _json(v=1, epoch=0, policy_uids=["p0", "p1"], rollout_uids=["r0"]),
+        "refused: lists 2 policy and 1 rollout ranks",
+        "refused: lists 2 policy and 1 rollout ranks",
+    ),
+    Tamper(
+        "JSON list",
+        "meta.rollout.0",
+        lambda m: b"[1, 2]",
+        "refused: value is a JSON list, not an object",
+        "refused: value is a JSON list, not an object",
+    ),
 ]
 
 
@@ -156,8 +227,13 @@ def operator_outcome(row: Tamper, marker: Path) -> str:
     if row.operator == "n/a":
         return "n/a"
     data = {**honest(), row.key: row.value(marker).decode("utf-8", errors="replace")}
-    result = coordinate("job", {"job-rendezvous": data}, epoch=0, world=(1, 1),
-                        pod_uids={("policy", 0): "p0", ("rollout", 0): "r0"})
+    result = coordinate(
+        "job",
+        {"job-rendezvous": data},
+        epoch=0,
+        world=(1, 1),
+        pod_uids={("policy", 0): "p0", ("rollout", 0): "r0"},
+    )
     if result.problem is not None:
         return f"refused: {result.problem}"
     if not result.patches:
@@ -194,7 +270,7 @@ def worker_outcome(row: Tamper, marker: Path, directory: Path) -> str:
 
 def _matches(outcome: str, expected: str) -> bool:
     if expected.startswith("refused: "):
-        return outcome.startswith("refused: ") and expected[len("refused: "):] in outcome
+        return outcome.startswith("refused: ") and expected[len("refused: ") :] in outcome
     return outcome == expected
 
 
@@ -218,15 +294,18 @@ def test_tampered_entry_is_ignored_or_refused(row: Tamper, tmp_path: Path) -> No
     ("raw", "error", "words"),
     [
         (lambda m: pickle.dumps(_Exploit(m)), ProtocolError, "not a control message"),
-        (lambda m: b"RFT1" + pickle.dumps(_Exploit(m)), ProtocolError,
-         "invalid control message"),
-        (lambda m: b'RFT1{"v":1,"kind":"credit","refit":0,"seq":0,"buffer":0,"x":1}',
-         ProtocolError, "invalid control message"),
+        (lambda m: b"RFT1" + pickle.dumps(_Exploit(m)), ProtocolError, "invalid control message"),
+        (
+            lambda m: b'RFT1{"v":1,"kind":"credit","refit":0,"seq":0,"buffer":0,"x":1}',
+            ProtocolError,
+            "invalid control message",
+        ),
     ],
     ids=["pickle", "framed pickle", "extra field"],
 )
-def test_nixl_notifications_refuse_pickles(raw: Callable[[Path], bytes], error: type,
-                                           words: str, tmp_path: Path) -> None:
+def test_nixl_notifications_refuse_pickles(
+    raw: Callable[[Path], bytes], error: type, words: str, tmp_path: Path
+) -> None:
     marker = tmp_path / "pwned"
     with pytest.raises(error, match=words):
         decode(raw(marker))

@@ -41,21 +41,76 @@ NOT_GENERATED = {
 
 # -- the generator ------------------------------------------------------------------------------
 
-_SIGNALS = sorted({*KUBELET_STOP_SIGNALS, "SIGKILL", "SIGSTOP", "SIGIOT", "SIGCLD", "SIGPOLL",
-                   "SIGRTMIN", "SIGRTMAX"})
+_SIGNALS = sorted(
+    {
+        *KUBELET_STOP_SIGNALS,
+        "SIGKILL",
+        "SIGSTOP",
+        "SIGIOT",
+        "SIGCLD",
+        "SIGPOLL",
+        "SIGRTMIN",
+        "SIGRTMAX",
+    }
+)
 _TRICKY: dict[str, list[Any]] = {
-    "signal": ["term", "Term", "usr1", "SIGBOGUS", "usr3", " usr1", "usr1 ", "SIGUSR1\n",
-               "\u017figterm", "s\u0131gterm", "", "SIGTERMSIGTERMSIG", "kill", "9", "SIG"],
-    "bucketSize": ["64Mi", "1", "0", "0Ki", "1.5Ki", "0.5", "064Mi", "1.0", "64MB", "64mi",
-                   " 64Mi", "64Mi ", "64Mi\n", "1e3", "-1", "00", "1Ei", "9999999999Ei", ""],
+    "signal": [
+        "term",
+        "Term",
+        "usr1",
+        "SIGBOGUS",
+        "usr3",
+        " usr1",
+        "usr1 ",
+        "SIGUSR1\n",
+        "\u017figterm",
+        "s\u0131gterm",
+        "",
+        "SIGTERMSIGTERMSIG",
+        "kill",
+        "9",
+        "SIG",
+    ],
+    "bucketSize": [
+        "64Mi",
+        "1",
+        "0",
+        "0Ki",
+        "1.5Ki",
+        "0.5",
+        "064Mi",
+        "1.0",
+        "64MB",
+        "64mi",
+        " 64Mi",
+        "64Mi ",
+        "64Mi\n",
+        "1e3",
+        "-1",
+        "00",
+        "1Ei",
+        "9999999999Ei",
+        "",
+    ],
     "name": ["X", "_x", "REFIT_RANK", "REFIT_", "refit_x", "REFITX", "1X", "A-B", "", "A" * 254],
     "image": ["", "img:1", " "],
     "claimName": ["", "ckpt", "c" * 254],
 }
-_EXTRA_KEYS = ["colour", "bucket_size", "grace_period_seconds", "max_restarts", "replicaz",
-               "image_pull_policy", "create_service_account"]
-_LEAF = st.one_of(st.integers(-3, 3), st.text(max_size=3), st.booleans(),
-                  st.floats(-2.5, 2.5, allow_nan=False).filter(lambda f: f != int(f)))
+_EXTRA_KEYS = [
+    "colour",
+    "bucket_size",
+    "grace_period_seconds",
+    "max_restarts",
+    "replicaz",
+    "image_pull_policy",
+    "create_service_account",
+]
+_LEAF = st.one_of(
+    st.integers(-3, 3),
+    st.text(max_size=3),
+    st.booleans(),
+    st.floats(-2.5, 2.5, allow_nan=False).filter(lambda f: f != int(f)),
+)
 
 
 def _wrong(kind: str | None) -> st.SearchStrategy[Any]:
@@ -85,19 +140,23 @@ def _valid(node: dict[str, Any], key: str) -> st.SearchStrategy[Any]:
     if kind == "object" and "properties" in node:
         return _object(node)
     if kind == "object":
-        return st.dictionaries(st.text(max_size=4), values(node["additionalProperties"], ""),
-                               max_size=2)
+        return st.dictionaries(
+            st.text(max_size=4), values(node["additionalProperties"], ""), max_size=2
+        )
     if kind == "array":
         return st.lists(values(node["items"], key), max_size=2)
     if kind == "boolean":
         return st.booleans()
     if kind == "integer":
         low, high = node.get("minimum", -5), node.get("maximum", 10_000)
-        return st.one_of(st.sampled_from([low - 1, low, low + 1, high - 1, high, high + 1]),
-                         st.integers(-(2**63), 2**63 - 1))
+        return st.one_of(
+            st.sampled_from([low - 1, low, low + 1, high - 1, high, high + 1]),
+            st.integers(-(2**63), 2**63 - 1),
+        )
     if kind == "number":
-        return st.one_of(st.sampled_from([-1, 0, 0.0, 1e-9, 1, 2.5]),
-                         st.floats(-1e6, 1e6, allow_nan=False))
+        return st.one_of(
+            st.sampled_from([-1, 0, 0.0, 1e-9, 1, 2.5]), st.floats(-1e6, 1e6, allow_nan=False)
+        )
     pools: list[st.SearchStrategy[Any]] = [st.text(max_size=6)]
     if "enum" in node:
         pools.append(st.sampled_from(node["enum"]))
@@ -146,8 +205,11 @@ BASES: tuple[dict[str, Any], ...] = (
         "preemption": {"signal": "SIGUSR1", "injection": "stopSignal", "gracePeriodSeconds": 3},
         "failurePolicy": {"maxRestarts": 1, "backoffSeconds": 0.5},
     },
-    {"image": "i", "weights": {"safetensors": {"claimName": "c"}},
-     "preemption": {"signal": "usr2", "injection": "preStop"}},
+    {
+        "image": "i",
+        "weights": {"safetensors": {"claimName": "c"}},
+        "preemption": {"signal": "usr2", "injection": "preStop"},
+    },
 )
 
 
@@ -214,8 +276,14 @@ def run_agreement(examples: int) -> Tally:
     """Judge ``examples`` generated specs both ways (derandomized: the same specs each run)."""
     tally = Tally()
 
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(specs)
     def judge(spec: dict[str, Any]) -> None:
         crd, model = crd_verdict(spec), model_verdict(spec)

@@ -113,8 +113,9 @@ def crd_problems(node: dict[str, Any], value: Any, where: str = "spec") -> list[
                 problems += crd_problems(extra, item, f"{where}.{key}")
             elif not node.get("x-kubernetes-preserve-unknown-fields"):
                 problems.append(f"{where}.{key}: unknown field")
-        problems += [f"{where}.{key}: required" for key in node.get("required", ())
-                     if key not in value]
+        problems += [
+            f"{where}.{key}: required" for key in node.get("required", ()) if key not in value
+        ]
     if not problems:  # CEL runs on values that have the schema's shape
         for rule in node.get("x-kubernetes-validations", ()):
             if not _cel(rule["rule"], value):
@@ -187,5 +188,7 @@ def test_defaults_come_before_the_cel_rules() -> None:
     # injection defaults to auto, signal to SIGTERM: both rules then have what they read.
     assert crd_verdict({"image": "i", "preemption": {"signal": "usr1"}}) == []
     assert crd_verdict({"image": "i", "preemption": {"injection": "stopSignal"}}) == []
-    assert crd_verdict({"image": "i", "preemption": {"signal": "usr1",
-                                                     "injection": "stopSignal"}}) != []
+    assert (
+        crd_verdict({"image": "i", "preemption": {"signal": "usr1", "injection": "stopSignal"}})
+        != []
+    )

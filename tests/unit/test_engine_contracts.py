@@ -36,7 +36,8 @@ def test_constants() -> None:
 
 def test_metadata_round_trips_through_json_exactly() -> None:
     meta = NixlAgentMetadata(
-        agent_name="refit-abc", agent_metadata=bytes(range(256)) * 3,
+        agent_name="refit-abc",
+        agent_metadata=bytes(range(256)) * 3,
         buffers=(BufferDesc(addr=2**47 + 64, length=64 << 20, dev_id=0),),
         layout={"expert_ids": [1, 2]},
     )
@@ -51,8 +52,9 @@ def test_metadata_rejects_garbage_base64() -> None:
 
 
 def test_control_messages_round_trip_and_reject_others() -> None:
-    piece = TensorMeta(name="w", shape=(2, 3), dtype="bfloat16", chunk_offset=0, chunk_size=12,
-                       offset=0)
+    piece = TensorMeta(
+        name="w", shape=(2, 3), dtype="bfloat16", chunk_offset=0, chunk_size=12, offset=0
+    )
     message = BucketReady(refit=4, seq=7, buffer=1, total_buckets=9, digest="d", pieces=(piece,))
     assert decode(encode(message)) == message
     assert piece.is_whole and piece.nbytes == 12
@@ -77,10 +79,18 @@ def test_control_messages_round_trip_and_reject_others() -> None:
         ({"expert_ids": [1]}, "l.0.experts.1.w", (4,), WHOLE),
         ({"expert_ids": [1]}, "l.0.experts.2.w", (4,), None),
         ({"expert_ids": None}, "l.0.experts.2.w", (4,), WHOLE),
-        ({"tp_rank": 1, "tp_size": 2, "tp_dims": {"q_proj": 0}}, "a.q_proj.weight", (8, 4),
-         Slice(0, 4, 4)),
-        ({"tp_rank": 1, "tp_size": 2, "tp_dims": {"q_proj": 1}}, "a.q_proj.weight", (8, 4),
-         Slice(1, 2, 2)),
+        (
+            {"tp_rank": 1, "tp_size": 2, "tp_dims": {"q_proj": 0}},
+            "a.q_proj.weight",
+            (8, 4),
+            Slice(0, 4, 4),
+        ),
+        (
+            {"tp_rank": 1, "tp_size": 2, "tp_dims": {"q_proj": 1}},
+            "a.q_proj.weight",
+            (8, 4),
+            Slice(1, 2, 2),
+        ),
         ({"tp_rank": 1, "tp_size": 2, "tp_dims": {"q_proj": 0}}, "a.norm.weight", (8,), WHOLE),
         ({"expert_pattern": r"moe_(?P<expert>\d+)_", "expert_ids": [3]}, "moe_4_w", (1,), None),
     ],

@@ -46,9 +46,7 @@ def _validate(manifest: dict[str, Any]) -> None:
     jsonschema.Draft4Validator(_schema()).validate(manifest)
 
 
-def _cel_rules(schema: dict[str, Any], obj: Any, path: str = "") -> Iterator[
-    tuple[str, str, Any]
-]:
+def _cel_rules(schema: dict[str, Any], obj: Any, path: str = "") -> Iterator[tuple[str, str, Any]]:
     """(path, rule, value) for every CEL rule whose node is present in ``obj``."""
     for rule in schema.get("x-kubernetes-validations", []):
         yield path, rule["rule"], obj

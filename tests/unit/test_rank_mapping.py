@@ -26,8 +26,12 @@ from refit_worker.checkpoint_engines.mapping import (
     ],
 )
 def test_sources_table(train, rollout, stripe, want) -> None:
-    got = [source_ranks_for_rollout(r, train_world_size=train, rollout_world_size=rollout,
-                                    stripe=stripe) for r in range(rollout)]
+    got = [
+        source_ranks_for_rollout(
+            r, train_world_size=train, rollout_world_size=rollout, stripe=stripe
+        )
+        for r in range(rollout)
+    ]
     assert got == want
 
 
@@ -36,8 +40,9 @@ def test_targets_are_the_inverse_and_every_rollout_is_served(train, rollout) -> 
     served = set()
     for p in range(train):
         for r in rollout_targets_for_policy(p, train_world_size=train, rollout_world_size=rollout):
-            assert p in source_ranks_for_rollout(r, train_world_size=train,
-                                                 rollout_world_size=rollout)
+            assert p in source_ranks_for_rollout(
+                r, train_world_size=train, rollout_world_size=rollout
+            )
             served.add(r)
     assert served == set(range(rollout))
 
@@ -58,12 +63,18 @@ def test_bucket_turns() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"rollout_rank": 0, "train_world_size": 0, "rollout_world_size": 1},
-         "train_world_size must be an int >= 1, got 0"),
-        ({"rollout_rank": 0, "train_world_size": 1, "rollout_world_size": True},
-         "rollout_world_size must be an int >= 1, got True"),
-        ({"rollout_rank": 2, "train_world_size": 1, "rollout_world_size": 2},
-         r"rollout_rank must be an int in \[0, 2\), got 2"),
+        (
+            {"rollout_rank": 0, "train_world_size": 0, "rollout_world_size": 1},
+            "train_world_size must be an int >= 1, got 0",
+        ),
+        (
+            {"rollout_rank": 0, "train_world_size": 1, "rollout_world_size": True},
+            "rollout_world_size must be an int >= 1, got True",
+        ),
+        (
+            {"rollout_rank": 2, "train_world_size": 1, "rollout_world_size": 2},
+            r"rollout_rank must be an int in \[0, 2\), got 2",
+        ),
     ],
 )
 def test_bad_input_named(kwargs, match) -> None:

@@ -24,8 +24,12 @@ def _example() -> str:
 
 def test_example_imports_exist() -> None:
     tree = ast.parse(_example())
-    imported = [(node.module, alias.name) for node in ast.walk(tree)
-                if isinstance(node, ast.ImportFrom) for alias in node.names]
+    imported = [
+        (node.module, alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    ]
     assert imported, "the example imports nothing from the library"
     for module, name in imported:
         assert module is not None
@@ -34,9 +38,13 @@ def test_example_imports_exist() -> None:
 
 def test_example_calls_match_the_session_api() -> None:
     tree = ast.parse(_example())
-    used = {node.attr for node in ast.walk(tree)
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-            and node.value.id == "session"}
+    used = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "session"
+    }
     assert used == {"send", "receive", "committed"}
     assert all(hasattr(RefitSession, name) for name in used)
     assert "refit_id" in inspect.signature(RefitSession.send).parameters

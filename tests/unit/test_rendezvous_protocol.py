@@ -49,8 +49,9 @@ from refit_worker.rendezvous.protocol import (
 AGENT = json.dumps({"name": "policy-0", "metadata": "QUJD" * 150, "buffers": [[1, 2, 0]]})
 
 
-def meta(role: str = "policy", rank: int = 0, epoch: int = 0, uid: str = "uid-p0",
-         agent: str = AGENT) -> MetadataEntry:
+def meta(
+    role: str = "policy", rank: int = 0, epoch: int = 0, uid: str = "uid-p0", agent: str = AGENT
+) -> MetadataEntry:
     return MetadataEntry(epoch=epoch, uid=uid, role=role, rank=rank, agent=agent)  # type: ignore[arg-type]
 
 
@@ -66,19 +67,22 @@ def published(policy: int, rollout: int, epoch: int = 0) -> dict[str, str]:
 # -- keys ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("key", "parsed"), [
-    ("meta.policy.0", Key("meta", "policy", 0)),
-    ("meta.rollout.17", Key("meta", "rollout", 17)),
-    ("progress.rollout.3", Key("progress", "rollout", 3)),
-    ("barrier", Key("barrier")),
-    ("preempt", Key("preempt")),
-    ("meta.policy.01", None),       # leading zero: two names for one rank
-    ("meta.critic.0", None),
-    ("meta.policy.-1", None),
-    ("meta.policy", None),
-    ("annotation.by.someone", None),
-    ("Barrier", None),
-])
+@pytest.mark.parametrize(
+    ("key", "parsed"),
+    [
+        ("meta.policy.0", Key("meta", "policy", 0)),
+        ("meta.rollout.17", Key("meta", "rollout", 17)),
+        ("progress.rollout.3", Key("progress", "rollout", 3)),
+        ("barrier", Key("barrier")),
+        ("preempt", Key("preempt")),
+        ("meta.policy.01", None),  # leading zero: two names for one rank
+        ("meta.critic.0", None),
+        ("meta.policy.-1", None),
+        ("meta.policy", None),
+        ("annotation.by.someone", None),
+        ("Barrier", None),
+    ],
+)
 def test_parse_key(key: str, parsed: Key | None) -> None:
     assert parse_key(key) == parsed
     if parsed is not None:
@@ -86,11 +90,14 @@ def test_parse_key(key: str, parsed: Key | None) -> None:
         assert is_valid_data_key(key)
 
 
-@pytest.mark.parametrize(("role", "rank", "error"), [
-    ("critic", 0, "role 'critic'"),
-    ("policy", -1, "rank -1"),
-    ("policy", True, "rank True"),
-])
+@pytest.mark.parametrize(
+    ("role", "rank", "error"),
+    [
+        ("critic", 0, "role 'critic'"),
+        ("policy", -1, "rank -1"),
+        ("policy", True, "rank True"),
+    ],
+)
 def test_key_builders_reject_bad_input(role: str, rank: int, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         meta_key(role, rank)  # type: ignore[arg-type]
@@ -98,10 +105,17 @@ def test_key_builders_reject_bad_input(role: str, rank: int, error: str) -> None
         progress_key(role, rank)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("key", "valid"), [
-    ("meta.policy.0", True), ("a-b_c.D9", True), ("", False), ("a/b", False), ("a b", False),
-    ("x" * 254, False),
-])
+@pytest.mark.parametrize(
+    ("key", "valid"),
+    [
+        ("meta.policy.0", True),
+        ("a-b_c.D9", True),
+        ("", False),
+        ("a/b", False),
+        ("a b", False),
+        ("x" * 254, False),
+    ],
+)
 def test_valid_data_key(key: str, valid: bool) -> None:
     assert is_valid_data_key(key) is valid
 
@@ -112,10 +126,20 @@ def test_valid_data_key(key: str, valid: bool) -> None:
 def test_entries_round_trip() -> None:
     cases = [
         ("meta.policy.0", meta()),
-        ("progress.rollout.1", ProgressEntry(epoch=2, uid="u", role="rollout", rank=1,
-                                             state="done", refits_completed=3,
-                                             bytes_total=10, last_refit_seconds=0.5,
-                                             last_refit_bytes=4)),
+        (
+            "progress.rollout.1",
+            ProgressEntry(
+                epoch=2,
+                uid="u",
+                role="rollout",
+                rank=1,
+                state="done",
+                refits_completed=3,
+                bytes_total=10,
+                last_refit_seconds=0.5,
+                last_refit_bytes=4,
+            ),
+        ),
         (BARRIER_KEY, BarrierEntry(epoch=1, policy_uids=("a",), rollout_uids=("b", "c"))),
         (PREEMPT_KEY, make_preempt_notice(1, "job-rollout-0", "u1", "DisruptionTarget")),
     ]
@@ -132,25 +156,32 @@ def _with(base: MetadataEntry, **changes: object) -> str:
     return json.dumps(raw)
 
 
-@pytest.mark.parametrize(("key", "text", "reason"), [
-    ("meta.policy.0", "not json", "value is not JSON"),
-    ("meta.policy.0", "[1, 2]", "value is a JSON list, not an object"),
-    ("meta.policy.0", _with(meta(), v=2), "protocol version 2, this reader speaks 1"),
-    ("meta.policy.0", _with(meta(), v=None), "protocol version None"),
-    ("meta.policy.0", _with(meta(), epoch=-1), "epoch: Input should be greater than"),
-    ("meta.policy.0", _with(meta(), epoch="3"), "epoch: Input should be a valid integer"),
-    ("meta.policy.0", _with(meta(), extra=1), "extra: Extra inputs are not permitted"),
-    ("meta.policy.0", _with(meta(), agent="{oops"), "agent metadata is not JSON"),
-    ("meta.policy.0", _with(meta(), uid="bad uid!"), "uid: String should match pattern"),
-    ("meta.policy.0", _with(meta(), uid=""), "uid: String should match pattern"),
-    ("meta.policy.0", _with(meta(), rank=1), "holds the entry of policy rank 1"),
-    ("meta.policy.0", _with(meta(), role="rollout"), "holds the entry of rollout rank 0"),
-    ("meta.policy.0", "x" * (MAX_META_BYTES + 1), f"over the {MAX_META_BYTES}-byte limit"),
-    ("progress.policy.0", _with(meta(agent="{}")), "does not match the progress schema"),
-    ("preempt", json.dumps({"v": 1, "epoch": 0, "pod": "p", "uid": "u"}),
-     "reason: Field required"),
-    ("somekey", "{}", "not a rendezvous key"),
-], ids=lambda value: str(value)[:40])
+@pytest.mark.parametrize(
+    ("key", "text", "reason"),
+    [
+        ("meta.policy.0", "not json", "value is not JSON"),
+        ("meta.policy.0", "[1, 2]", "value is a JSON list, not an object"),
+        ("meta.policy.0", _with(meta(), v=2), "protocol version 2, this reader speaks 1"),
+        ("meta.policy.0", _with(meta(), v=None), "protocol version None"),
+        ("meta.policy.0", _with(meta(), epoch=-1), "epoch: Input should be greater than"),
+        ("meta.policy.0", _with(meta(), epoch="3"), "epoch: Input should be a valid integer"),
+        ("meta.policy.0", _with(meta(), extra=1), "extra: Extra inputs are not permitted"),
+        ("meta.policy.0", _with(meta(), agent="{oops"), "agent metadata is not JSON"),
+        ("meta.policy.0", _with(meta(), uid="bad uid!"), "uid: String should match pattern"),
+        ("meta.policy.0", _with(meta(), uid=""), "uid: String should match pattern"),
+        ("meta.policy.0", _with(meta(), rank=1), "holds the entry of policy rank 1"),
+        ("meta.policy.0", _with(meta(), role="rollout"), "holds the entry of rollout rank 0"),
+        ("meta.policy.0", "x" * (MAX_META_BYTES + 1), f"over the {MAX_META_BYTES}-byte limit"),
+        ("progress.policy.0", _with(meta(agent="{}")), "does not match the progress schema"),
+        (
+            "preempt",
+            json.dumps({"v": 1, "epoch": 0, "pod": "p", "uid": "u"}),
+            "reason: Field required",
+        ),
+        ("somekey", "{}", "not a rendezvous key"),
+    ],
+    ids=lambda value: str(value)[:40],
+)
 def test_decode_names_key_and_problem(key: str, text: str, reason: str) -> None:
     with pytest.raises(EntryError) as info:
         decode_entry(key, text)
@@ -165,8 +196,7 @@ def test_encode_refuses_misplaced_or_oversized_entries() -> None:
     with pytest.raises(EntryError, match="a MetadataEntry cannot be stored under this key"):
         encode_entry("progress.policy.0", meta())
     with pytest.raises(EntryError, match="a BarrierEntry cannot be stored"):
-        encode_entry(PREEMPT_KEY, BarrierEntry(epoch=0, policy_uids=("a",),
-                                               rollout_uids=("b",)))
+        encode_entry(PREEMPT_KEY, BarrierEntry(epoch=0, policy_uids=("a",), rollout_uids=("b",)))
     big = json.dumps({"blob": "x" * MAX_META_BYTES})
     with pytest.raises(EntryError, match="over the 5120-byte limit"):
         encode_entry("meta.policy.0", meta(agent=big))
@@ -180,9 +210,19 @@ def test_metadata_payload_must_be_json() -> None:
 # -- shards --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("total", "shards"), [
-    (1, 1), (2, 1), (128, 1), (129, 2), (256, 2), (257, 3), (1024, 8), (MAX_RANKS, 32),
-])
+@pytest.mark.parametrize(
+    ("total", "shards"),
+    [
+        (1, 1),
+        (2, 1),
+        (128, 1),
+        (129, 2),
+        (256, 2),
+        (257, 3),
+        (1024, 8),
+        (MAX_RANKS, 32),
+    ],
+)
 def test_shards_needed(total: int, shards: int) -> None:
     assert shards_needed(total) == shards
 
@@ -193,39 +233,44 @@ def test_shards_needed_rejects_out_of_range(total: int) -> None:
         shards_needed(total)
 
 
-@pytest.mark.parametrize(("role", "rank", "policy", "rollout", "shards", "shard"), [
-    ("policy", 0, 2, 2, 1, 0),
-    ("rollout", 1, 2, 2, 1, 0),
-    ("policy", 99, 100, 100, 2, 0),
-    ("rollout", 0, 100, 100, 2, 1),      # 200 ranks in 2 blocks of 100
-    ("rollout", 99, 100, 100, 2, 1),
-    ("policy", 127, 512, 512, 8, 0),
-    ("policy", 128, 512, 512, 8, 1),
-    ("rollout", 511, 512, 512, 8, 7),
-    ("rollout", 0, 1, 1, 2, 1),          # more shards than needed is allowed
-])
-def test_shard_of(role: str, rank: int, policy: int, rollout: int, shards: int,
-                  shard: int) -> None:
+@pytest.mark.parametrize(
+    ("role", "rank", "policy", "rollout", "shards", "shard"),
+    [
+        ("policy", 0, 2, 2, 1, 0),
+        ("rollout", 1, 2, 2, 1, 0),
+        ("policy", 99, 100, 100, 2, 0),
+        ("rollout", 0, 100, 100, 2, 1),  # 200 ranks in 2 blocks of 100
+        ("rollout", 99, 100, 100, 2, 1),
+        ("policy", 127, 512, 512, 8, 0),
+        ("policy", 128, 512, 512, 8, 1),
+        ("rollout", 511, 512, 512, 8, 7),
+        ("rollout", 0, 1, 1, 2, 1),  # more shards than needed is allowed
+    ],
+)
+def test_shard_of(role: str, rank: int, policy: int, rollout: int, shards: int, shard: int) -> None:
     assert shard_of(role, rank, policy, rollout, shards) == shard  # type: ignore[arg-type]
     assert shard_of_key(meta_key(role, rank), policy, rollout, shards) == shard  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("role", "rank", "policy", "rollout", "shards", "error"), [
-    ("policy", 2, 2, 2, 1, "policy rank 2 is outside world size 2"),
-    ("rollout", -1, 2, 2, 1, "rollout rank -1 is outside"),
-    ("policy", 0, 0, 2, 1, "world sizes must be >= 1"),
-    ("policy", 0, 200, 200, 3, "shards=3 is too few for 400 ranks"),
-    ("critic", 0, 2, 2, 1, "role 'critic'"),
-])
-def test_shard_of_rejects_bad_input(role: str, rank: int, policy: int, rollout: int,
-                                    shards: int, error: str) -> None:
+@pytest.mark.parametrize(
+    ("role", "rank", "policy", "rollout", "shards", "error"),
+    [
+        ("policy", 2, 2, 2, 1, "policy rank 2 is outside world size 2"),
+        ("rollout", -1, 2, 2, 1, "rollout rank -1 is outside"),
+        ("policy", 0, 0, 2, 1, "world sizes must be >= 1"),
+        ("policy", 0, 200, 200, 3, "shards=3 is too few for 400 ranks"),
+        ("critic", 0, 2, 2, 1, "role 'critic'"),
+    ],
+)
+def test_shard_of_rejects_bad_input(
+    role: str, rank: int, policy: int, rollout: int, shards: int, error: str
+) -> None:
     with pytest.raises(ValueError, match=error):
         shard_of(role, rank, policy, rollout, shards)  # type: ignore[arg-type]
 
 
 @given(policy=st.integers(1, 1500), rollout=st.integers(1, 1500), extra=st.integers(0, 3))
-def test_shards_are_contiguous_and_within_capacity(policy: int, rollout: int,
-                                                   extra: int) -> None:
+def test_shards_are_contiguous_and_within_capacity(policy: int, rollout: int, extra: int) -> None:
     shards = shards_needed(policy + rollout) + extra
     assigned = [shard_of("policy", r, policy, rollout, shards) for r in range(policy)]
     assigned += [shard_of("rollout", r, policy, rollout, shards) for r in range(rollout)]
@@ -240,29 +285,41 @@ def test_barrier_and_notice_live_in_shard_zero() -> None:
 
 
 def test_full_shard_zero_fits_in_a_configmap() -> None:
-    per_rank = (MAX_META_BYTES + len("meta.rollout.4095")
-                + MAX_PROGRESS_BYTES + len("progress.rollout.4095"))
-    worst = (RANKS_PER_SHARD * per_rank + max_value_bytes("barrier")
-             + max_value_bytes("preempt") + 64)
+    per_rank = (
+        MAX_META_BYTES
+        + len("meta.rollout.4095")
+        + MAX_PROGRESS_BYTES
+        + len("progress.rollout.4095")
+    )
+    worst = (
+        RANKS_PER_SHARD * per_rank + max_value_bytes("barrier") + max_value_bytes("preempt") + 64
+    )
     assert worst < SHARD_BUDGET_BYTES < 1 << 20
     uids = tuple("u" * MAX_UID_CHARS for _ in range(MAX_RANKS // 2))
     barrier = BarrierEntry(epoch=10**9, policy_uids=uids, rollout_uids=uids)
     assert len(encode_entry(BARRIER_KEY, barrier)) <= max_value_bytes("barrier")
 
 
-@pytest.mark.parametrize(("base", "shard", "name"), [
-    ("job-rendezvous", 0, "job-rendezvous"),
-    ("job-rendezvous", 1, "job-rendezvous-1"),
-    ("job-rendezvous", 12, "job-rendezvous-12"),
-])
+@pytest.mark.parametrize(
+    ("base", "shard", "name"),
+    [
+        ("job-rendezvous", 0, "job-rendezvous"),
+        ("job-rendezvous", 1, "job-rendezvous-1"),
+        ("job-rendezvous", 12, "job-rendezvous-12"),
+    ],
+)
 def test_configmap_name(base: str, shard: int, name: str) -> None:
     assert configmap_name(base, shard) == name
 
 
-@pytest.mark.parametrize(("base", "shard", "error"), [
-    ("", 0, "base name is empty"), ("job", -1, "shard -1 is negative"),
-    ("x" * 253, 1, "longer than 253"),
-])
+@pytest.mark.parametrize(
+    ("base", "shard", "error"),
+    [
+        ("", 0, "base name is empty"),
+        ("job", -1, "shard -1 is negative"),
+        ("x" * 253, 1, "longer than 253"),
+    ],
+)
 def test_configmap_name_rejects_bad_input(base: str, shard: int, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         configmap_name(base, shard)
@@ -279,8 +336,7 @@ def test_merge_patch_sets_only_own_key() -> None:
 
 def test_snapshot_ignores_other_epochs_and_unknown_keys() -> None:
     data = published(2, 2, epoch=1)
-    data[meta_key("rollout", 1)] = encode_entry(meta_key("rollout", 1),
-                                                meta("rollout", 1, epoch=0))
+    data[meta_key("rollout", 1)] = encode_entry(meta_key("rollout", 1), meta("rollout", 1, epoch=0))
     data["note.from.admin"] = "anything at all"
     snap = read_snapshot(data, 1, 2, 2)
     assert sorted(snap.meta) == [("policy", 0), ("policy", 1), ("rollout", 0)]
@@ -303,19 +359,25 @@ def test_snapshot_rejects_ranks_outside_the_job() -> None:
 
 
 def test_snapshot_rejects_barrier_of_another_shape() -> None:
-    data = {BARRIER_KEY: encode_entry(BARRIER_KEY, BarrierEntry(
-        epoch=0, policy_uids=("a",), rollout_uids=("b",)))}
+    data = {
+        BARRIER_KEY: encode_entry(
+            BARRIER_KEY, BarrierEntry(epoch=0, policy_uids=("a",), rollout_uids=("b",))
+        )
+    }
     with pytest.raises(EntryError, match="lists 1 policy and 1 rollout ranks, the job has 2"):
         read_snapshot(data, 0, 2, 2)
 
 
-@pytest.mark.parametrize(("policy", "rollout", "drop", "ready"), [
-    (2, 2, None, True),
-    (2, 2, "meta.policy.1", False),
-    (2, 2, "meta.rollout.0", False),
-    (1, 3, None, True),
-    (3, 1, "meta.rollout.0", False),
-])
+@pytest.mark.parametrize(
+    ("policy", "rollout", "drop", "ready"),
+    [
+        (2, 2, None, True),
+        (2, 2, "meta.policy.1", False),
+        (2, 2, "meta.rollout.0", False),
+        (1, 3, None, True),
+        (3, 1, "meta.rollout.0", False),
+    ],
+)
 def test_barrier_ready(policy: int, rollout: int, drop: str | None, ready: bool) -> None:
     data = published(policy, rollout, epoch=4)
     if drop is not None:
@@ -336,33 +398,73 @@ def test_barrier_ready_checks_pod_uids() -> None:
     uids = {("policy", 0): "uid-policy-0", ("rollout", 0): "uid-rollout-0"}
     assert barrier_ready(snap, 1, 1, pod_uids=uids)  # type: ignore[arg-type]
     uids[("rollout", 0)] = "someone-else"
-    with pytest.raises(EntryError, match=r"'meta\.rollout\.0': written by pod uid "
-                                         r"'uid-rollout-0', but the rank's pod is 'someone-else'"):
+    with pytest.raises(
+        EntryError,
+        match=r"'meta\.rollout\.0': written by pod uid "
+        r"'uid-rollout-0', but the rank's pod is 'someone-else'",
+    ):
         barrier_ready(snap, 1, 1, pod_uids=uids)  # type: ignore[arg-type]
 
 
-def progress(rank: int, refits: int, seconds: float, nbytes: int, *, role: str = "rollout",
-             state: str = "running", epoch: int = 0) -> tuple[str, str]:
+def progress(
+    rank: int,
+    refits: int,
+    seconds: float,
+    nbytes: int,
+    *,
+    role: str = "rollout",
+    state: str = "running",
+    epoch: int = 0,
+) -> tuple[str, str]:
     key = progress_key(role, rank)  # type: ignore[arg-type]
-    entry = ProgressEntry(epoch=epoch, uid=f"u{rank}", role=role, rank=rank,  # type: ignore[arg-type]
-                          state=state, refits_completed=refits,  # type: ignore[arg-type]
-                          bytes_total=refits * nbytes, last_refit_seconds=seconds,
-                          last_refit_bytes=nbytes if refits else 0)
+    entry = ProgressEntry(
+        epoch=epoch,
+        uid=f"u{rank}",
+        role=role,
+        rank=rank,  # type: ignore[arg-type]
+        state=state,
+        refits_completed=refits,  # type: ignore[arg-type]
+        bytes_total=refits * nbytes,
+        last_refit_seconds=seconds,
+        last_refit_bytes=nbytes if refits else 0,
+    )
     return key, encode_entry(key, entry)
 
 
-@pytest.mark.parametrize(("rows", "refits", "total", "seconds", "gbps", "done", "preempted"), [
-    ([], 0, 0, 0.0, 0.0, 0, 0),
-    ([(0, 3, 0.5, 10**9), (1, 3, 1.0, 10**9)], 3, 6 * 10**9, 1.0, 2.0, 0, 0),
-    ([(0, 3, 0.5, 10**9)], 0, 3 * 10**9, 0.5, 2.0, 0, 0),          # rank 1 silent
-    ([(0, 2, 0.5, 10**9), (1, 3, 0.25, 10**9)], 2, 5 * 10**9, 0.5, 4.0, 0, 0),
-    ([(0, 1, 2.0, 10**9, "policy", "done"), (0, 1, 2.0, 10**9, "rollout", "preempted"),
-      (1, 1, 1.0, 10**9, "rollout", "done")], 1, 2 * 10**9, 2.0, 1.0, 2, 1),
-])
-def test_aggregate_progress(rows: list[tuple], refits: int, total: int, seconds: float,
-                            gbps: float, done: int, preempted: int) -> None:
-    data = dict(progress(*row[:4], **dict(zip(("role", "state"), row[4:], strict=False)))
-                for row in rows)
+@pytest.mark.parametrize(
+    ("rows", "refits", "total", "seconds", "gbps", "done", "preempted"),
+    [
+        ([], 0, 0, 0.0, 0.0, 0, 0),
+        ([(0, 3, 0.5, 10**9), (1, 3, 1.0, 10**9)], 3, 6 * 10**9, 1.0, 2.0, 0, 0),
+        ([(0, 3, 0.5, 10**9)], 0, 3 * 10**9, 0.5, 2.0, 0, 0),  # rank 1 silent
+        ([(0, 2, 0.5, 10**9), (1, 3, 0.25, 10**9)], 2, 5 * 10**9, 0.5, 4.0, 0, 0),
+        (
+            [
+                (0, 1, 2.0, 10**9, "policy", "done"),
+                (0, 1, 2.0, 10**9, "rollout", "preempted"),
+                (1, 1, 1.0, 10**9, "rollout", "done"),
+            ],
+            1,
+            2 * 10**9,
+            2.0,
+            1.0,
+            2,
+            1,
+        ),
+    ],
+)
+def test_aggregate_progress(
+    rows: list[tuple],
+    refits: int,
+    total: int,
+    seconds: float,
+    gbps: float,
+    done: int,
+    preempted: int,
+) -> None:
+    data = dict(
+        progress(*row[:4], **dict(zip(("role", "state"), row[4:], strict=False))) for row in rows
+    )
     data.update(dict([progress(0, 9, 9.0, 10**9, epoch=7)]) if not rows else {})
     summary = aggregate_progress(read_snapshot(data, 0, 1, 2), 1, 2)
     assert summary.refits_completed == refits

@@ -27,8 +27,14 @@ STORE_SOURCE = ROOT / "worker" / "refit_worker" / "rendezvous" / "configmap_stor
 JOB = JobRef(name="job", namespace="ns", uid="u-1")
 #: Volume types the restricted profile allows.
 ALLOWED_VOLUMES = {
-    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-    "projected", "secret",
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
 }
 
 
@@ -106,24 +112,50 @@ def test_every_rendered_pod_is_restricted(
     [
         (lambda p: p["spec"].__setitem__("hostNetwork", True), "spec.hostNetwork is set"),
         (lambda p: p["spec"]["securityContext"].__setitem__("runAsUser", 0), "uid 0"),
-        (lambda p: [p["spec"]["securityContext"].pop("runAsNonRoot"),
-                    p["spec"]["containers"][0]["securityContext"].pop("runAsNonRoot")],
-         "runAsNonRoot is None"),
-        (lambda p: p["spec"]["containers"][0]["securityContext"].pop("allowPrivilegeEscalation"),
-         "allowPrivilegeEscalation is not false"),
-        (lambda p: p["spec"]["containers"][0]["securityContext"].__setitem__("privileged", True),
-         "privileged"),
-        (lambda p: p["spec"]["containers"][0]["securityContext"]["capabilities"].__setitem__(
-            "drop", ["NET_RAW"]), "capabilities do not drop ALL"),
-        (lambda p: p["spec"]["containers"][0]["securityContext"]["capabilities"].__setitem__(
-            "add", ["SYS_PTRACE"]), "adds capabilities ['SYS_PTRACE']"),
+        (
+            lambda p: [
+                p["spec"]["securityContext"].pop("runAsNonRoot"),
+                p["spec"]["containers"][0]["securityContext"].pop("runAsNonRoot"),
+            ],
+            "runAsNonRoot is None",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0]["securityContext"].pop("allowPrivilegeEscalation"),
+            "allowPrivilegeEscalation is not false",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0]["securityContext"].__setitem__("privileged", True),
+            "privileged",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0]["securityContext"]["capabilities"].__setitem__(
+                "drop", ["NET_RAW"]
+            ),
+            "capabilities do not drop ALL",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0]["securityContext"]["capabilities"].__setitem__(
+                "add", ["SYS_PTRACE"]
+            ),
+            "adds capabilities ['SYS_PTRACE']",
+        ),
         (lambda p: p["spec"]["securityContext"].pop("seccompProfile"), "seccompProfile is None"),
-        (lambda p: p["spec"].setdefault("volumes", []).append(
-            {"name": "root", "hostPath": {"path": "/"}}), "volume root is of type ['hostPath']"),
-        (lambda p: p["spec"]["containers"][0]["ports"][0].__setitem__("hostPort", 80),
-         "uses a hostPort"),
-        (lambda p: p["spec"].__setitem__("initContainers", [{"name": "init"}]),
-         "initContainers[init]: allowPrivilegeEscalation is not false"),
+        (
+            lambda p: (
+                p["spec"]
+                .setdefault("volumes", [])
+                .append({"name": "root", "hostPath": {"path": "/"}})
+            ),
+            "volume root is of type ['hostPath']",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0]["ports"][0].__setitem__("hostPort", 80),
+            "uses a hostPort",
+        ),
+        (
+            lambda p: p["spec"].__setitem__("initContainers", [{"name": "init"}]),
+            "initContainers[init]: allowPrivilegeEscalation is not false",
+        ),
     ],
 )
 def test_the_checker_refuses_an_unsafe_pod(change: Any, problem: str) -> None:
@@ -148,7 +180,9 @@ def test_the_role_grants_only_this_jobs_configmaps(policy_replicas: int) -> None
     assert "*" not in str(role["rules"])
     assert role["kind"] == "Role"  # namespaced, never a ClusterRole
     assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
     }
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "ns"}

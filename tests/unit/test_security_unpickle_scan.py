@@ -29,8 +29,17 @@ ROOT = Path(__file__).resolve().parents[2]
 SCANNED = (ROOT / "worker", ROOT / "operator")
 
 BANNED_MODULES = frozenset(
-    {"pickle", "_pickle", "cPickle", "cloudpickle", "dill", "marshal", "shelve", "jsonpickle",
-     "joblib"}
+    {
+        "pickle",
+        "_pickle",
+        "cPickle",
+        "cloudpickle",
+        "dill",
+        "marshal",
+        "shelve",
+        "jsonpickle",
+        "joblib",
+    }
 )
 #: Method names that (de)serialise with pickle whatever object they are called on.
 BANNED_METHODS = frozenset(
@@ -97,8 +106,10 @@ class _Scanner(ast.NodeVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         name = self._dotted(node.func) or ""
         keywords = {k.arg: k.value for k in node.keywords if k.arg}
-        if isinstance(node.func, ast.Name) and node.func.id in BANNED_BUILTINS and (
-            node.func.id not in self.aliases
+        if (
+            isinstance(node.func, ast.Name)
+            and node.func.id in BANNED_BUILTINS
+            and (node.func.id not in self.aliases)
         ):
             self._flag(node, f"calls {node.func.id}()")
         if isinstance(node.func, ast.Attribute) and node.func.attr in BANNED_METHODS:
@@ -136,7 +147,7 @@ def scan_tree(*roots: Path) -> tuple[int, list[Finding]]:
     return len(files), findings
 
 
-PLANTED = '''\
+PLANTED = """\
 import pickle
 import cloudpickle as cp
 from dill import loads
@@ -161,7 +172,7 @@ def bad(agent, blob, group):
     eval(blob)
     exec(blob)
     torch.distributed.broadcast_object_list([blob], group=group)
-'''
+"""
 
 PLANTED_WANT = [
     (1, "imports pickle"),

@@ -32,8 +32,9 @@ def test_synthetic_is_deterministic_and_advances(dtype: str) -> None:
     assert _equal_bits(first, again)
     stepped = synthetic_state_dict(spec)
     advance(stepped, 1)
-    assert not any(torch.equal(first[k].view(torch.uint8), stepped[k].view(torch.uint8))
-                   for k in first)
+    assert not any(
+        torch.equal(first[k].view(torch.uint8), stepped[k].view(torch.uint8)) for k in first
+    )
     assert _equal_bits(stepped, synthetic_state_dict(spec, refit=1))
     other_seed = synthetic_state_dict(spec.model_copy(update={"seed": 8}))
     assert not _equal_bits(first, other_seed)

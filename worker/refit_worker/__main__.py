@@ -64,8 +64,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stdout,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
     try:
         config = WorkerConfig.from_env()
     except ConfigError as exc:
@@ -136,22 +139,26 @@ def _signals(config: WorkerConfig) -> list[str]:
 def _join_group(config: WorkerConfig) -> None:
     backend = "nccl" if config.transfer.device == "cuda" else "gloo"
     dist.init_process_group(
-        backend, init_method=f"tcp://{config.master_addr}:{config.master_port}",
-        rank=config.rank, world_size=config.world_size,
+        backend,
+        init_method=f"tcp://{config.master_addr}:{config.master_port}",
+        rank=config.rank,
+        world_size=config.world_size,
         timeout=timedelta(seconds=config.transfer.timeout_seconds),
     )
 
 
 def _report(session: RefitSession, state: ProgressState, refits: int, msg: str) -> None:
     try:
-        session.store.write_progress(session.member, state=state, refits_completed=refits,
-                                     message=msg[:200])
+        session.store.write_progress(
+            session.member, state=state, refits_completed=refits, message=msg[:200]
+        )
     except Exception:  # the exit code still tells the operator what happened
         log.exception("could not report %s", state)
 
 
-async def _refits(config: WorkerConfig, session: RefitSession,
-                  handler: DistributedSignalHandler, done: list[int]) -> None:
+async def _refits(
+    config: WorkerConfig, session: RefitSession, handler: DistributedSignalHandler, done: list[int]
+) -> None:
     state = load_weights(config.weights)
     first = config.first_refit
     for step in range(1, first + 1):
@@ -171,18 +178,27 @@ async def _refits(config: WorkerConfig, session: RefitSession,
         done[0] = refit + 1
         _log_refit(config, stats)
         session.store.write_progress(
-            session.member, refits_completed=refit + 1, bytes_total=total_bytes,
-            last_refit_seconds=stats.seconds, last_refit_bytes=stats.bytes,
+            session.member,
+            refits_completed=refit + 1,
+            bytes_total=total_bytes,
+            last_refit_seconds=stats.seconds,
+            last_refit_bytes=stats.bytes,
             message=f"refit {refit} {'sent' if config.role == 'policy' else 'committed'}",
         )
     session.store.write_progress(
-        session.member, state="done", refits_completed=config.transfer.refits,
-        bytes_total=total_bytes, last_refit_seconds=last.seconds if last else 0.0,
-        last_refit_bytes=last.bytes if last else 0, message="all refits done")
+        session.member,
+        state="done",
+        refits_completed=config.transfer.refits,
+        bytes_total=total_bytes,
+        last_refit_seconds=last.seconds if last else 0.0,
+        last_refit_bytes=last.bytes if last else 0,
+        message="all refits done",
+    )
 
 
-def _stop_at_boundary(config: WorkerConfig, session: RefitSession,
-                      handler: DistributedSignalHandler) -> None:
+def _stop_at_boundary(
+    config: WorkerConfig, session: RefitSession, handler: DistributedSignalHandler
+) -> None:
     """A refit boundary: stop if any rank of the role got the signal, or the job is preempted.
 
     ``signals_received`` is a collective: if a peer already left, it raises, and
@@ -205,12 +221,15 @@ def _verifier(config: WorkerConfig, expected: StateDict) -> Verifier | None:
         if staged.keys() != expected.keys():
             missing = sorted(expected.keys() - staged.keys())[:3]
             extra = sorted(staged.keys() - expected.keys())[:3]
-            raise VerificationError(f"refit {refit_id}: names differ (missing {missing}, "
-                                    f"unexpected {extra})")
+            raise VerificationError(
+                f"refit {refit_id}: names differ (missing {missing}, unexpected {extra})"
+            )
         for name, tensor in staged.items():
             want = expected[name]
-            if tensor.dtype != want.dtype or tensor.shape != want.shape or not torch.equal(
-                tensor.view(torch.uint8), want.view(torch.uint8)
+            if (
+                tensor.dtype != want.dtype
+                or tensor.shape != want.shape
+                or not torch.equal(tensor.view(torch.uint8), want.view(torch.uint8))
             ):
                 raise VerificationError(f"refit {refit_id}: tensor {name!r} is not bit-exact")
 
@@ -219,8 +238,16 @@ def _verifier(config: WorkerConfig, expected: StateDict) -> Verifier | None:
 
 def _log_refit(config: WorkerConfig, stats: RefitStats) -> None:
     verb = "sent" if config.role == "policy" else "committed"
-    log.info("%s rank %d: refit %d %s: %d bytes in %.3fs (%.2f GB/s)", config.role,
-             config.rank, stats.refit_id, verb, stats.bytes, stats.seconds, stats.gbps)
+    log.info(
+        "%s rank %d: refit %d %s: %d bytes in %.3fs (%.2f GB/s)",
+        config.role,
+        config.rank,
+        stats.refit_id,
+        verb,
+        stats.bytes,
+        stats.seconds,
+        stats.gbps,
+    )
 
 
 __all__ = ["main", "run"]

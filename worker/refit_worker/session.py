@@ -117,36 +117,48 @@ class RefitSession:
         """Publish metadata, wait for the barrier of this epoch, connect to the peers."""
         cfg, transfer = self.config, self.config.transfer
         engine = NIXLCheckpointEngine(
-            transfer.bucket_size, device=transfer.device, backend_name=transfer.backend,
+            transfer.bucket_size,
+            device=transfer.device,
+            backend_name=transfer.backend,
             backend_init_params=dict(transfer.backend_params) or None,
             shard_expert_weights=transfer.shard_expert_weights,
-            timeout_s=transfer.timeout_seconds, checksum=transfer.checksum,
+            timeout_s=transfer.timeout_seconds,
+            checksum=transfer.checksum,
         )
         try:
             metadata = engine.prepare()
             self.store.publish_metadata(self.member, metadata.model_dump_json())
             # A pod stopped while its peers never came (one was killed at start-up) must
             # not sit out the whole timeout: its grace period is usually shorter.
-            barrier = self.store.wait_barrier(self.member, transfer.timeout_seconds,
-                                              cancel=_Flag(self._stop_requested))
+            barrier = self.store.wait_barrier(
+                self.member, transfer.timeout_seconds, cancel=_Flag(self._stop_requested)
+            )
             peers = self.store.peers(self.member, barrier)
             ordered = [peers[("policy", r)].agent for r in range(cfg.policy_world_size)]
             ordered += [peers[("rollout", r)].agent for r in range(cfg.rollout_world_size)]
             if cfg.role == "policy":
                 engine.init_policy_process_group(
-                    worker_rank=cfg.rank, train_world_size=cfg.policy_world_size,
-                    rollout_world_size=cfg.rollout_world_size, metadata=ordered)
+                    worker_rank=cfg.rank,
+                    train_world_size=cfg.policy_world_size,
+                    rollout_world_size=cfg.rollout_world_size,
+                    metadata=ordered,
+                )
             else:
                 engine.init_rollout_process_group(
-                    rollout_rank=cfg.rank, train_world_size=cfg.policy_world_size,
-                    rollout_world_size=cfg.rollout_world_size, metadata=ordered)
+                    rollout_rank=cfg.rank,
+                    train_world_size=cfg.policy_world_size,
+                    rollout_world_size=cfg.rollout_world_size,
+                    metadata=ordered,
+                )
         except PreemptedError as exc:
             engine.finalize()
             raise Preempted(str(exc)) from exc
         except WaitCancelled as exc:
             engine.finalize()
-            raise Preempted(f"{cfg.role} rank {cfg.rank}: stop requested while waiting for "
-                            f"the barrier of epoch {cfg.epoch}") from exc
+            raise Preempted(
+                f"{cfg.role} rank {cfg.rank}: stop requested while waiting for "
+                f"the barrier of epoch {cfg.epoch}"
+            ) from exc
         except BaseException:
             engine.finalize()
             raise
@@ -170,9 +182,9 @@ class RefitSession:
 
     # -- refits -----------------------------------------------------------------------
 
-    async def send(self, weights: Iterable[tuple[str, torch.Tensor]], *, refit_id: int) -> (
-        RefitStats
-    ):
+    async def send(
+        self, weights: Iterable[tuple[str, torch.Tensor]], *, refit_id: int
+    ) -> RefitStats:
         """Stream ``weights`` (e.g. ``model.named_parameters()``) as refit ``refit_id``."""
         engine = self._require("policy")
         items = [(name, tensor.detach()) for name, tensor in weights]
@@ -220,13 +232,14 @@ class RefitSession:
                 task.cancel()
                 # Bounded: cancellation lands at the engine's next await (a bucket boundary).
                 await asyncio.wait({task}, timeout=self.config.transfer.timeout_seconds)
-                raise Preempted(f"{self.config.role} rank {self.config.rank}: stopped at a "
-                                "bucket boundary for a preemption")
+                raise Preempted(
+                    f"{self.config.role} rank {self.config.rank}: stopped at a "
+                    "bucket boundary for a preemption"
+                )
 
     def _require(self, role: str) -> NIXLCheckpointEngine:
         if self._engine is None:
             raise RuntimeError("RefitSession is not connected: call connect() first")
         if self.config.role != role:
-            raise RuntimeError(f"only a {role} rank can do that; this is a "
-                               f"{self.config.role} rank")
+            raise RuntimeError(f"only a {role} rank can do that; this is a {self.config.role} rank")
         return self._engine

@@ -45,13 +45,15 @@ def load_manifest(path: Path) -> tuple[dict[str, Any], RefitJobSpec]:
         raise ManifestError(f"{path}: not valid YAML: {exc}") from exc
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == "RefitJob"]
     if len(jobs) != 1:
-        raise ManifestError(f"{path}: expected exactly one object of kind RefitJob, "
-                            f"found {len(jobs)}")
+        raise ManifestError(
+            f"{path}: expected exactly one object of kind RefitJob, found {len(jobs)}"
+        )
     manifest = jobs[0]
     expected = API_VERSION
     if manifest.get("apiVersion") != expected:
-        raise ManifestError(f"{path}: apiVersion is {manifest.get('apiVersion')!r}, "
-                            f"expected {expected!r}")
+        raise ManifestError(
+            f"{path}: apiVersion is {manifest.get('apiVersion')!r}, expected {expected!r}"
+        )
     meta = manifest.get("metadata")
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
         raise ManifestError(f"{path}: metadata.name is required")
@@ -68,22 +70,37 @@ def load_manifest(path: Path) -> tuple[dict[str, Any], RefitJobSpec]:
 def add_parser(sub: Any) -> None:
     """Register ``refit run`` on the ``refit`` command's subparsers."""
     run = sub.add_parser(
-        "run", help="run a RefitJob on this machine (no cluster)",
+        "run",
+        help="run a RefitJob on this machine (no cluster)",
         description="Run a RefitJob locally: the operator's rendering and reconcile, workers "
         "as local processes, a file-backed rendezvous, real NIXL transfers and real signals.",
     )
     run.add_argument("manifest", type=Path, help="RefitJob YAML, e.g. examples/local.yaml")
-    run.add_argument("--drain-after", type=float, metavar="SECONDS",
-                     help="simulate a node drain on one pod this long after the gang runs")
-    run.add_argument("--drain-pod", metavar="POD",
-                     help="the pod to drain (default: <job>-rollout-0)")
-    run.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
-                     help="give up after this long (default 3600)")
-    run.add_argument("--workdir", type=Path,
-                     help="keep pod logs and rendezvous files here (default: a temporary "
-                     "directory removed at the end)")
-    run.add_argument("--plain", action="store_true",
-                     help="log lines even on a terminal (no live view)")
+    run.add_argument(
+        "--drain-after",
+        type=float,
+        metavar="SECONDS",
+        help="simulate a node drain on one pod this long after the gang runs",
+    )
+    run.add_argument(
+        "--drain-pod", metavar="POD", help="the pod to drain (default: <job>-rollout-0)"
+    )
+    run.add_argument(
+        "--timeout",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="give up after this long (default 3600)",
+    )
+    run.add_argument(
+        "--workdir",
+        type=Path,
+        help="keep pod logs and rendezvous files here (default: a temporary "
+        "directory removed at the end)",
+    )
+    run.add_argument(
+        "--plain", action="store_true", help="log lines even on a terminal (no live view)"
+    )
     run.set_defaults(func=cmd_run)
 
 
@@ -124,15 +141,25 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             last_key[0] = view.status_key(status)
             print(view.status_line(job, spec, status, elapsed), file=out, flush=True)
 
-    print(f"refit run: {job}: {spec.policy.replicas} policy -> {spec.rollout.replicas} "
-          f"rollout rank(s), {spec.transfer.refits} refit(s), bucket {spec.transfer.bucket_size}",
-          file=out, flush=True)
+    print(
+        f"refit run: {job}: {spec.policy.replicas} policy -> {spec.rollout.replicas} "
+        f"rollout rank(s), {spec.transfer.refits} refit(s), bucket {spec.transfer.bucket_size}",
+        file=out,
+        flush=True,
+    )
     try:
         result = run_job(
-            manifest, spec,
-            RunOptions(workdir=args.workdir, drain_after=args.drain_after,
-                       drain_pod=args.drain_pod, timeout=args.timeout),
-            on_tick=on_tick, on_event=on_event, should_stop=lambda: stop["requested"],
+            manifest,
+            spec,
+            RunOptions(
+                workdir=args.workdir,
+                drain_after=args.drain_after,
+                drain_pod=args.drain_pod,
+                timeout=args.timeout,
+            ),
+            on_tick=on_tick,
+            on_event=on_event,
+            should_stop=lambda: stop["requested"],
         )
     finally:
         for sig, handler in previous.items():

@@ -96,13 +96,18 @@ class LocalCluster:
         self._ports = LoopbackPorts()
 
     def _local_env(self, pod: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
-        return local_env(env, port=self._ports.for_pod(pod), store_dir=self.store_dir,
-                         shards=self.layout.shards)
+        return local_env(
+            env, port=self._ports.for_pod(pod), store_dir=self.store_dir, shards=self.layout.shards
+        )
 
     def observed_rendezvous(self) -> dict[str, dict[str, str]]:
         base = names.rendezvous_name(self.job.name)
-        return {names.rendezvous_name(self.job.name, shard) if shard else base:
-                self.store.read_shard(shard) for shard in range(self.layout.shards)}
+        return {
+            names.rendezvous_name(self.job.name, shard) if shard else base: self.store.read_shard(
+                shard
+            )
+            for shard in range(self.layout.shards)
+        }
 
     def apply(self, decision: Decision, on_event: Callable[[Emit], None]) -> None:
         for action in decision.actions:
@@ -133,15 +138,17 @@ class LocalCluster:
         self.store.close()
 
 
-def local_env(env: Mapping[str, str], *, port: int, store_dir: Path | None = None,
-              shards: int = 1) -> dict[str, str]:
+def local_env(
+    env: Mapping[str, str], *, port: int, store_dir: Path | None = None, shards: int = 1
+) -> dict[str, str]:
     """What one host changes in a rendered pod's env: the role's rendezvous on loopback at
     ``port`` and, with ``store_dir``, the file-backed store instead of the ConfigMaps."""
     config = WorkerConfig.from_env(env)
     update: dict[str, Any] = {"master_addr": "127.0.0.1", "master_port": port}
     if store_dir is not None:
-        update["rendezvous"] = RendezvousConfig(store="file", location=str(store_dir),
-                                                shards=shards)
+        update["rendezvous"] = RendezvousConfig(
+            store="file", location=str(store_dir), shards=shards
+        )
     return {**env, **config.model_copy(update=update).to_env()}
 
 
@@ -179,8 +186,12 @@ def run_job(
     meta = manifest.get("metadata") or {}
     job = JobRef(str(meta["name"]), str(meta.get("namespace") or "default"), str(uuid.uuid4()))
     own_dir = options.workdir is None
-    workdir = Path(tempfile.mkdtemp(prefix=f"refit-{job.name}-")) if own_dir else Path(
-        options.workdir  # type: ignore[arg-type]
+    workdir = (
+        Path(tempfile.mkdtemp(prefix=f"refit-{job.name}-"))
+        if own_dir
+        else Path(
+            options.workdir  # type: ignore[arg-type]
+        )
     )
     cluster = LocalCluster(job, spec, workdir)
     view = JobView(job, int(meta.get("generation") or 1), manifest["spec"], RefitJobStatus())
@@ -194,8 +205,9 @@ def run_job(
 
     try:
         while True:
-            observed = observe(cluster.kubelet.pods(), list(cluster.others.values()),
-                               cluster.observed_rendezvous())
+            observed = observe(
+                cluster.kubelet.pods(), list(cluster.others.values()), cluster.observed_rendezvous()
+            )
             decision = reconcile(view, observed, datetime.now(UTC), RenderOptions())
             try:
                 cluster.apply(decision, emit)
@@ -203,7 +215,8 @@ def run_job(
                 # As a pod whose container cannot start: nothing a restart would fix here.
                 emit(Emit("Warning", "StartError", str(exc)))
                 result.status = decision.status.model_copy(
-                    update={"phase": Phase.FAILED, "message": str(exc)})
+                    update={"phase": Phase.FAILED, "message": str(exc)}
+                )
                 return result
             _record_refits(result, cluster, decision.status.epoch)
             view = JobView(view.ref, view.generation, view.raw_spec, decision.status)
@@ -213,14 +226,23 @@ def run_job(
                 return result
             if running_since is None and decision.status.phase == Phase.RUNNING:
                 running_since = time.monotonic()
-            if (options.drain_after is not None and result.drained is None
-                    and running_since is not None
-                    and time.monotonic() - running_since >= options.drain_after):
+            if (
+                options.drain_after is not None
+                and result.drained is None
+                and running_since is not None
+                and time.monotonic() - running_since >= options.drain_after
+            ):
                 target = options.drain_pod or names.pod_name(job.name, "rollout", 0)
                 if cluster.kubelet.disrupt(target):
                     result.drained = target
-                    on_event(Emit("Warning", "Drain", f"draining {target}: DisruptionTarget "
-                                                      "(EvictionByEvictionAPI), then deletion"))
+                    on_event(
+                        Emit(
+                            "Warning",
+                            "Drain",
+                            f"draining {target}: DisruptionTarget "
+                            "(EvictionByEvictionAPI), then deletion",
+                        )
+                    )
             if should_stop():
                 result.interrupted = True
                 return result
@@ -240,17 +262,24 @@ def _record_refits(result: RunResult, cluster: LocalCluster, epoch: int) -> None
     """Per-refit figures from the rollout ranks' own reports (bytes summed, time of the
     slowest rank); a refit some rank finished between two ticks is filled in once seen."""
     try:
-        snap = read_snapshot(merged(cluster.observed_rendezvous()), epoch,
-                             cluster.layout.policy_world_size, cluster.layout.rollout_world_size)
+        snap = read_snapshot(
+            merged(cluster.observed_rendezvous()),
+            epoch,
+            cluster.layout.policy_world_size,
+            cluster.layout.rollout_world_size,
+        )
     except EntryError:
         return  # the reconcile reports a bad entry in the status
     for (role, rank), entry in snap.progress.items():
         if role == "rollout" and entry.refits_completed > 0 and entry.last_refit_bytes:
             key = (epoch, entry.refits_completed - 1)
-            result.per_rank.setdefault(key, {})[rank] = (entry.last_refit_bytes,
-                                                         entry.last_refit_seconds)
+            result.per_rank.setdefault(key, {})[rank] = (
+                entry.last_refit_bytes,
+                entry.last_refit_seconds,
+            )
     result.refits = [
-        RefitRecord(index, ep, sum(b for b, _ in ranks.values()),
-                    max(sec for _, sec in ranks.values()))
+        RefitRecord(
+            index, ep, sum(b for b, _ in ranks.values()), max(sec for _, sec in ranks.values())
+        )
         for (ep, index), ranks in sorted(result.per_rank.items(), key=lambda kv: kv[0][::-1])
     ]

@@ -28,8 +28,7 @@ def live_lines(job: str, spec: RefitJobSpec, status: RefitJobStatus, elapsed: fl
     """The block a terminal redraws every tick."""
     refits = spec.transfer.refits
     return [
-        f"RefitJob {job}  phase {status.phase.value}  epoch {status.epoch}  "
-        f"elapsed {elapsed:.1f}s",
+        f"RefitJob {job}  phase {status.phase.value}  epoch {status.epoch}  elapsed {elapsed:.1f}s",
         f"  policy   ready {status.policy.ready}/{spec.policy.replicas}",
         f"  rollout  ready {status.rollout.ready}/{spec.rollout.replicas}  "
         f"refit {min(status.refits_completed + 1, refits)}/{refits}  "
@@ -41,8 +40,15 @@ def live_lines(job: str, spec: RefitJobSpec, status: RefitJobStatus, elapsed: fl
 
 def status_key(status: RefitJobStatus) -> tuple[object, ...]:
     """What must change for the plain (non-terminal) output to print a new line."""
-    return (status.phase, status.epoch, status.policy.ready, status.rollout.ready,
-            status.refits_completed, status.restarts, status.preemptions)
+    return (
+        status.phase,
+        status.epoch,
+        status.policy.ready,
+        status.rollout.ready,
+        status.refits_completed,
+        status.restarts,
+        status.preemptions,
+    )
 
 
 def status_line(job: str, spec: RefitJobSpec, status: RefitJobStatus, elapsed: float) -> str:
@@ -67,23 +73,30 @@ def verification(spec: RefitJobSpec, result: RunResult) -> str:
     if not result.succeeded:
         return "incomplete (the job did not succeed)"
     if spec.weights.synthetic is not None:
-        return (f"bit-exact: every tensor on all {spec.rollout.replicas} rollout rank(s), "
-                "checked against the regenerated weights before each commit")
+        return (
+            f"bit-exact: every tensor on all {spec.rollout.replicas} rollout rank(s), "
+            "checked against the regenerated weights before each commit"
+        )
     return "manifest complete on every rollout rank (names, shapes, dtypes) before each commit"
 
 
 def summary(job: str, spec: RefitJobSpec, result: RunResult, elapsed: float) -> list[str]:
     """The final table."""
     status = result.status
-    verdict = "interrupted" if result.interrupted else (
-        "timed out" if result.timed_out else status.phase.value)
+    verdict = (
+        "interrupted"
+        if result.interrupted
+        else ("timed out" if result.timed_out else status.phase.value)
+    )
     lines = [f"RefitJob {job}: {verdict} in {elapsed:.1f}s"]
     if status.message:
         lines.append(f"  message: {status.message}")
     lines.append(f"  {'refit':>5}  {'epoch':>5}  {'bytes':>10}  {'seconds':>8}  {'GB/s':>6}")
     for rec in result.refits:
-        lines.append(f"  {rec.index:>5}  {rec.epoch:>5}  {human_bytes(rec.bytes):>10}  "
-                     f"{rec.seconds:>8.3f}  {rec.gbps:>6.2f}")
+        lines.append(
+            f"  {rec.index:>5}  {rec.epoch:>5}  {human_bytes(rec.bytes):>10}  "
+            f"{rec.seconds:>8.3f}  {rec.gbps:>6.2f}"
+        )
     lines += [
         f"  refits {status.refits_completed}/{spec.transfer.refits}  "
         f"bytes {human_bytes(status.bytes_transferred)}  restarts {status.restarts}  "

@@ -173,7 +173,11 @@ class NixlAgent:
 
     # -- transfers ----------------------------------------------------------------------
     def post_write(
-        self, peer: str, local: Sequence[Region], remote: Sequence[Region], mem_type: str,
+        self,
+        peer: str,
+        local: Sequence[Region],
+        remote: Sequence[Region],
+        mem_type: str,
         notif: bytes,
     ) -> Any:
         """Start a WRITE of ``local`` regions into ``remote`` ones; notify ``notif`` after."""
@@ -327,7 +331,8 @@ _PREINIT: NixlAgent | None = None
 
 
 def preinit_nixl_agent(
-    *, backend_name: str = NIXL_DEFAULT_BACKEND_NAME,
+    *,
+    backend_name: str = NIXL_DEFAULT_BACKEND_NAME,
     backend_init_params: dict[str, Any] | None = None,
 ) -> NixlAgent:
     """Create the process's agent early (before heavy set-up); the next engine adopts it."""
@@ -337,9 +342,9 @@ def preinit_nixl_agent(
     return _PREINIT
 
 
-def take_preinit_agent(backend_name: str, backend_init_params: dict[str, Any] | None) -> (
-    NixlAgent | None
-):
+def take_preinit_agent(
+    backend_name: str, backend_init_params: dict[str, Any] | None
+) -> NixlAgent | None:
     """Hand the pre-created agent to an engine when its backend settings match."""
     global _PREINIT  # noqa: PLW0603
     agent = _PREINIT

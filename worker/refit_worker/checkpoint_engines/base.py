@@ -55,13 +55,12 @@ def dtype_from_name(name: str) -> torch.dtype:
     try:
         return WIRE_DTYPES[name]
     except KeyError:
-        raise ValueError(
-            f"unknown dtype name {name!r}; supported: {sorted(WIRE_DTYPES)}"
-        ) from None
+        raise ValueError(f"unknown dtype name {name!r}; supported: {sorted(WIRE_DTYPES)}") from None
 
 
-_ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size() for name, dtype in
-             WIRE_DTYPES.items()}
+_ITEMSIZE = {
+    name: torch.empty((), dtype=dtype).element_size() for name, dtype in WIRE_DTYPES.items()
+}
 
 
 def element_size(name: str) -> int:

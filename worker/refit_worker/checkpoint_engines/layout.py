@@ -80,9 +80,9 @@ class Slice:
 WHOLE = Slice(dim=0, start=0, length=-1)
 
 
-def select_slice(name: str, shape: tuple[int, ...], layout: TargetWeightLayout | None) -> (
-    Slice | None
-):
+def select_slice(
+    name: str, shape: tuple[int, ...], layout: TargetWeightLayout | None
+) -> Slice | None:
     """``None``: do not send ``name``; :data:`WHOLE`: send all; else the slice to send."""
     if layout is None:
         return WHOLE

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 def check_world_sizes(train_world_size: object, rollout_world_size: object) -> None:
     """Raise naming the bad value unless both world sizes are positive ints."""
-    for label, value in (("train_world_size", train_world_size),
-                         ("rollout_world_size", rollout_world_size)):
+    for label, value in (
+        ("train_world_size", train_world_size),
+        ("rollout_world_size", rollout_world_size),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{label} must be an int >= 1, got {value!r}")
 

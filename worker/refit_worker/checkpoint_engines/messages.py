@@ -167,6 +167,6 @@ def decode(raw: bytes) -> Manifest | BucketReady | Credit | Done | Abort:
     if not is_control(raw):
         raise ProtocolError(f"not a control message (starts with {raw[:8]!r})")
     try:
-        return _ADAPTER.validate_json(raw[len(CONTROL_MAGIC):])
+        return _ADAPTER.validate_json(raw[len(CONTROL_MAGIC) :])
     except ValidationError as exc:
         raise ProtocolError(f"invalid control message: {exc}") from exc

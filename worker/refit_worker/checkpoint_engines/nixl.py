@@ -105,8 +105,10 @@ class NIXLCheckpointEngine(CheckpointEngine):
             raise ValueError(f"device {device!r} requested but CUDA is not available")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
-        if isinstance(buffer_count, bool) or not isinstance(buffer_count, int) or (
-            buffer_count < 2
+        if (
+            isinstance(buffer_count, bool)
+            or not isinstance(buffer_count, int)
+            or (buffer_count < 2)
         ):
             raise ValueError(f"buffer_count must be an int >= 2, got {buffer_count!r}")
         self.backend_name = backend_name
@@ -163,8 +165,9 @@ class NIXLCheckpointEngine(CheckpointEngine):
         return self.agent.get_agent_metadata().model_copy(
             update={
                 "mem_type": self.mem_type,
-                "buffers": tuple(BufferDesc(addr=a, length=n, dev_id=d) for a, n, d in
-                                 self._regions()),
+                "buffers": tuple(
+                    BufferDesc(addr=a, length=n, dev_id=d) for a, n, d in self._regions()
+                ),
                 "layout": self.get_target_weight_layout(),
             }
         )
@@ -173,14 +176,20 @@ class NIXLCheckpointEngine(CheckpointEngine):
         return [(b.data_ptr(), b.numel(), b.device.index or 0) for b in self._buffers]
 
     def init_policy_process_group(
-        self, *, worker_rank: int, train_world_size: int, rollout_world_size: int,
+        self,
+        *,
+        worker_rank: int,
+        train_world_size: int,
+        rollout_world_size: int,
         metadata: Sequence[MetadataLike],
     ) -> None:
         check_world_sizes(train_world_size, rollout_world_size)
         parsed = _parse_metadata(metadata, train_world_size + rollout_world_size)
         ranks = rollout_targets_for_policy(
-            worker_rank, train_world_size=train_world_size,
-            rollout_world_size=rollout_world_size, stripe=self.stripe,
+            worker_rank,
+            train_world_size=train_world_size,
+            rollout_world_size=rollout_world_size,
+            stripe=self.stripe,
         )
         self._disconnect_peers()
         # A policy rank only sends from its own tensors; its receive buffers are not needed.
@@ -188,22 +197,28 @@ class NIXLCheckpointEngine(CheckpointEngine):
         for rollout_rank in ranks:
             peer = parsed[train_world_size + rollout_rank]
             self._check_buffers(peer, rollout_rank)
-            self._targets.append(Target(
-                rank=rollout_rank,
-                agent=self.agent.add_remote_agent(peer),
-                buffers=peer.buffers,
-                sources=source_ranks_for_rollout(
-                    rollout_rank, train_world_size=train_world_size,
-                    rollout_world_size=rollout_world_size, stripe=self.stripe,
-                ),
-                layout=TargetWeightLayout.model_validate(peer.layout) if peer.layout else None,
-                dev_id=peer.buffers[0].dev_id,
-            ))
+            self._targets.append(
+                Target(
+                    rank=rollout_rank,
+                    agent=self.agent.add_remote_agent(peer),
+                    buffers=peer.buffers,
+                    sources=source_ranks_for_rollout(
+                        rollout_rank,
+                        train_world_size=train_world_size,
+                        rollout_world_size=rollout_world_size,
+                        stripe=self.stripe,
+                    ),
+                    layout=TargetWeightLayout.model_validate(peer.layout) if peer.layout else None,
+                    dev_id=peer.buffers[0].dev_id,
+                )
+            )
         self._role, self._rank = "policy", worker_rank
 
     def _check_buffers(self, peer: NixlAgentMetadata, rollout_rank: int) -> None:
-        if len(peer.buffers) < 2 or peer.mem_type != self.mem_type or any(
-            b.length < self.bucket_size for b in peer.buffers
+        if (
+            len(peer.buffers) < 2
+            or peer.mem_type != self.mem_type
+            or any(b.length < self.bucket_size for b in peer.buffers)
         ):
             raise ValueError(
                 f"rollout rank {rollout_rank} offers buffers {list(peer.buffers)} in "
@@ -212,19 +227,26 @@ class NIXLCheckpointEngine(CheckpointEngine):
             )
 
     def init_rollout_process_group(
-        self, *, rollout_rank: int, train_world_size: int, rollout_world_size: int,
+        self,
+        *,
+        rollout_rank: int,
+        train_world_size: int,
+        rollout_world_size: int,
         metadata: Sequence[MetadataLike],
     ) -> None:
         parsed = _parse_metadata(metadata, train_world_size + rollout_world_size)
         ranks = source_ranks_for_rollout(
-            rollout_rank, train_world_size=train_world_size,
-            rollout_world_size=rollout_world_size, stripe=self.stripe,
+            rollout_rank,
+            train_world_size=train_world_size,
+            rollout_world_size=rollout_world_size,
+            stripe=self.stripe,
         )
         if not self._buffers:
             raise RuntimeError("call prepare() before init_rollout_process_group()")
         self._disconnect_peers()
-        self._sources = [Source(rank=r, agent=self.agent.add_remote_agent(parsed[r]))
-                         for r in ranks]
+        self._sources = [
+            Source(rank=r, agent=self.agent.add_remote_agent(parsed[r])) for r in ranks
+        ]
         self._role, self._rank = "rollout", rollout_rank
 
     # -- refits ---------------------------------------------------------------------------
@@ -252,8 +274,12 @@ class NIXLCheckpointEngine(CheckpointEngine):
         items = prepare_sources(weights, self.device)
         _sync_device(self.device)
         sender = RefitSender(
-            self.agent, rank=self._rank, refit=self._next_refit(refit_id),
-            bucket_size=self.bucket_size, mem_type=self.mem_type, timeout_s=self.timeout_s,
+            self.agent,
+            rank=self._rank,
+            refit=self._next_refit(refit_id),
+            bucket_size=self.bucket_size,
+            mem_type=self.mem_type,
+            timeout_s=self.timeout_s,
             with_checksums=self.checksum,
         )
         await sender.run(items, self._targets)
@@ -268,8 +294,12 @@ class NIXLCheckpointEngine(CheckpointEngine):
         if self._staging is None and self.device.type == "cpu":
             self._staging = Staging(self.agent, self.mem_type)
         receiver = RefitReceiver(
-            self.agent, rank=self._rank, refit=self._next_refit(refit_id),
-            buffers=self._buffers, sources=self._sources, timeout_s=self.timeout_s,
+            self.agent,
+            rank=self._rank,
+            refit=self._next_refit(refit_id),
+            buffers=self._buffers,
+            sources=self._sources,
+            timeout_s=self.timeout_s,
             staging=self._staging,
         )
         async for batch in receiver.run():

@@ -62,9 +62,7 @@ def check_bucket_size(bucket_size: object, specs: Sequence[TensorSpec] = ()) -> 
         raise ValueError(f"bucket_size must be > 0 bytes, got {bucket_size}")
     widest = max((spec.itemsize for spec in specs), default=1)
     if bucket_size < widest:
-        raise ValueError(
-            f"bucket_size {bucket_size} is smaller than one element ({widest} bytes)"
-        )
+        raise ValueError(f"bucket_size {bucket_size} is smaller than one element ({widest} bytes)")
     return bucket_size
 
 

@@ -56,8 +56,14 @@ class RefitReceiver:
     """Receives one refit into this rank's bucket buffers."""
 
     def __init__(
-        self, agent: NixlAgent, *, rank: int, refit: int, buffers: Sequence[torch.Tensor],
-        sources: Sequence[Source], timeout_s: float,
+        self,
+        agent: NixlAgent,
+        *,
+        rank: int,
+        refit: int,
+        buffers: Sequence[torch.Tensor],
+        sources: Sequence[Source],
+        timeout_s: float,
         staging: Staging | None = None,
     ) -> None:
         self.agent, self.rank, self.refit = agent, rank, refit
@@ -92,7 +98,8 @@ class RefitReceiver:
                         self.staging.keep_only(self._staged)
                     for source in self.sources:
                         self.agent.send_control(
-                            source.agent, Done(refit=self.refit),
+                            source.agent,
+                            Done(refit=self.refit),
                             who=f"rollout rank {self.rank}: policy rank {source.rank}",
                         )
                     self.agent.poll()  # one progress call: usually enough to send it
@@ -112,14 +119,18 @@ class RefitReceiver:
         landing = () if source.rank in self._credited else self._landing
         self._credited.add(source.rank)
         self.agent.send_control(
-            source.agent, Credit(refit=self.refit, seq=seq, buffer=buffer, landing=landing),
+            source.agent,
+            Credit(refit=self.refit, seq=seq, buffer=buffer, landing=landing),
             who=f"rollout rank {self.rank}: policy rank {source.rank}",
         )
 
     async def _wait(self, source: Source, kind: str, seq: int, what: str) -> object:
         deadline = time.monotonic() + self.timeout_s
         return await self.agent.wait_control(
-            source.agent, kind, self.refit, seq,
+            source.agent,
+            kind,
+            self.refit,
+            seq,
             what=f"rollout rank {self.rank}: {what} of refit {self.refit} "
             f"(policy rank {source.rank}, within {self.timeout_s}s)",
             deadline=deadline,
@@ -154,7 +165,10 @@ class RefitReceiver:
         return [item for item in batch if item is not None], seq == manifest.total_buckets - 1
 
     def _piece(
-        self, piece: TensorMeta, entries: dict[str, ManifestEntry], buffer: torch.Tensor,
+        self,
+        piece: TensorMeta,
+        entries: dict[str, ManifestEntry],
+        buffer: torch.Tensor,
         landed: bool,
     ) -> tuple[str, torch.Tensor] | None:
         entry = entries.get(piece.name)
@@ -177,8 +191,11 @@ class RefitReceiver:
         dtype = dtype_from_name(piece.dtype)
         data = buffer[piece.offset : piece.offset + piece.chunk_size]
         if piece.is_whole and not landed:
-            tensor = data.view(dtype).view(piece.shape) if piece.nbytes else torch.empty(
-                piece.shape, dtype=dtype, device=buffer.device)
+            tensor = (
+                data.view(dtype).view(piece.shape)
+                if piece.nbytes
+                else torch.empty(piece.shape, dtype=dtype, device=buffer.device)
+            )
             return self._finish(entry, tensor)
         whole, filled = self._partial.get(piece.name) or (self._stage(piece, buffer.device), 0)
         if piece.chunk_offset != filled:

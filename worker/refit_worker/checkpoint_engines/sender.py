@@ -87,9 +87,9 @@ def prepare_sources(
     return items
 
 
-def _for_target(items: Sequence[tuple[str, torch.Tensor]], layout: TargetWeightLayout | None) -> (
-    dict[str, torch.Tensor]
-):
+def _for_target(
+    items: Sequence[tuple[str, torch.Tensor]], layout: TargetWeightLayout | None
+) -> dict[str, torch.Tensor]:
     chosen: dict[str, torch.Tensor] = {}
     for name, tensor in items:
         part = select_slice(name, tuple(tensor.shape), layout)
@@ -120,21 +120,31 @@ class RefitSender:
     """Sends one refit from this policy rank to its targets."""
 
     def __init__(
-        self, agent: NixlAgent, *, rank: int, refit: int, bucket_size: int, mem_type: str,
-        timeout_s: float, with_checksums: bool,
+        self,
+        agent: NixlAgent,
+        *,
+        rank: int,
+        refit: int,
+        bucket_size: int,
+        mem_type: str,
+        timeout_s: float,
+        with_checksums: bool,
     ) -> None:
         self.agent, self.rank, self.refit = agent, rank, refit
         self.bucket_size, self.mem_type, self.timeout_s = bucket_size, mem_type, timeout_s
         self.with_checksums = with_checksums
 
-    async def run(self, items: Sequence[tuple[str, torch.Tensor]], targets: Sequence[Target]) -> (
-        None
-    ):
+    async def run(
+        self, items: Sequence[tuple[str, torch.Tensor]], targets: Sequence[Target]
+    ) -> None:
         self.agent.forget_before(self.refit)
         streams = [self._plan(items, target) for target in targets]
         all_tensors = [t for s in streams for t in s.tensors.values()]
-        registered = self.agent.register(_regions(all_tensors), self.mem_type) if any(
-            t.numel() for t in all_tensors) else None
+        registered = (
+            self.agent.register(_regions(all_tensors), self.mem_type)
+            if any(t.numel() for t in all_tensors)
+            else None
+        )
         try:
             await self._stream_all(streams)
         except Exception as exc:
@@ -189,7 +199,9 @@ class RefitSender:
             for name, t in stream.tensors.items()
         )
         return Manifest(
-            refit=self.refit, total_buckets=len(stream.buckets), digest=stream.digest,
+            refit=self.refit,
+            total_buckets=len(stream.buckets),
+            digest=stream.digest,
             tensors=entries,
         )
 
@@ -252,8 +264,13 @@ class RefitSender:
             else:
                 remote.append((desc.addr + piece.offset, piece.chunk_size, target.dev_id))
         message = BucketReady(
-            refit=self.refit, seq=seq, buffer=buffer, total_buckets=len(stream.buckets),
-            digest=stream.digest, pieces=tuple(pieces), landed=tuple(sorted(landed)),
+            refit=self.refit,
+            seq=seq,
+            buffer=buffer,
+            total_buckets=len(stream.buckets),
+            digest=stream.digest,
+            pieces=tuple(pieces),
+            landed=tuple(sorted(landed)),
         )
         if not local:
             self.agent.send_control(target.agent, message, who=self._who(target))

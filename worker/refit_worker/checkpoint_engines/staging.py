@@ -37,8 +37,13 @@ class Staging:
     def offers(self) -> tuple[Landing, ...]:
         """Landing memory for every kept tensor, as plain data for a credit message."""
         return tuple(
-            Landing(name=name, nbytes=t.numel(), addr=t.data_ptr(), dev_id=t.device.index or 0,
-                    metadata=metadata)
+            Landing(
+                name=name,
+                nbytes=t.numel(),
+                addr=t.data_ptr(),
+                dev_id=t.device.index or 0,
+                metadata=metadata,
+            )
             for name, (t, _, metadata) in self._kept.items()
         )
 

@@ -27,9 +27,18 @@ from refit_worker.rendezvous.store import (
 from refit_worker.rendezvous.watch import PreemptionWatch
 
 __all__ = [
-    "CancelFlag", "ConfigMapStore", "FileStore", "Layout", "Member", "PreemptedError",
-    "PreemptionWatch", "RendezvousError", "RendezvousStore", "RendezvousTimeout",
-    "WaitCancelled", "open_store",
+    "CancelFlag",
+    "ConfigMapStore",
+    "FileStore",
+    "Layout",
+    "Member",
+    "PreemptedError",
+    "PreemptionWatch",
+    "RendezvousError",
+    "RendezvousStore",
+    "RendezvousTimeout",
+    "WaitCancelled",
+    "open_store",
 ]
 
 

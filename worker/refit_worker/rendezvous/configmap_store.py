@@ -62,16 +62,18 @@ def load_api_client() -> Any:
         loaders.load_incluster_config(client_configuration=configuration)
     except loaders.ConfigException:
         # KUBECONFIG is read now, not when kubernetes was imported, so a later change holds.
-        loaders.load_kube_config(config_file=os.environ.get("KUBECONFIG"),
-                                 client_configuration=configuration)
+        loaders.load_kube_config(
+            config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration
+        )
     return client.ApiClient(configuration)
 
 
 class ConfigMapStore(RendezvousStore):
     """Rendezvous over ``<base>``, ``<base>-1``, ... in ``namespace``."""
 
-    def __init__(self, base_name: str, namespace: str, layout: Layout, *,
-                 api_client: Any | None = None) -> None:
+    def __init__(
+        self, base_name: str, namespace: str, layout: Layout, *, api_client: Any | None = None
+    ) -> None:
         super().__init__(layout)
         self.namespace = namespace
         self.names = [configmap_name(base_name, shard) for shard in range(layout.shards)]
@@ -99,11 +101,21 @@ class ConfigMapStore(RendezvousStore):
 
     def _put(self, shard: int, key: str, value: str) -> None:
         name = self.names[shard]
-        self._retrying(f"set key {key!r} of ConfigMap {self.namespace}/{name}", lambda: (
-            self._api().patch_namespaced_config_map(
-                name, self.namespace, merge_patch(key, value), _content_type=MERGE_PATCH,
-                _request_timeout=(_CONNECT_SECONDS, _REQUEST_SECONDS), _preload_content=False,
-            ).release_conn()))
+        self._retrying(
+            f"set key {key!r} of ConfigMap {self.namespace}/{name}",
+            lambda: (
+                self._api()
+                .patch_namespaced_config_map(
+                    name,
+                    self.namespace,
+                    merge_patch(key, value),
+                    _content_type=MERGE_PATCH,
+                    _request_timeout=(_CONNECT_SECONDS, _REQUEST_SECONDS),
+                    _preload_content=False,
+                )
+                .release_conn()
+            ),
+        )
 
     def _read(self, shard: int) -> dict[str, str]:
         return self._get(shard)[0]
@@ -111,10 +123,19 @@ class ConfigMapStore(RendezvousStore):
     def _get(self, shard: int) -> tuple[dict[str, str], str]:
         """The shard's data and resourceVersion, straight from the API as JSON."""
         name = self.names[shard]
-        raw = self._retrying(f"read ConfigMap {self.namespace}/{name}", lambda: (
-            self._api().read_namespaced_config_map(
-                name, self.namespace, _preload_content=False,
-                _request_timeout=(_CONNECT_SECONDS, _REQUEST_SECONDS)).read()))
+        raw = self._retrying(
+            f"read ConfigMap {self.namespace}/{name}",
+            lambda: (
+                self._api()
+                .read_namespaced_config_map(
+                    name,
+                    self.namespace,
+                    _preload_content=False,
+                    _request_timeout=(_CONNECT_SECONDS, _REQUEST_SECONDS),
+                )
+                .read()
+            ),
+        )
         obj = json.loads(raw)
         return _data_of(obj), str(obj.get("metadata", {}).get("resourceVersion", ""))
 
@@ -130,20 +151,33 @@ class ConfigMapStore(RendezvousStore):
                 return call()
             except ApiException as exc:
                 if exc.status in _FATAL or attempt >= _ATTEMPTS:
-                    raise RendezvousError(f"could not {action}: HTTP {exc.status} "
-                                          f"{exc.reason}") from exc
+                    raise RendezvousError(
+                        f"could not {action}: HTTP {exc.status} {exc.reason}"
+                    ) from exc
             except HTTPError as exc:
                 if attempt >= _ATTEMPTS:
                     raise RendezvousError(f"could not {action}: {exc}") from exc
             time.sleep(delay)
             delay, attempt = min(delay * 2, _MAX_BACKOFF), attempt + 1
 
-    def _wait(self, shards: Sequence[int], check: Check[T], timeout: float, what: str,
-              cancel: CancelFlag | None) -> T:
+    def _wait(
+        self,
+        shards: Sequence[int],
+        check: Check[T],
+        timeout: float,
+        what: str,
+        cancel: CancelFlag | None,
+    ) -> T:
         state = _WaitState()
-        feeds = [threading.Thread(target=self._feed, args=(shard, state), daemon=True,
-                                  name=f"rendezvous-watch-{self.names[shard]}")
-                 for shard in shards]
+        feeds = [
+            threading.Thread(
+                target=self._feed,
+                args=(shard, state),
+                daemon=True,
+                name=f"rendezvous-watch-{self.names[shard]}",
+            )
+            for shard in shards
+        ]
         for feed in feeds:
             feed.start()
         deadline = time.monotonic() + timeout
@@ -166,7 +200,8 @@ class ConfigMapStore(RendezvousStore):
                         names = ", ".join(self.names[s] for s in shards)
                         raise RendezvousTimeout(
                             f"timed out after {timeout:g}s waiting for {what} in ConfigMap "
-                            f"{self.namespace}/{names}")
+                            f"{self.namespace}/{names}"
+                        )
                     # A cancel flag cannot wake the condition: look at it now and then.
                     state.cond.wait(left if cancel is None else min(left, _CANCEL_TICK))
         finally:
@@ -190,8 +225,10 @@ class ConfigMapStore(RendezvousStore):
                         if obj.get("code") == 410:
                             version = ""  # history expired: list again
                             break
-                        raise RendezvousError(f"watch of ConfigMap {self.namespace}/{name} "
-                                              f"failed: {obj.get('message', obj)}")
+                        raise RendezvousError(
+                            f"watch of ConfigMap {self.namespace}/{name} "
+                            f"failed: {obj.get('message', obj)}"
+                        )
                     version = str(obj.get("metadata", {}).get("resourceVersion", version))
                     if kind in ("ADDED", "MODIFIED", "DELETED") and _name_of(obj) == name:
                         state.update(shard, {} if kind == "DELETED" else _data_of(obj))
@@ -201,9 +238,13 @@ class ConfigMapStore(RendezvousStore):
                     version = ""
                     continue
                 if exc.status in _FATAL:
-                    state.fail(RendezvousError(f"could not watch ConfigMap "
-                                               f"{self.namespace}/{name}: HTTP {exc.status} "
-                                               f"{exc.reason}"))
+                    state.fail(
+                        RendezvousError(
+                            f"could not watch ConfigMap "
+                            f"{self.namespace}/{name}: HTTP {exc.status} "
+                            f"{exc.reason}"
+                        )
+                    )
                     return
                 state.stopped.wait(delay)
                 delay = min(delay * 2, _MAX_BACKOFF)
@@ -216,13 +257,19 @@ class ConfigMapStore(RendezvousStore):
                 state.fail(exc)
                 return
 
-    def _watch(self, name: str, version: str,
-               state: _WaitState) -> Iterator[tuple[str, dict[str, Any]]]:
+    def _watch(
+        self, name: str, version: str, state: _WaitState
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
         response = self._api().list_namespaced_config_map(
-            self.namespace, field_selector=f"metadata.name={name}", watch=True,
-            resource_version=version or None, allow_watch_bookmarks=True,
-            timeout_seconds=WATCH_SECONDS, _preload_content=False,
-            _request_timeout=(_CONNECT_SECONDS, WATCH_SECONDS + 5.0))
+            self.namespace,
+            field_selector=f"metadata.name={name}",
+            watch=True,
+            resource_version=version or None,
+            allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_SECONDS,
+            _preload_content=False,
+            _request_timeout=(_CONNECT_SECONDS, WATCH_SECONDS + 5.0),
+        )
         state.track(response)
         try:
             buffer = b""

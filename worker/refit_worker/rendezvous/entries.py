@@ -206,8 +206,9 @@ def decode_entry(key: str, text: str) -> Entry:
         raise EntryError(key, f"value is a JSON {type(raw).__name__}, not an object")
     version = raw.get("v")
     if version != PROTOCOL_VERSION:
-        raise EntryError(key, f"protocol version {version!r}, this reader speaks "
-                              f"{PROTOCOL_VERSION}")
+        raise EntryError(
+            key, f"protocol version {version!r}, this reader speaks {PROTOCOL_VERSION}"
+        )
     model = _MODELS[parsed.kind]
     try:
         # From the text in JSON mode: strict there still takes arrays for tuples.
@@ -241,8 +242,11 @@ def parse_known_key(key: str) -> Key:
     """The parsed key; EntryError if ``key`` is outside the grammar."""
     parsed = parse_key(key)
     if parsed is None:
-        raise EntryError(key, "not a rendezvous key (expected meta.<role>.<rank>, "
-                              "progress.<role>.<rank>, barrier or preempt)")
+        raise EntryError(
+            key,
+            "not a rendezvous key (expected meta.<role>.<rank>, "
+            "progress.<role>.<rank>, barrier or preempt)",
+        )
     return parsed
 
 

@@ -99,8 +99,14 @@ class FileStore(RendezvousStore):
             data[path.name] = raw.decode("utf-8", errors="replace")
         return data
 
-    def _wait(self, shards: Sequence[int], check: Check[T], timeout: float, what: str,
-              cancel: CancelFlag | None) -> T:
+    def _wait(
+        self,
+        shards: Sequence[int],
+        check: Check[T],
+        timeout: float,
+        what: str,
+        cancel: CancelFlag | None,
+    ) -> T:
         deadline = time.monotonic() + timeout
         delay = _FIRST_DELAY
         while True:
@@ -112,8 +118,9 @@ class FileStore(RendezvousStore):
                 return result
             left = deadline - time.monotonic()
             if left <= 0:
-                raise RendezvousTimeout(f"timed out after {timeout:g}s waiting for {what} "
-                                        f"in {self.directory}")
+                raise RendezvousTimeout(
+                    f"timed out after {timeout:g}s waiting for {what} in {self.directory}"
+                )
             if cancel is not None and cancel.is_set():
                 raise WaitCancelled(f"wait for {what} was cancelled")
             time.sleep(min(delay, left))

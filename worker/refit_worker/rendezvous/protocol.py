@@ -62,14 +62,47 @@ from refit_worker.rendezvous.entries import (
 )
 
 __all__ = [
-    "BARRIER_KEY", "MAX_META_BYTES", "MAX_PREEMPT_BYTES", "MAX_PROGRESS_BYTES", "MAX_RANKS",
-    "MAX_UID_CHARS", "PREEMPT_KEY", "PROTOCOL_VERSION", "RANKS_PER_SHARD", "ROLES",
-    "SHARD_BUDGET_BYTES", "UID_PATTERN", "BarrierEntry", "Entry", "EntryError", "Key", "KeyKind",
-    "MetadataEntry", "PreemptNotice", "ProgressEntry", "ProgressState", "ProgressSummary",
-    "Snapshot", "aggregate_progress", "barrier_ready", "check_role", "configmap_name",
-    "decode_entry", "encode_entry", "is_valid_data_key", "make_barrier", "make_preempt_notice",
-    "max_value_bytes", "merge_patch", "meta_key", "parse_key", "progress_key", "read_snapshot",
-    "shard_of", "shard_of_key", "shards_needed",
+    "BARRIER_KEY",
+    "MAX_META_BYTES",
+    "MAX_PREEMPT_BYTES",
+    "MAX_PROGRESS_BYTES",
+    "MAX_RANKS",
+    "MAX_UID_CHARS",
+    "PREEMPT_KEY",
+    "PROTOCOL_VERSION",
+    "RANKS_PER_SHARD",
+    "ROLES",
+    "SHARD_BUDGET_BYTES",
+    "UID_PATTERN",
+    "BarrierEntry",
+    "Entry",
+    "EntryError",
+    "Key",
+    "KeyKind",
+    "MetadataEntry",
+    "PreemptNotice",
+    "ProgressEntry",
+    "ProgressState",
+    "ProgressSummary",
+    "Snapshot",
+    "aggregate_progress",
+    "barrier_ready",
+    "check_role",
+    "configmap_name",
+    "decode_entry",
+    "encode_entry",
+    "is_valid_data_key",
+    "make_barrier",
+    "make_preempt_notice",
+    "max_value_bytes",
+    "merge_patch",
+    "meta_key",
+    "parse_key",
+    "progress_key",
+    "read_snapshot",
+    "shard_of",
+    "shard_of_key",
+    "shards_needed",
 ]
 
 
@@ -88,8 +121,9 @@ def shards_needed(total_ranks: int) -> int:
     return math.ceil(total_ranks / RANKS_PER_SHARD)
 
 
-def shard_of(role: Role, rank: int, policy_world_size: int, rollout_world_size: int,
-             shards: int) -> int:
+def shard_of(
+    role: Role, rank: int, policy_world_size: int, rollout_world_size: int, shards: int
+) -> int:
     """The shard holding the per-rank keys of ``role`` rank ``rank``.
 
     Ranks are numbered policy first, then rollout, and cut into ``shards`` contiguous,
@@ -97,21 +131,23 @@ def shard_of(role: Role, rank: int, policy_world_size: int, rollout_world_size: 
     """
     world = policy_world_size if check_role(role) == "policy" else rollout_world_size
     if policy_world_size < 1 or rollout_world_size < 1:
-        raise ValueError(f"world sizes must be >= 1, got policy={policy_world_size} "
-                         f"rollout={rollout_world_size}")
+        raise ValueError(
+            f"world sizes must be >= 1, got policy={policy_world_size} rollout={rollout_world_size}"
+        )
     if not 0 <= rank < world:
         raise ValueError(f"{role} rank {rank} is outside world size {world}")
     total = policy_world_size + rollout_world_size
     needed = shards_needed(total)
     if shards < needed:
-        raise ValueError(f"shards={shards} is too few for {total} ranks "
-                         f"(at most {RANKS_PER_SHARD} per shard: need {needed})")
+        raise ValueError(
+            f"shards={shards} is too few for {total} ranks "
+            f"(at most {RANKS_PER_SHARD} per shard: need {needed})"
+        )
     index = rank if role == "policy" else policy_world_size + rank
     return index // math.ceil(total / shards)
 
 
-def shard_of_key(key: str, policy_world_size: int, rollout_world_size: int,
-                 shards: int) -> int:
+def shard_of_key(key: str, policy_world_size: int, rollout_world_size: int, shards: int) -> int:
     """The shard that holds ``key`` (barrier and preemption notice: shard 0)."""
     parsed = parse_known_key(key)
     if parsed.role is None or parsed.rank is None:
@@ -152,9 +188,13 @@ class Snapshot:
     preempt: PreemptNotice | None = None
 
 
-def read_snapshot(data: Mapping[str, str], epoch: int, policy_world_size: int,
-                  rollout_world_size: int,
-                  decode: Callable[[str, str], Entry] = decode_entry) -> Snapshot:
+def read_snapshot(
+    data: Mapping[str, str],
+    epoch: int,
+    policy_world_size: int,
+    rollout_world_size: int,
+    decode: Callable[[str, str], Entry] = decode_entry,
+) -> Snapshot:
     """Decode ``data`` (all shards merged) into what concerns ``epoch``.
 
     ``decode`` may be a memoised :func:`decode_entry` (it is pure), for callers that decode
@@ -171,8 +211,9 @@ def read_snapshot(data: Mapping[str, str], epoch: int, policy_world_size: int,
         if parsed.role is not None and parsed.rank is not None:
             world = policy_world_size if parsed.role == "policy" else rollout_world_size
             if parsed.rank >= world:
-                raise EntryError(key, f"rank {parsed.rank} is outside the {parsed.role} "
-                                      f"world size {world}")
+                raise EntryError(
+                    key, f"rank {parsed.rank} is outside the {parsed.role} world size {world}"
+                )
         if entry.epoch != epoch:
             continue
         if isinstance(entry, MetadataEntry):
@@ -182,16 +223,23 @@ def read_snapshot(data: Mapping[str, str], epoch: int, policy_world_size: int,
         elif isinstance(entry, BarrierEntry):
             sizes = (len(entry.policy_uids), len(entry.rollout_uids))
             if sizes != (policy_world_size, rollout_world_size):
-                raise EntryError(key, f"lists {sizes[0]} policy and {sizes[1]} rollout ranks, "
-                                      f"the job has {policy_world_size} and {rollout_world_size}")
+                raise EntryError(
+                    key,
+                    f"lists {sizes[0]} policy and {sizes[1]} rollout ranks, "
+                    f"the job has {policy_world_size} and {rollout_world_size}",
+                )
             barrier = entry
         else:
             preempt = entry
     return Snapshot(epoch, snap.meta, snap.progress, barrier, preempt)
 
 
-def barrier_ready(snap: Snapshot, policy_world_size: int, rollout_world_size: int,
-                  pod_uids: Mapping[tuple[Role, int], str] | None = None) -> bool:
+def barrier_ready(
+    snap: Snapshot,
+    policy_world_size: int,
+    rollout_world_size: int,
+    pod_uids: Mapping[tuple[Role, int], str] | None = None,
+) -> bool:
     """Whether every policy and rollout rank of the snapshot's epoch has published.
 
     With ``pod_uids`` (the coordinator's view of the live pods), an entry written by
@@ -205,20 +253,26 @@ def barrier_ready(snap: Snapshot, policy_world_size: int, rollout_world_size: in
                 return False
             expected = None if pod_uids is None else pod_uids.get((entry.role, rank))
             if expected is not None and expected != entry.uid:
-                raise EntryError(meta_key(entry.role, rank),
-                                 f"written by pod uid {entry.uid!r}, but the rank's pod is "
-                                 f"{expected!r}")
+                raise EntryError(
+                    meta_key(entry.role, rank),
+                    f"written by pod uid {entry.uid!r}, but the rank's pod is {expected!r}",
+                )
     return True
 
 
 def make_barrier(snap: Snapshot, policy_world_size: int, rollout_world_size: int) -> BarrierEntry:
     """The barrier value for the snapshot's epoch; ValueError if a rank has not published."""
     if not barrier_ready(snap, policy_world_size, rollout_world_size):
-        missing = [meta_key(role, rank)
-                   for role, world in _worlds(policy_world_size, rollout_world_size)
-                   for rank in range(world) if (role, rank) not in snap.meta]
-        raise ValueError(f"barrier of epoch {snap.epoch} is not ready: missing "
-                         f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+        missing = [
+            meta_key(role, rank)
+            for role, world in _worlds(policy_world_size, rollout_world_size)
+            for rank in range(world)
+            if (role, rank) not in snap.meta
+        ]
+        raise ValueError(
+            f"barrier of epoch {snap.epoch} is not ready: missing "
+            f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}"
+        )
     return BarrierEntry(
         epoch=snap.epoch,
         policy_uids=tuple(snap.meta[("policy", r)].uid for r in range(policy_world_size)),
@@ -245,8 +299,9 @@ class ProgressSummary:
     ranks_failed: int
 
 
-def aggregate_progress(snap: Snapshot, policy_world_size: int,
-                       rollout_world_size: int) -> ProgressSummary:
+def aggregate_progress(
+    snap: Snapshot, policy_world_size: int, rollout_world_size: int
+) -> ProgressSummary:
     """Fold per-rank progress of one epoch into the job's numbers.
 
     A refit counts once every rollout rank committed it (the minimum; a silent rank
@@ -256,8 +311,11 @@ def aggregate_progress(snap: Snapshot, policy_world_size: int,
     same weights, so the figure stays honest.
     """
     rollout = [snap.progress.get(("rollout", r)) for r in range(rollout_world_size)]
-    reported = [p for p in snap.progress.values()
-                if p.rank < (policy_world_size if p.role == "policy" else rollout_world_size)]
+    reported = [
+        p
+        for p in snap.progress.values()
+        if p.rank < (policy_world_size if p.role == "policy" else rollout_world_size)
+    ]
     refits = min((p.refits_completed if p is not None else 0) for p in rollout)
     present = [p for p in rollout if p is not None and p.refits_completed > 0]
     seconds = max((p.last_refit_seconds for p in present), default=0.0)

@@ -82,8 +82,9 @@ class PreemptedError(RuntimeError):
     """A job-wide preemption notice for this epoch arrived while waiting."""
 
     def __init__(self, notice: PreemptNotice) -> None:
-        super().__init__(f"job preempted in epoch {notice.epoch}: {notice.reason} "
-                         f"(pod {notice.pod})")
+        super().__init__(
+            f"job preempted in epoch {notice.epoch}: {notice.reason} (pod {notice.pod})"
+        )
         self.notice = notice
 
 
@@ -98,16 +99,18 @@ class Layout:
     def __post_init__(self) -> None:
         total = self.policy_world_size + self.rollout_world_size
         if self.policy_world_size < 1 or self.rollout_world_size < 1:
-            raise ValueError(f"world sizes must be >= 1, got policy={self.policy_world_size} "
-                             f"rollout={self.rollout_world_size}")
+            raise ValueError(
+                f"world sizes must be >= 1, got policy={self.policy_world_size} "
+                f"rollout={self.rollout_world_size}"
+            )
         if self.shards < shards_needed(total):
-            raise ValueError(f"shards={self.shards} is too few for {total} ranks "
-                             f"(need {shards_needed(total)})")
+            raise ValueError(
+                f"shards={self.shards} is too few for {total} ranks (need {shards_needed(total)})"
+            )
 
     @classmethod
     def from_config(cls, config: WorkerConfig) -> Layout:
-        return cls(config.policy_world_size, config.rollout_world_size,
-                   config.rendezvous.shards)
+        return cls(config.policy_world_size, config.rollout_world_size, config.rendezvous.shards)
 
     def shard_of(self, key: str) -> int:
         return shard_of_key(key, self.policy_world_size, self.rollout_world_size, self.shards)
@@ -128,14 +131,17 @@ class Member:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"member {name} must be an int >= 0, got {value!r}")
         if not UID_PATTERN.fullmatch(self.uid):
-            raise ValueError(f"pod uid {self.uid!r} is not 1..{MAX_UID_CHARS} characters of "
-                             "[-._a-zA-Z0-9]")
+            raise ValueError(
+                f"pod uid {self.uid!r} is not 1..{MAX_UID_CHARS} characters of [-._a-zA-Z0-9]"
+            )
 
     @classmethod
     def from_config(cls, config: WorkerConfig) -> Member:
         if not config.pod_uid:
-            raise ValueError("REFIT_POD_UID is empty: the rendezvous needs the pod uid to "
-                             "tell this pod's entries from a stale pod's")
+            raise ValueError(
+                "REFIT_POD_UID is empty: the rendezvous needs the pod uid to "
+                "tell this pod's entries from a stale pod's"
+            )
         return cls(config.role, config.rank, config.epoch, config.pod_uid)
 
 
@@ -156,8 +162,14 @@ class RendezvousStore(ABC):
         """All keys of ``shard`` now."""
 
     @abstractmethod
-    def _wait(self, shards: Sequence[int], check: Check[T], timeout: float, what: str,
-              cancel: CancelFlag | None) -> T:
+    def _wait(
+        self,
+        shards: Sequence[int],
+        check: Check[T],
+        timeout: float,
+        what: str,
+        cancel: CancelFlag | None,
+    ) -> T:
         """Until ``check`` over the merged data of ``shards`` returns non-None; raise
         RendezvousTimeout naming ``what`` after ``timeout`` seconds, WaitCancelled soon
         after ``cancel`` is set."""
@@ -183,44 +195,63 @@ class RendezvousStore(ABC):
         """The decoded entries of ``epoch`` across all shards."""
         return self._decode(self.read_data(), epoch)
 
-    def wait_for(self, what: str, check: Callable[[Snapshot], T | None], *, epoch: int,
-                 timeout: float, shards: Sequence[int] | None = None,
-                 cancel: CancelFlag | None = None) -> T:
+    def wait_for(
+        self,
+        what: str,
+        check: Callable[[Snapshot], T | None],
+        *,
+        epoch: int,
+        timeout: float,
+        shards: Sequence[int] | None = None,
+        cancel: CancelFlag | None = None,
+    ) -> T:
         """Until ``check`` of the snapshot of ``epoch`` (over ``shards``, default all)
         returns non-None."""
         _check_timeout(timeout, what)
         watched = list(range(self.layout.shards)) if shards is None else list(shards)
-        return self._wait(watched, lambda data: check(self._decode(data, epoch)), timeout,
-                          what, cancel)
+        return self._wait(
+            watched, lambda data: check(self._decode(data, epoch)), timeout, what, cancel
+        )
 
     # -- worker side ----------------------------------------------------------------------
 
     def publish_metadata(self, me: Member, agent_json: str) -> None:
         """Publish this rank's NIXL agent metadata (opaque JSON text) for its epoch."""
-        entry = MetadataEntry(epoch=me.epoch, uid=me.uid, role=me.role, rank=me.rank,
-                              agent=agent_json)
+        entry = MetadataEntry(
+            epoch=me.epoch, uid=me.uid, role=me.role, rank=me.rank, agent=agent_json
+        )
         self.put_entry(meta_key(me.role, me.rank), entry)
 
-    def wait_barrier(self, me: Member, timeout: float,
-                     cancel: CancelFlag | None = None) -> BarrierEntry:
+    def wait_barrier(
+        self, me: Member, timeout: float, cancel: CancelFlag | None = None
+    ) -> BarrierEntry:
         """The barrier of this rank's epoch, once the coordinator opened it.
 
         Raises PreemptedError if a preemption notice of the epoch comes first,
         WaitCancelled soon after ``cancel`` is set (the pod is being stopped), and
         EntryError if the barrier lists another pod under this rank.
         """
+
         def opened(snap: Snapshot) -> BarrierEntry | None:
             if snap.preempt is not None:
                 raise PreemptedError(snap.preempt)
             return snap.barrier
 
-        barrier = self.wait_for(f"the barrier of epoch {me.epoch} (key {BARRIER_KEY!r})",
-                                opened, epoch=me.epoch, timeout=timeout, shards=[0],
-                                cancel=cancel)
+        barrier = self.wait_for(
+            f"the barrier of epoch {me.epoch} (key {BARRIER_KEY!r})",
+            opened,
+            epoch=me.epoch,
+            timeout=timeout,
+            shards=[0],
+            cancel=cancel,
+        )
         listed = barrier.uid_of(me.role, me.rank)
         if listed != me.uid:
-            raise EntryError(BARRIER_KEY, f"lists pod uid {listed!r} for {me.role} rank "
-                                          f"{me.rank}, but this pod is {me.uid!r}")
+            raise EntryError(
+                BARRIER_KEY,
+                f"lists pod uid {listed!r} for {me.role} rank "
+                f"{me.rank}, but this pod is {me.uid!r}",
+            )
         return barrier
 
     def peers(self, me: Member, barrier: BarrierEntry) -> dict[tuple[Role, int], MetadataEntry]:
@@ -229,29 +260,48 @@ class RendezvousStore(ABC):
         snap = self.snapshot(barrier.epoch)
         found: dict[tuple[Role, int], MetadataEntry] = {}
         roles: tuple[tuple[Role, tuple[str, ...]], ...] = (
-            ("policy", barrier.policy_uids), ("rollout", barrier.rollout_uids))
+            ("policy", barrier.policy_uids),
+            ("rollout", barrier.rollout_uids),
+        )
         for role, uids in roles:
             for rank, uid in enumerate(uids):
                 key = meta_key(role, rank)
                 entry = snap.meta.get((role, rank))
                 if entry is None:
-                    raise EntryError(key, f"missing for epoch {barrier.epoch}, though the "
-                                          "barrier is open")
+                    raise EntryError(
+                        key, f"missing for epoch {barrier.epoch}, though the barrier is open"
+                    )
                 if entry.uid != uid:
-                    raise EntryError(key, f"written by pod uid {entry.uid!r}, but the barrier "
-                                          f"recorded {uid!r}")
+                    raise EntryError(
+                        key, f"written by pod uid {entry.uid!r}, but the barrier recorded {uid!r}"
+                    )
                 found[(entry.role, rank)] = entry
         return found
 
-    def write_progress(self, me: Member, *, state: ProgressState = "running",
-                       refits_completed: int = 0, bytes_total: int = 0,
-                       last_refit_seconds: float = 0.0, last_refit_bytes: int = 0,
-                       message: str = "") -> ProgressEntry:
+    def write_progress(
+        self,
+        me: Member,
+        *,
+        state: ProgressState = "running",
+        refits_completed: int = 0,
+        bytes_total: int = 0,
+        last_refit_seconds: float = 0.0,
+        last_refit_bytes: int = 0,
+        message: str = "",
+    ) -> ProgressEntry:
         """Report this rank's progress in its epoch (replaces its previous report)."""
-        entry = ProgressEntry(epoch=me.epoch, uid=me.uid, role=me.role, rank=me.rank,
-                              state=state, refits_completed=refits_completed,
-                              bytes_total=bytes_total, last_refit_seconds=last_refit_seconds,
-                              last_refit_bytes=last_refit_bytes, message=message)
+        entry = ProgressEntry(
+            epoch=me.epoch,
+            uid=me.uid,
+            role=me.role,
+            rank=me.rank,
+            state=state,
+            refits_completed=refits_completed,
+            bytes_total=bytes_total,
+            last_refit_seconds=last_refit_seconds,
+            last_refit_bytes=last_refit_bytes,
+            message=message,
+        )
         self.put_entry(progress_key(me.role, me.rank), entry)
         return entry
 
@@ -259,13 +309,19 @@ class RendezvousStore(ABC):
         """The preemption notice of this rank's epoch, if there is one now."""
         return self._decode(self._read(0), me.epoch).preempt
 
-    def wait_preemption(self, me: Member, timeout: float,
-                        cancel: CancelFlag | None = None) -> PreemptNotice:
+    def wait_preemption(
+        self, me: Member, timeout: float, cancel: CancelFlag | None = None
+    ) -> PreemptNotice:
         """Block until a preemption notice of this rank's epoch is posted (see
         :class:`~.watch.PreemptionWatch` to do it in the background)."""
-        return self.wait_for(f"a preemption notice for epoch {me.epoch} (key "
-                             f"{PREEMPT_KEY!r})", lambda snap: snap.preempt,
-                             epoch=me.epoch, timeout=timeout, shards=[0], cancel=cancel)
+        return self.wait_for(
+            f"a preemption notice for epoch {me.epoch} (key {PREEMPT_KEY!r})",
+            lambda snap: snap.preempt,
+            epoch=me.epoch,
+            timeout=timeout,
+            shards=[0],
+            cancel=cancel,
+        )
 
     # -- coordinator side -----------------------------------------------------------------
 
@@ -293,8 +349,13 @@ class RendezvousStore(ABC):
         self.put_entry(PREEMPT_KEY, notice)
 
     def _decode(self, data: Mapping[str, str], epoch: int) -> Snapshot:
-        return read_snapshot(data, epoch, self.layout.policy_world_size,
-                             self.layout.rollout_world_size, _decode_cached)
+        return read_snapshot(
+            data,
+            epoch,
+            self.layout.policy_world_size,
+            self.layout.rollout_world_size,
+            _decode_cached,
+        )
 
 
 #: Waits decode the whole map on every change; most values did not change since the last
@@ -304,6 +365,6 @@ _decode_cached = functools.lru_cache(maxsize=4 * MAX_RANKS)(decode_entry)
 
 def _check_timeout(timeout: float, what: str) -> None:
     if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
-        raise ValueError(f"timeout for {what} must be a finite number of seconds > 0, "
-                         f"got {timeout!r}")
-
+        raise ValueError(
+            f"timeout for {what} must be a finite number of seconds > 0, got {timeout!r}"
+        )

@@ -30,15 +30,17 @@ WAIT_SECONDS = 60.0
 class PreemptionWatch:
     """``with PreemptionWatch(store, me, on_notice): ...`` watches while the block runs."""
 
-    def __init__(self, store: RendezvousStore, me: Member,
-                 on_notice: Callable[[PreemptNotice], None]) -> None:
+    def __init__(
+        self, store: RendezvousStore, me: Member, on_notice: Callable[[PreemptNotice], None]
+    ) -> None:
         self.store, self.me, self.on_notice = store, me, on_notice
         self.notice: PreemptNotice | None = None
         #: Why the watch ended early (a garbage notice, a lost API), else None.
         self.error: BaseException | None = None
         self._cancel = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f"preemption-watch-{me.role}-{me.rank}")
+        self._thread = threading.Thread(
+            target=self._run, daemon=True, name=f"preemption-watch-{me.role}-{me.rank}"
+        )
 
     def start(self) -> PreemptionWatch:
         self._thread.start()
@@ -53,8 +55,12 @@ class PreemptionWatch:
     def __enter__(self) -> PreemptionWatch:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
     def _run(self) -> None:
