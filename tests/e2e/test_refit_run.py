@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -36,7 +37,9 @@ def _manifest(tmp_path: Path, **spec_overrides: object) -> Path:
     return path
 
 
-def _run(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str], timeout: float = 240, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "refit_operator.cli", "run", *args],
         env=ENV,
@@ -44,7 +47,41 @@ def _run(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess[s
         text=True,
         timeout=timeout,
         check=False,
+        cwd=cwd,
     )
+
+
+def _start(args: list[str], **popen: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "refit_operator.cli", "run", *args],
+        text=True,
+        **{"env": ENV, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, **popen},
+    )
+
+
+def _wait_for_gang(proc: subprocess.Popen[str], under: Path, ranks: int = 4) -> list[int]:
+    deadline = time.monotonic() + 120
+    while len(_processes_under(under)) < ranks:
+        assert time.monotonic() < deadline, "the gang never started"
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.2)
+    return _processes_under(under)
+
+
+def _all_gone(pids: list[int], within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def _processes_under(path: Path) -> list[int]:
@@ -63,8 +100,10 @@ def _processes_under(path: Path) -> list[int]:
 
 
 def test_success_with_verification(tmp_path: Path) -> None:
+    # A relative --workdir: pods run in directories of their own, so it must be resolved.
     workdir = tmp_path / "work"
-    done = _run([str(_manifest(tmp_path, **{"transfer.refits": 2})), "--workdir", str(workdir)])
+    manifest = _manifest(tmp_path, **{"transfer.refits": 2})
+    done = _run([str(manifest), "--workdir", "work"], cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "phase=Succeeded" in out
@@ -85,42 +124,73 @@ def test_drain_preempts_and_completes(tmp_path: Path) -> None:
     assert "verification: bit-exact" in out
 
 
-def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_every_process(tmp_path: Path, signum: int, code: int) -> None:
     workdir = tmp_path / "work"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "refit_operator.cli",
-            "run",
-            str(_manifest(tmp_path, **{"transfer.refits": 100_000})),
-            "--workdir",
-            str(workdir),
-        ],
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    manifest = _manifest(tmp_path, **{"transfer.refits": 100_000})
+    proc = _start([str(manifest), "--workdir", str(workdir)])
     try:
-        deadline = time.monotonic() + 120
-        while len(_processes_under(workdir)) < 4:  # all four ranks are up
-            assert time.monotonic() < deadline, "the gang never started"
-            assert proc.poll() is None, proc.communicate()[0]
-            time.sleep(0.2)
-        workers = _processes_under(workdir)
-        proc.send_signal(signal.SIGINT)
+        workers = _wait_for_gang(proc, workdir)
+        proc.send_signal(signum)
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, out
-    assert "interrupted; every worker was stopped" in out
+    assert proc.returncode == code, out
+    name = signal.Signals(signum).name
+    assert f"stopped by {name}; every worker was stopped" in out
     for pid in workers:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert not _processes_under(workdir)
     assert not list((workdir / "pods").iterdir())  # no pod's files left behind
+
+
+def test_kill_9_takes_the_workers_along_and_the_next_run_sweeps(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    manifest = _manifest(tmp_path, **{"transfer.refits": 100_000})
+    proc = _start([str(manifest)], env={**ENV, "TMPDIR": str(tmp)})
+    try:
+        workers = _wait_for_gang(proc, tmp)
+        proc.kill()  # SIGKILL: no handler, no clean-up of its own
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _all_gone(workers, within=10), "workers outlived their refit run"
+    (left,) = list(tmp.glob("refit-e2e-run-*"))
+    # The next run finds the directory of a run that is gone, and removes it.
+    short = _manifest(tmp_path, **{"transfer.refits": 1})
+    done = subprocess.run(
+        [sys.executable, "-m", "refit_operator.cli", "run", "--plain", str(short)],
+        env={**ENV, "TMPDIR": str(tmp)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"removed {left}, left by an earlier run that was killed" in done.stdout
+    assert not list(tmp.iterdir())  # neither the old directory nor the new run's
+
+
+def test_closed_output_pipe_stops_the_run_quietly(tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    manifest = _manifest(tmp_path, **{"transfer.refits": 100_000})
+    proc = _start([str(manifest), "--plain", "--workdir", str(workdir)], stderr=subprocess.PIPE)
+    try:
+        workers = _wait_for_gang(proc, workdir)
+        assert proc.stdout is not None
+        proc.stdout.close()  # as `refit run ... | head -3` does once it has its lines
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGPIPE, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err
+    assert _all_gone(workers, within=5)
+    assert not _processes_under(workdir)
 
 
 @pytest.mark.parametrize(

@@ -83,8 +83,11 @@ class ProcessKubelet:
         *,
         rewrite_env: EnvRewrite | None = None,
         base_env: Mapping[str, str] | None = None,
+        die_with_parent: bool = False,
     ) -> None:
-        self.workdir = Path(workdir)
+        # Absolute: each pod's process runs with its own directory as cwd.
+        self.workdir = Path(workdir).resolve()
+        self._die_with_parent = die_with_parent
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._rewrite = rewrite_env
         # The project's console scripts (refit-worker, refit-signal) live beside this Python.
@@ -120,6 +123,10 @@ class ProcessKubelet:
                         stdin=subprocess.DEVNULL,
                         start_new_session=True,
                         cwd=root,
+                        # Only a prctl and a getppid run in the child: no locks, no imports.
+                        preexec_fn=(  # noqa: PLW1509
+                            _parent_death_kill() if self._die_with_parent else None
+                        ),
                     )
                 except OSError as exc:
                     shutil.rmtree(root, ignore_errors=True)
@@ -357,6 +364,30 @@ def _field_ref(pod: Mapping[str, Any], value_from: Mapping[str, Any]) -> str:
     if path not in fields:
         raise KubeletError(f"pod {meta['name']}: unsupported downward API field {path!r}")
     return str(fields[path])
+
+
+def _parent_death_kill() -> Callable[[], None]:
+    """A ``preexec_fn`` asking Linux to SIGKILL the child when this process dies.
+
+    Pods run in sessions of their own, so nothing else ends them if the parent is killed
+    outright.  Linux sends it when the thread that started the child ends, so create pods
+    from a thread that lives as long as they do (``refit run``'s main thread does).
+    Resolved before the fork: the child only makes the system call.
+    """
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os._exit(1)
+
+    return arm
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:

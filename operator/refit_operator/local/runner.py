@@ -13,7 +13,6 @@ Must not import: kopf, kubernetes.
 from __future__ import annotations
 
 import socket
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -25,6 +24,7 @@ from typing import Any
 from refit_operator import names
 from refit_operator.coordinate import PatchData, merged
 from refit_operator.local.kubelet import KubeletError, ProcessKubelet
+from refit_operator.local.workdir import create_own
 from refit_operator.models import Phase, RefitJobSpec, RefitJobStatus
 from refit_operator.observe import observe
 from refit_operator.reconcile import Create, Decision, Delete, Emit, JobView, reconcile
@@ -91,7 +91,8 @@ class LocalCluster:
         self.layout = Layout(policy, rollout, names.rendezvous_shards(policy, rollout))
         self.store_dir = workdir / "rendezvous"
         self.store = FileStore(self.store_dir, self.layout)
-        self.kubelet = ProcessKubelet(workdir, rewrite_env=self._local_env)
+        # Workers die with `refit run` even when it is killed with SIGKILL.
+        self.kubelet = ProcessKubelet(workdir, rewrite_env=self._local_env, die_with_parent=True)
         self.others: dict[tuple[str, str], dict[str, Any]] = {}
         self._ports = LoopbackPorts()
 
@@ -186,13 +187,8 @@ def run_job(
     meta = manifest.get("metadata") or {}
     job = JobRef(str(meta["name"]), str(meta.get("namespace") or "default"), str(uuid.uuid4()))
     own_dir = options.workdir is None
-    workdir = (
-        Path(tempfile.mkdtemp(prefix=f"refit-{job.name}-"))
-        if own_dir
-        else Path(
-            options.workdir  # type: ignore[arg-type]
-        )
-    )
+    # Absolute: every pod runs in a directory of its own, so a relative path would miss.
+    workdir = create_own(job.name) if options.workdir is None else options.workdir.resolve()
     cluster = LocalCluster(job, spec, workdir)
     view = JobView(job, int(meta.get("generation") or 1), manifest["spec"], RefitJobStatus())
     result = RunResult(view.status)

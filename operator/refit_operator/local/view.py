@@ -19,9 +19,23 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GiB"  # pragma: no cover - the loop always returns
 
 
+def human_rate(bytes_per_second: float) -> str:
+    """A rate in the unit that shows its digits: tiny test buckets are not '0.00 GB/s'."""
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bytes_per_second >= scale:
+            return f"{bytes_per_second / scale:.2f} {unit}"
+    return f"{bytes_per_second:.0f} B/s"
+
+
 def gbps(status: RefitJobStatus) -> str:
     rate = status.last_throughput_bytes_per_second
-    return f"{rate / 1e9:.2f} GB/s" if rate else "-"
+    return human_rate(rate) if rate else "-"
+
+
+def fit(lines: list[str], width: int) -> list[str]:
+    """Cut lines to the terminal's width: a wrapped line would not be erased on redraw."""
+    limit = max(width - 1, 8)
+    return [line if len(line) <= limit else line[: limit - 1] + "~" for line in lines]
 
 
 def live_lines(job: str, spec: RefitJobSpec, status: RefitJobStatus, elapsed: float) -> list[str]:
@@ -59,7 +73,7 @@ def status_line(job: str, spec: RefitJobSpec, status: RefitJobStatus, elapsed: f
         f"rollout_ready={status.rollout.ready}/{spec.rollout.replicas} "
         f"refits={status.refits_completed}/{spec.transfer.refits} "
         f"bytes={status.bytes_transferred} "
-        f"gbps={(status.last_throughput_bytes_per_second or 0) / 1e9:.3f} "
+        f"gbps={(status.last_throughput_bytes_per_second or 0) / 1e9:.4g} "
         f"restarts={status.restarts} preemptions={status.preemptions}"
     )
 
@@ -91,11 +105,12 @@ def summary(job: str, spec: RefitJobSpec, result: RunResult, elapsed: float) -> 
     lines = [f"RefitJob {job}: {verdict} in {elapsed:.1f}s"]
     if status.message:
         lines.append(f"  message: {status.message}")
-    lines.append(f"  {'refit':>5}  {'epoch':>5}  {'bytes':>10}  {'seconds':>8}  {'GB/s':>6}")
+    lines.append(f"  {'refit':>5}  {'epoch':>5}  {'bytes':>10}  {'seconds':>8}  {'rate':>11}")
     for rec in result.refits:
+        rate = human_rate(rec.bytes / rec.seconds) if rec.seconds > 0 else "-"
         lines.append(
             f"  {rec.index:>5}  {rec.epoch:>5}  {human_bytes(rec.bytes):>10}  "
-            f"{rec.seconds:>8.3f}  {rec.gbps:>6.2f}"
+            f"{rec.seconds:>8.3f}  {rate:>11}"
         )
     lines += [
         f"  refits {status.refits_completed}/{spec.transfer.refits}  "
