@@ -31,6 +31,7 @@ from refit_operator.models import (
 )
 from refit_operator.observe import Observed, ObservedPod
 from refit_operator.phases import PhaseFacts, is_legal, next_phase
+from refit_worker.contract.roles import ROLES
 
 #: How soon to look again while old pods are still going away.
 POLL_DELETING_S = 1.0
@@ -142,7 +143,7 @@ def _replicas(spec: RefitJobSpec, role: str) -> int:
 def _expected(job: JobView, spec: RefitJobSpec) -> set[str]:
     return {
         names.pod_name(job.ref.name, role, rank)
-        for role in names.ROLES
+        for role in ROLES
         for rank in range(_replicas(spec, role))
     }
 
@@ -246,7 +247,7 @@ def _coordinate(
 ) -> None:
     """Open the barrier when every rank published; show progress; flag bad entries."""
     st = rnd.status
-    uids = {(p.role, p.rank): p.uid for p in current if p.role in names.ROLES and p.uid}
+    uids = {(p.role, p.rank): p.uid for p in current if p.role in ROLES and p.uid}
     result = rdv.coordinate(
         job.ref.name,
         observed.rendezvous,
