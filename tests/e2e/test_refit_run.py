@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.support.processes import processes_under
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {
@@ -47,21 +48,6 @@ def _run(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess[s
     )
 
 
-def _processes_under(path: Path) -> list[int]:
-    """Pids whose working directory lies under ``path`` (every pod's cwd does)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cwd = os.readlink(entry / "cwd")
-        except OSError:
-            continue
-        if cwd.startswith(str(path)):
-            found.append(int(entry.name))
-    return found
-
-
 def test_success_with_verification(tmp_path: Path) -> None:
     workdir = tmp_path / "work"
     done = _run([str(_manifest(tmp_path, **{"transfer.refits": 2})), "--workdir", str(workdir)])
@@ -70,7 +56,7 @@ def test_success_with_verification(tmp_path: Path) -> None:
     assert "phase=Succeeded" in out
     assert "refits 2/2" in out and "preemptions 0" in out
     assert "verification: bit-exact" in out
-    assert not _processes_under(workdir)
+    assert not processes_under(workdir)
 
 
 def test_drain_preempts_and_completes(tmp_path: Path) -> None:
@@ -104,11 +90,11 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     )
     try:
         deadline = time.monotonic() + 120
-        while len(_processes_under(workdir)) < 4:  # all four ranks are up
+        while len(processes_under(workdir)) < 4:  # all four ranks are up
             assert time.monotonic() < deadline, "the gang never started"
             assert proc.poll() is None, proc.communicate()[0]
             time.sleep(0.2)
-        workers = _processes_under(workdir)
+        workers = processes_under(workdir)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -119,7 +105,7 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     for pid in workers:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
-    assert not _processes_under(workdir)
+    assert not processes_under(workdir)
     assert not list((workdir / "pods").iterdir())  # no pod's files left behind
 
 
