@@ -23,15 +23,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator"), str(ROOT / "worker")]
 
-from tests.unit.test_badinput_manifests import BAD_FILES, BAD_SPECS  # noqa: E402
-from tests.unit.test_badinput_rendezvous import (  # noqa: E402
+from tests.support.bad_manifests import BAD_FILES, BAD_SPECS  # noqa: E402
+from tests.support.crd_agreement import NOT_GENERATED, run_agreement  # noqa: E402
+from tests.support.crd_judge import crd_verdict, model_verdict  # noqa: E402
+from tests.support.tampered_entries import (  # noqa: E402
     TAMPERED,
     operator_outcome,
     worker_outcome,
 )
-from tests.unit.test_crd_agreement import NOT_GENERATED, run_agreement  # noqa: E402
-from tests.unit.test_crd_agreement_judge import crd_verdict, model_verdict  # noqa: E402
-from tests.unit.test_security_unpickle_scan import SCANNED, scan_tree  # noqa: E402
+from tests.support.unpickle_scan import SCANNED, scan_tree  # noqa: E402
 
 from refit_operator.local.command import ManifestError, load_manifest  # noqa: E402
 

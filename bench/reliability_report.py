@@ -46,13 +46,13 @@ from tests.reliability.harness import (  # noqa: E402
     committed_refits,
     manifest,
     preempted_reason,
-    processes_under,
     rollout_logs,
     run_with,
     seeded_kills,
     stage_plan,
     stop_point,
 )
+from tests.support.processes import processes_under  # noqa: E402
 
 from refit_operator.models import Phase  # noqa: E402
 
@@ -236,8 +236,9 @@ def kills(cases: int) -> list[str]:
 async def _store_backoff() -> list[float]:
     from tests.emulator import ApiEmulator, ApiFault
 
+    from refit_worker.contract.rendezvous import Layout
     from refit_worker.rendezvous.configmap_store import ConfigMapStore
-    from refit_worker.rendezvous.store import Layout, Member
+    from refit_worker.rendezvous.store import Member
 
     with tempfile.TemporaryDirectory() as tmp:
         async with ApiEmulator(Path(tmp)) as api:

@@ -41,9 +41,13 @@ for path in (ROOT, ROOT / "worker"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from refit_worker.rendezvous import ConfigMapStore, FileStore, Layout, Member  # noqa: E402
+from refit_worker.contract.rendezvous import (  # noqa: E402
+    Layout,
+    configmap_name,
+    shards_needed,
+)
+from refit_worker.rendezvous import ConfigMapStore, FileStore, Member  # noqa: E402
 from refit_worker.rendezvous.configmap_store import MERGE_PATCH, load_api_client  # noqa: E402
-from refit_worker.rendezvous.protocol import configmap_name, shards_needed  # noqa: E402
 from refit_worker.rendezvous.store import RendezvousStore  # noqa: E402
 
 SIZES = (8, 64, 256, 1024)

@@ -1,5 +1,5 @@
 """The operator's side of the rendezvous protocol: open the barrier, read progress, post
-the job-wide preemption notice.  Decisions come from ``refit_worker.rendezvous.protocol``
+the job-wide preemption notice.  Decisions come from ``refit_worker.contract.rendezvous``
 (shared with the local runner); this module turns them into ConfigMap patches.
 
 The operator never writes a rank's own keys; it writes only ``barrier`` and ``preempt``
@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from refit_operator import names
-from refit_worker.config import Role
-from refit_worker.rendezvous.protocol import (
+from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     PREEMPT_KEY,
     EntryError,
@@ -28,6 +27,7 @@ from refit_worker.rendezvous.protocol import (
     make_preempt_notice,
     read_snapshot,
 )
+from refit_worker.contract.roles import Role
 
 
 @dataclass(frozen=True)

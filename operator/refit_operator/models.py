@@ -4,7 +4,13 @@
 spec with :func:`parse_spec` before anything else.  Field names are camelCase on the wire
 (Kubernetes convention) and snake_case in Python.
 
-Must not import: kopf, kubernetes (pure; the local runner and the CRD generator use it).
+What the worker must agree with comes from ``refit_worker.contract``: the signal vocabulary
+(the CRD's signal pattern included), the transfer knobs (``TransferSpec`` extends
+``TransferKnobs``), the synthetic weights model with its dtype names, the env prefix and the
+rendezvous size limit.
+
+Must not import: kopf, kubernetes, aiohttp (pure; the local runner and the CRD generator use
+it); of the worker only ``refit_worker.contract``.
 """
 
 from __future__ import annotations
@@ -18,8 +24,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from refit_operator.quantity import QUANTITY_PATTERN, QuantityError, parse_quantity
-from refit_worker.config import ENV_PREFIX, SyntheticWeights
-from refit_worker.rendezvous.protocol import MAX_RANKS
+from refit_worker.contract.config import SyntheticWeights, TransferKnobs
+from refit_worker.contract.env import ENV_PREFIX
+from refit_worker.contract.rendezvous import MAX_RANKS
+from refit_worker.contract.signals import (
+    KUBELET_STOP_SIGNALS,
+    SIGNAL_PATTERN,
+    canonical_name,
+    signal_from_name,
+)
 
 GROUP = "refit.dev"
 VERSION = "v1alpha1"
@@ -27,56 +40,23 @@ KIND = "RefitJob"
 PLURAL = "refitjobs"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-#: Signal names the kubelet accepts in ``lifecycle.stopSignal`` on Linux (those that a
-#: process can catch; SIGKILL and SIGSTOP cannot be and are refused below anyway).
-KUBELET_STOP_SIGNALS: tuple[str, ...] = tuple(
-    sorted(
-        s.name
-        for s in _signal.Signals
-        if s.name not in {"SIGKILL", "SIGSTOP", "SIGRTMIN", "SIGRTMAX"}
-    )
-)
-_UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
 #: A whole number of bytes above 0 with an optional suffix: what the CRD accepts for
 #: bucketSize, and (with the validator's clearer messages) what the model accepts.
 BUCKET_SIZE_PATTERN = r"^[0-9]*[1-9][0-9]*(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 
 
-def _any_case(text: str) -> str:
-    # Letter by letter, not (?i): RE2's case folding also maps non-ASCII letters (U+017F).
-    return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in text)
-
-
-#: Every spelling :func:`canonical_signal` accepts, as a pattern the CRD can check.
-SIGNAL_PATTERN = (
-    f"^({_any_case('SIG')})?("
-    + "|".join(
-        _any_case(n[3:]) for n in sorted(_signal.Signals.__members__) if n not in _UNCATCHABLE
-    )
-    + ")$"
+#: Every wire model's config.  No inf/nan: JSON, and so the API server, cannot carry them.
+_WIRE = ConfigDict(
+    extra="forbid",
+    frozen=True,
+    alias_generator=to_camel,
+    populate_by_name=True,
+    allow_inf_nan=False,
 )
 
 
-def canonical_signal(name: str) -> str:
-    """``'usr1'``, ``'sigusr1'`` → ``'SIGUSR1'``; ValueError if unknown or uncatchable."""
-    upper = name.strip().upper()
-    full = upper if upper.startswith("SIG") else "SIG" + upper
-    if full not in _signal.Signals.__members__:
-        raise ValueError(f"unknown signal name {name!r}")
-    if full in _UNCATCHABLE:
-        raise ValueError(f"signal {name!r} cannot be caught, so it cannot announce a preemption")
-    return full
-
-
 class _Wire(BaseModel):
-    # No inf/nan: JSON, and so the API server, cannot carry them.
-    model_config = ConfigDict(
-        extra="forbid",
-        frozen=True,
-        alias_generator=to_camel,
-        populate_by_name=True,
-        allow_inf_nan=False,
-    )
+    model_config = _WIRE
 
 
 class EnvVar(_Wire):
@@ -158,22 +138,20 @@ class WeightsSpec(_Wire):
         return self
 
 
-class TransferSpec(_Wire):
+class TransferSpec(TransferKnobs):
     """NIXL transfer knobs, handed to the worker's checkpoint engine."""
 
-    backend: str = Field("UCX", min_length=1)
-    backend_params: dict[str, str] = Field(default_factory=dict)
+    # The knobs are the worker's own (TransferKnobs, in the contract; the docstring above
+    # is the CRD's description); the bucket size is a Kubernetes quantity here and bytes in
+    # the worker's TransferConfig.
+    model_config = _WIRE
+
     bucket_size: str = Field(
         "64Mi",
         pattern=QUANTITY_PATTERN,
         description="e.g. 64Mi",
         json_schema_extra={"pattern": BUCKET_SIZE_PATTERN},
     )
-    device: Literal["cpu", "cuda"] = "cpu"
-    shard_expert_weights: bool = False
-    release_after_refit: bool = False
-    timeout_seconds: float = Field(120.0, gt=0)
-    refits: int = Field(3, ge=1, description="Refits before the job is done.")
 
     @field_validator("bucket_size")
     @classmethod
@@ -227,7 +205,7 @@ class PreemptionSpec(_Wire):
     def _known(cls, value: str) -> str:
         if not value.isascii() or value != value.strip():
             raise ValueError(f"signal name {value!r} must be ASCII with no surrounding spaces")
-        canonical_signal(value)
+        canonical_name(value)
         return value
 
     @model_validator(mode="after")
@@ -235,13 +213,19 @@ class PreemptionSpec(_Wire):
         if self.injection == "stopSignal" and self.signal not in KUBELET_STOP_SIGNALS:
             raise ValueError(
                 f"injection stopSignal needs a signal name the kubelet accepts, got"
-                f" {self.signal!r} (write it as {canonical_signal(self.signal)!r})"
+                f" {self.signal!r} (write it as {canonical_name(self.signal)!r})"
             )
         return self
 
     @property
+    def parsed_signal(self) -> _signal.Signals:
+        """The signal as the worker listens for it (validated: known and catchable)."""
+        return signal_from_name(self.signal)
+
+    @property
     def signal_name(self) -> str:
-        return canonical_signal(self.signal)
+        """The canonical name (``SIGUSR1``): what ``lifecycle.stopSignal`` takes."""
+        return self.parsed_signal.name
 
 
 class FailurePolicy(_Wire):

@@ -6,12 +6,9 @@ Pure; must not import kopf or kubernetes.
 from __future__ import annotations
 
 import re
-from typing import Literal
 
-from refit_worker.rendezvous.protocol import configmap_name, shards_needed
-
-Role = Literal["policy", "rollout"]
-ROLES: tuple[Role, Role] = ("policy", "rollout")
+from refit_worker.contract.rendezvous import configmap_name, shards_needed
+from refit_worker.contract.roles import Role
 
 LABEL_JOB = "refit.dev/job"
 LABEL_ROLE = "refit.dev/role"

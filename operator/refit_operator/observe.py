@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from refit_operator import names
-from refit_worker.config import EXIT_PREEMPTED
+from refit_worker.contract.exits import EXIT_PREEMPTED
 
 #: status.reason values of pods the kubelet pushed out (node pressure, shutdown).
 _EVICTED_REASONS = frozenset({"Evicted", "Preempting", "Terminated", "Shutdown", "NodeShutdown"})

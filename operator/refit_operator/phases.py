@@ -1,6 +1,10 @@
 """The RefitJob phase machine: which phase follows from the facts, and which moves are legal.
 
-Pure; must not import kopf or kubernetes.  ``reconcile.py`` gathers the facts.
+``reconcile.py`` gathers the facts and takes every phase from :func:`next_phase`: an
+invalid spec (``invalid``) and the retry once a Failed job's spec is fixed
+(``retry_invalid``) included.
+
+Pure; must not import kopf, kubernetes or aiohttp.
 """
 
 from __future__ import annotations
@@ -9,8 +13,8 @@ from dataclasses import dataclass
 
 from refit_operator.models import Phase
 
-#: Legal moves.  Succeeded is final; Failed is left only for Pending when a user fixes an
-#: invalid spec (a new generation), which ``reconcile`` decides.
+#: Legal moves.  Succeeded is final; Failed is left only when a user fixes an invalid spec
+#: (a new generation: ``retry_invalid``).
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.PENDING: frozenset(
         {Phase.RUNNING, Phase.RESTARTING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED}

@@ -13,7 +13,7 @@ Must not import: kopf, kubernetes (the local runner drives this without an API).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeAlias
 
@@ -31,6 +31,7 @@ from refit_operator.models import (
 )
 from refit_operator.observe import Observed, ObservedPod
 from refit_operator.phases import PhaseFacts, is_legal, next_phase
+from refit_worker.contract.roles import ROLES
 
 #: How soon to look again while old pods are still going away.
 POLL_DELETING_S = 1.0
@@ -91,25 +92,38 @@ class _Round:
 def reconcile(
     job: JobView, observed: Observed, now: datetime, options: render.RenderOptions
 ) -> Decision:
-    """Decide what to do about ``job`` given what exists; never touches the API."""
+    """Decide what to do about ``job`` given what exists; never touches the API.
+
+    Every phase comes from the phase table (:func:`~refit_operator.phases.next_phase`), the
+    invalid-spec path and the retry after a fix included.
+    """
+    old = job.status.phase
     try:
         spec = parse_spec(job.raw_spec)
         problems = names.name_problems(job.ref.name, spec.policy.replicas, spec.rollout.replicas)
         if problems:
             raise InvalidSpecError("; ".join(problems))
     except InvalidSpecError as exc:
-        return _invalid(job, observed, str(exc), now)
+        new = _next_phase(PhaseFacts(current=old, invalid=True))
+        return _invalid(job, observed, str(exc), now, new)
     rnd = _Round(job.status)
+    # A spec found invalid, then changed: start over as a new job would, in a new epoch.
     retry = _is_invalid(job.status) and job.status.observed_generation != job.generation
     if retry:
-        rnd.update(phase=Phase.PENDING, message="", created_epoch=None, epoch=rnd.status.epoch + 1)
-    old = rnd.status.phase
-    facts = _act(job=job, spec=spec, observed=observed, now=now, options=options, rnd=rnd)
-    new = next_phase(facts)
-    if not is_legal(rnd.status.phase, new):  # a bug in the rules, not in the input
-        raise RuntimeError(f"illegal phase move {rnd.status.phase} -> {new}")
+        rnd.update(message="", created_epoch=None, epoch=rnd.status.epoch + 1)
+    facts = _act(
+        job=job, spec=spec, observed=observed, now=now, options=options, rnd=rnd, retry=retry
+    )
+    new = _next_phase(replace(facts, current=old, retry_invalid=retry))
     _finish(rnd=rnd, job=job, spec=spec, observed=observed, old=old, new=new, now=now)
     return Decision(tuple(rnd.actions), rnd.status, rnd.requeue)
+
+
+def _next_phase(facts: PhaseFacts) -> Phase:
+    new = next_phase(facts)
+    if not is_legal(facts.current, new):  # a bug in the rules, not in the input
+        raise RuntimeError(f"illegal phase move {facts.current} -> {new}")
+    return new
 
 
 def _is_invalid(status: RefitJobStatus) -> bool:
@@ -117,14 +131,18 @@ def _is_invalid(status: RefitJobStatus) -> bool:
     return status.phase is Phase.FAILED and failed is not None and failed.reason == "InvalidSpec"
 
 
-def _invalid(job: JobView, observed: Observed, message: str, now: datetime) -> Decision:
+def _invalid(job: JobView, observed: Observed, message: str, now: datetime, new: Phase) -> Decision:
     st = job.status
+    if new is not Phase.FAILED:
+        # Only a Succeeded job stays put (the table keeps it final): its pods are gone and
+        # nothing is created again, so an invalid edit has nothing to act on.
+        return Decision((), st.model_copy(update={"observed_generation": job.generation}))
     actions: list[Action] = [Delete("v1", "Pod", p.name) for p in observed.pods if not p.deleting]
     if st.phase is not Phase.FAILED or st.message != message:
         actions.append(Emit("Warning", "InvalidSpec", message))
     status = st.model_copy(
         update={
-            "phase": Phase.FAILED,
+            "phase": new,
             "message": message,
             "observed_generation": job.generation,
             "conditions": cond.set_condition(
@@ -142,7 +160,7 @@ def _replicas(spec: RefitJobSpec, role: str) -> int:
 def _expected(job: JobView, spec: RefitJobSpec) -> set[str]:
     return {
         names.pod_name(job.ref.name, role, rank)
-        for role in names.ROLES
+        for role in ROLES
         for rank in range(_replicas(spec, role))
     }
 
@@ -164,10 +182,11 @@ def _act(
     now: datetime,
     options: render.RenderOptions,
     rnd: _Round,
+    retry: bool = False,
 ) -> PhaseFacts:
     st = rnd.status
     pods = list(observed.pods)
-    if st.phase in (Phase.SUCCEEDED, Phase.FAILED):
+    if st.phase is Phase.SUCCEEDED or (st.phase is Phase.FAILED and not retry):
         _delete_pods(rnd, [p for p in pods if p.phase not in ("Succeeded", "Failed")])
         return PhaseFacts(current=st.phase)
     for obj in render.render_static(job.ref, spec):
@@ -246,7 +265,7 @@ def _coordinate(
 ) -> None:
     """Open the barrier when every rank published; show progress; flag bad entries."""
     st = rnd.status
-    uids = {(p.role, p.rank): p.uid for p in current if p.role in names.ROLES and p.uid}
+    uids = {(p.role, p.rank): p.uid for p in current if p.role in ROLES and p.uid}
     result = rdv.coordinate(
         job.ref.name,
         observed.rendezvous,

@@ -3,7 +3,7 @@
 Every function maps the typed spec to a plain manifest dict; :func:`owned` attaches the
 controller ownerReference in one place.  Nothing here reads or writes the API.
 
-Must not import: kopf, kubernetes.
+Must not import: kopf, kubernetes, aiohttp; of the worker only ``refit_worker.contract``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from typing import Any
 
 from refit_operator import names
 from refit_operator.models import API_VERSION, KIND, RefitJobSpec
-from refit_operator.names import Role
-from refit_worker.config import (
+from refit_worker.contract.config import (
     DOWNWARD_API_FIELDS,
     RendezvousConfig,
     SafetensorsWeights,
@@ -25,6 +24,7 @@ from refit_worker.config import (
     WorkerConfig,
     env_name,
 )
+from refit_worker.contract.roles import ROLES, Role
 
 CONTAINER = "worker"
 DEFAULT_COMMAND = ("refit-worker",)
@@ -101,7 +101,6 @@ def worker_config(
         volume = spec.weights.safetensors
         path = f"{WEIGHTS_DIR}/{volume.path}".rstrip("/") if volume else WEIGHTS_DIR
         weights = SafetensorsWeights(path=path)
-    t = spec.transfer
     return WorkerConfig(
         job=job.name,
         namespace=job.namespace,
@@ -114,22 +113,13 @@ def worker_config(
         master_addr=names.master_addr(job.name, role, job.namespace),
         master_port=names.MASTER_PORT,
         weights=weights,
-        transfer=TransferConfig(
-            backend=t.backend,
-            backend_params=t.backend_params,
-            bucket_size=t.bucket_bytes,
-            device=t.device,
-            shard_expert_weights=t.shard_expert_weights,
-            release_after_refit=t.release_after_refit,
-            timeout_seconds=t.timeout_seconds,
-            refits=t.refits,
-        ),
+        transfer=TransferConfig(**spec.transfer.knobs(), bucket_size=spec.transfer.bucket_bytes),
         rendezvous=RendezvousConfig(
             store="configmap",
             location=names.rendezvous_name(job.name),
             shards=names.rendezvous_shards(spec.policy.replicas, spec.rollout.replicas),
         ),
-        preemption_signal=spec.preemption.signal_name,
+        preemption_signal=(spec.preemption.parsed_signal,),
         signal_pid_dir=SIGNAL_DIR if injection_mode(spec, options) == "preStop" else "",
     )
 
@@ -332,7 +322,7 @@ def render_static(job: JobRef, spec: RefitJobSpec) -> list[dict[str, Any]]:
     """Every child except pods: these live as long as the job."""
     return [
         *render_rbac(job, spec),
-        *(render_service(job, role) for role in names.ROLES),
+        *(render_service(job, role) for role in ROLES),
         *render_rendezvous(job, spec),
     ]
 
@@ -343,6 +333,6 @@ def render_gang(
     """All pods of one epoch; ``first_refit``: refits done before (a recreated gang resumes)."""
     return [
         render_pod(job, spec, role, rank, epoch=epoch, options=options, first_refit=first_refit)
-        for role in names.ROLES
+        for role in ROLES
         for rank in range(spec.policy.replicas if role == "policy" else spec.rollout.replicas)
     ]

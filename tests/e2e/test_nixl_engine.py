@@ -10,7 +10,7 @@ tensor larger than a bucket).
 from __future__ import annotations
 
 import pytest
-from _engine_procs import Job, digest, run_job, state_dict
+from tests.support.engine_procs import Job, digest, run_job, state_dict
 
 from refit_worker.checkpoint_engines import TargetWeightLayout
 from refit_worker.checkpoint_engines.layout import WHOLE, select_slice

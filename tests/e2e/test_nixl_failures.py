@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import pytest
-from _engine_procs import Job, run_job
+from tests.support.engine_procs import Job, run_job
 
 TIMEOUT_S = 3.0
 SLACK_S = 4.0  # process scheduling on a loaded 2-core machine, not engine behaviour

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.support.processes import processes_under
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {
@@ -61,11 +62,11 @@ def _start(args: list[str], **popen: Any) -> subprocess.Popen[str]:
 
 def _wait_for_gang(proc: subprocess.Popen[str], under: Path, ranks: int = 4) -> list[int]:
     deadline = time.monotonic() + 120
-    while len(_processes_under(under)) < ranks:
+    while len(processes_under(under)) < ranks:
         assert time.monotonic() < deadline, "the gang never started"
         assert proc.poll() is None, proc.communicate()[0]
         time.sleep(0.2)
-    return _processes_under(under)
+    return processes_under(under)
 
 
 def _all_gone(pids: list[int], within: float) -> bool:
@@ -84,21 +85,6 @@ def _all_gone(pids: list[int], within: float) -> bool:
     return False
 
 
-def _processes_under(path: Path) -> list[int]:
-    """Pids whose working directory lies under ``path`` (every pod's cwd does)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cwd = os.readlink(entry / "cwd")
-        except OSError:
-            continue
-        if cwd.startswith(str(path)):
-            found.append(int(entry.name))
-    return found
-
-
 def test_success_with_verification(tmp_path: Path) -> None:
     # A relative --workdir: pods run in directories of their own, so it must be resolved.
     workdir = tmp_path / "work"
@@ -109,7 +95,7 @@ def test_success_with_verification(tmp_path: Path) -> None:
     assert "phase=Succeeded" in out
     assert "refits 2/2" in out and "preemptions 0" in out
     assert "verification: bit-exact" in out
-    assert not _processes_under(workdir)
+    assert not processes_under(workdir)
 
 
 def test_drain_preempts_and_completes(tmp_path: Path) -> None:
@@ -142,7 +128,7 @@ def test_a_signal_stops_every_process(tmp_path: Path, signum: int, code: int) ->
     for pid in workers:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
-    assert not _processes_under(workdir)
+    assert not processes_under(workdir)
     assert not list((workdir / "pods").iterdir())  # no pod's files left behind
 
 
@@ -190,7 +176,7 @@ def test_closed_output_pipe_stops_the_run_quietly(tmp_path: Path) -> None:
     assert proc.returncode == 128 + signal.SIGPIPE, err
     assert "Traceback" not in err and "BrokenPipeError" not in err
     assert _all_gone(workers, within=5)
-    assert not _processes_under(workdir)
+    assert not processes_under(workdir)
 
 
 @pytest.mark.parametrize(

@@ -17,21 +17,16 @@ from typing import Any
 
 import pytest
 
-from refit_worker.config import RendezvousConfig, WorkerConfig
-from refit_worker.rendezvous import (
-    FileStore,
-    Layout,
-    Member,
-    RendezvousTimeout,
-    open_store,
-)
-from refit_worker.rendezvous.protocol import (
+from refit_worker.contract.config import RendezvousConfig, WorkerConfig
+from refit_worker.contract.rendezvous import (
     EntryError,
+    Layout,
     MetadataEntry,
     aggregate_progress,
     make_preempt_notice,
     meta_key,
 )
+from refit_worker.rendezvous import FileStore, Member, RendezvousTimeout, open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # optionally wait for a preemption notice.  Prints one JSON line with what it saw.
 WORKER = r"""
 import json, sys
-from refit_worker.rendezvous import FileStore, Layout, Member, PreemptedError, RendezvousTimeout
+from refit_worker.rendezvous import FileStore, Member, PreemptedError, RendezvousTimeout
+from refit_worker.contract.rendezvous import Layout
 order = json.loads(sys.argv[1])
 store = FileStore(order["dir"], Layout(*order["layout"]))
 me = Member(order["role"], order["rank"], order["epoch"], order["uid"])
@@ -63,7 +59,8 @@ print(json.dumps(out), flush=True)
 # Hammers its own keys: writes meta and progress `count` times, each a new value.
 WRITER = r"""
 import json, sys
-from refit_worker.rendezvous import FileStore, Layout, Member
+from refit_worker.rendezvous import FileStore, Member
+from refit_worker.contract.rendezvous import Layout
 order = json.loads(sys.argv[1])
 store = FileStore(order["dir"], Layout(*order["layout"]))
 me = Member(order["role"], order["rank"], 0, order["uid"])
@@ -75,7 +72,8 @@ for i in range(order["count"]):
 # Reads the whole store again and again while writers run; any torn value would raise.
 READER = r"""
 import json, sys, time
-from refit_worker.rendezvous import FileStore, Layout
+from refit_worker.rendezvous import FileStore
+from refit_worker.contract.rendezvous import Layout
 order = json.loads(sys.argv[1])
 store = FileStore(order["dir"], Layout(*order["layout"]))
 reads, end = 0, time.monotonic() + order["seconds"]

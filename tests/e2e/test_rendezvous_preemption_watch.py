@@ -17,16 +17,15 @@ import threading
 import time
 from pathlib import Path
 
-from refit_worker.config import EXIT_PREEMPTED
+from refit_worker.contract.exits import EXIT_PREEMPTED
+from refit_worker.contract.rendezvous import PREEMPT_KEY, Layout, PreemptNotice, make_preempt_notice
 from refit_worker.rendezvous import (
     ConfigMapStore,
     FileStore,
-    Layout,
     Member,
     PreemptionWatch,
     RendezvousError,
 )
-from refit_worker.rendezvous.protocol import PREEMPT_KEY, PreemptNotice, make_preempt_notice
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,8 +33,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # handler (here a plain one) stops the work at its next safe point.
 WORKER = r"""
 import json, os, signal, sys, time
-from refit_worker.config import EXIT_PREEMPTED
-from refit_worker.rendezvous import FileStore, Layout, Member, PreemptionWatch
+from refit_worker.contract.exits import EXIT_PREEMPTED
+from refit_worker.rendezvous import FileStore, Member, PreemptionWatch
+from refit_worker.contract.rendezvous import Layout
 order = json.loads(sys.argv[1])
 stop = []
 signal.signal(signal.SIGTERM, lambda *_: stop.append(True))

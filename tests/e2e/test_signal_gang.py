@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
 
-from refit_worker.config import EXIT_PREEMPTED
-from refit_worker.demo import DemoSettings, run_demo
+from refit_worker.contract.exits import EXIT_PREEMPTED
 from refit_worker.signal_handler import DistributedSignalHandler, all_gather_item, get_device
+from signal_gang import DemoSettings, run_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Children import refit_worker from this checkout, installed or not.
@@ -158,7 +158,7 @@ def test_device_follows_the_group_passed_not_the_default() -> None:
 
 def test_demo_command_as_the_readme_runs_it() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "refit_worker.demo"],
+        [sys.executable, str(ROOT / "examples" / "signal_gang.py")],
         env=CHILD_ENV,
         check=False,
         capture_output=True,

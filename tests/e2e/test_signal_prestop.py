@@ -1,12 +1,11 @@
 """The preStop path end to end: processes register, ``refit-signal`` signals them.
 
-Real: listener processes that enter ``DistributedSignalHandler`` with
-``REFIT_SIGNAL_PID_DIR`` set, the delivery command run as a subprocess by the argv the
-operator renders (``["refit-signal", "--timeout", "N"]``, env for the rest), ``os.kill``,
-``/proc``.  ``refit-signal`` is the console script that pyproject declares, written into a
-temporary ``bin/`` the way an installer writes it, so a plain checkout runs it too.
-Nothing is emulated.
-"""
+Real: listener processes that enter ``DistributedSignalHandler`` with the pid directory
+they read from ``REFIT_SIGNAL_PID_DIR`` (``Preemption.from_env``), the delivery command run
+as a subprocess by the argv the operator renders (``["refit-signal", "--timeout", "N"]``,
+env for the rest), ``os.kill``, ``/proc``.  ``refit-signal`` is the console script that
+pyproject declares, written into a temporary ``bin/`` the way an installer writes it, so a
+plain checkout runs it too.  Nothing is emulated."""
 
 from __future__ import annotations
 
@@ -23,16 +22,17 @@ from typing import Any
 
 import pytest
 
-from refit_worker.config import EXIT_PREEMPTED
-from refit_worker.signal_delivery import read_proc_state
+from refit_worker.contract.exits import EXIT_PREEMPTED
+from refit_worker.pid_registry import read_proc_state
 
 ROOT = Path(__file__).resolve().parents[2]
 
 LISTENER = f"""
 import sys, time
+from refit_worker.contract.env import Preemption
 from refit_worker.signal_handler import DistributedSignalHandler
 obey, sig = sys.argv[1] == "obey", sys.argv[2]
-with DistributedSignalHandler(sig) as handler:
+with DistributedSignalHandler(sig, pid_dir=Preemption.from_env().pid_dir) as handler:
     print("ready", flush=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

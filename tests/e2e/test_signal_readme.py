@@ -16,7 +16,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from refit_worker.config import EXIT_PREEMPTED
+from refit_worker.contract.exits import EXIT_PREEMPTED
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,31 +15,26 @@ import uuid
 from pathlib import Path
 
 import pytest
+from tests.support.processes import free_port
 
-from refit_worker.config import (
-    EXIT_PREEMPTED,
+from refit_worker.contract.config import (
     RendezvousConfig,
     SyntheticWeights,
     TransferConfig,
     WorkerConfig,
 )
-from refit_worker.rendezvous import FileStore, Layout
-from refit_worker.rendezvous.protocol import make_preempt_notice
+from refit_worker.contract.exits import EXIT_PREEMPTED
+from refit_worker.contract.rendezvous import Layout, make_preempt_notice
+from refit_worker.rendezvous import FileStore
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _start_gang(
     tmp_path: Path, *, policy: int, rollout: int, refits: int, weights: SyntheticWeights
 ) -> tuple[list[subprocess.Popen[bytes]], FileStore]:
     store_dir = tmp_path / "rdzv"
-    ports = {"policy": _free_port(), "rollout": _free_port()}
+    ports = {"policy": free_port(), "rollout": free_port()}
     procs = []
     for role, world in (("policy", policy), ("rollout", rollout)):
         for rank in range(world):
@@ -165,3 +160,43 @@ def test_signal_while_waiting_for_the_barrier_stops_at_once(tmp_path: Path) -> N
     assert code == EXIT_PREEMPTED, _logs(tmp_path)
     assert "stop requested while waiting for the barrier of epoch 0" in _logs(tmp_path)
     assert store.snapshot(0).progress[("rollout", 0)].state == "preempted"
+
+
+@pytest.mark.parametrize("bad", ["SIGBOGUS", "SIGKILL", "USR1,usr1", "USR1,"])
+def test_a_bad_signal_in_the_env_exits_2_before_joining_anything(tmp_path: Path, bad: str) -> None:
+    # Rank 1 of a two-rank role would connect to rank 0's store at master_addr:master_port:
+    # the test listens there, so a connection would show the worker went on to join.
+    with socket.socket() as master:
+        master.bind(("127.0.0.1", 0))
+        master.listen()
+        master.setblocking(False)
+        config = WorkerConfig(
+            job="e2e",
+            role="policy",
+            rank=1,
+            policy_world_size=2,
+            rollout_world_size=1,
+            pod_uid=str(uuid.uuid4()),
+            master_port=master.getsockname()[1],
+            transfer=TransferConfig(timeout_seconds=30),
+            rendezvous=RendezvousConfig(store="file", location=str(tmp_path / "rdzv")),
+        )
+        env = {
+            **os.environ,
+            **config.to_env(),
+            "REFIT_PREEMPTION_SIGNAL": bad,
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "worker"), str(ROOT / "operator")]),
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "refit_worker"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        with pytest.raises(BlockingIOError):
+            master.accept()  # nobody knocked
+    assert done.returncode == 2, done.stderr
+    assert "REFIT_PREEMPTION_SIGNAL" in done.stderr
+    assert not (tmp_path / "rdzv").exists()  # nor opened the rendezvous

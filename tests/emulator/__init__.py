@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import threading
 from pathlib import Path
 from types import TracebackType
@@ -39,6 +38,7 @@ import aiohttp.web
 import attrs
 import yaml
 from kmock import KubernetesScaffold, ResourceInfo, Server
+from tests.support.processes import free_port
 
 from .faults import ApiFault, ApiFaults
 from .store import ApiStatusError, Store, field_matches, label_matches, merge_patch
@@ -80,13 +80,6 @@ _VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 _WATCH_TICK_S = 0.5
 #: Bound on starting and stopping the server thread.
 _START_STOP_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @attrs.define(kw_only=True)

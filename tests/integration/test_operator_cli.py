@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 import aiohttp
-from tests.emulator import ApiEmulator, free_port
+from tests.emulator import ApiEmulator
 from tests.integration.support import JOBS, NS, PODS, eventually, load_job
+from tests.support.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

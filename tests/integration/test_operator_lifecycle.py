@@ -20,7 +20,7 @@ from tests.integration.support import (
     set_pod_phase,
 )
 
-from refit_worker.rendezvous.protocol import (
+from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     BarrierEntry,
     MetadataEntry,

@@ -22,24 +22,19 @@ from typing import Any
 import pytest
 from tests.emulator import ApiEmulator
 
-from refit_worker.rendezvous import PreemptionWatch, configmap_store
-from refit_worker.rendezvous.configmap_store import ConfigMapStore
-from refit_worker.rendezvous.protocol import (
+from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     EntryError,
+    Layout,
     aggregate_progress,
     configmap_name,
     make_preempt_notice,
     parse_key,
     shards_needed,
 )
-from refit_worker.rendezvous.store import (
-    Layout,
-    Member,
-    PreemptedError,
-    RendezvousError,
-    RendezvousTimeout,
-)
+from refit_worker.rendezvous import PreemptionWatch, configmap_store
+from refit_worker.rendezvous.configmap_store import ConfigMapStore
+from refit_worker.rendezvous.store import Member, PreemptedError, RendezvousError, RendezvousTimeout
 
 ROOT = Path(__file__).resolve().parents[2]
 CM = "v1/configmaps"
@@ -50,7 +45,8 @@ BASE = "job-rendezvous"
 # wait for a preemption notice.  One JSON line out.
 WORKER = r"""
 import json, sys
-from refit_worker.rendezvous import ConfigMapStore, Layout, Member, PreemptedError
+from refit_worker.rendezvous import ConfigMapStore, Member, PreemptedError
+from refit_worker.contract.rendezvous import Layout
 order = json.loads(sys.argv[1])
 store = ConfigMapStore(order["base"], "default", Layout(*order["layout"]))
 me = Member(order["role"], order["rank"], order["epoch"], order["uid"])
@@ -216,7 +212,7 @@ async def test_watch_resumes_after_410_gone(api: ApiEmulator) -> None:
     await asyncio.to_thread(publish.publish_metadata, me, "{}")
     await asyncio.to_thread(publish.publish_metadata, Member("rollout", 0, 0, "r"), "{}")
     snap = await asyncio.to_thread(publish.snapshot, 0)
-    from refit_worker.rendezvous.protocol import encode_entry, make_barrier
+    from refit_worker.contract.rendezvous import encode_entry, make_barrier
 
     # In one go, without yielding to the watch: the barrier, then enough other writes
     # to push it out of the emulator's 50-event history.  Only a re-list can find it.

@@ -28,13 +28,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.test_refit_run import _processes_under
-
 from refit_operator import names
 from refit_operator.coordinate import merged
 from refit_operator.local.runner import LocalCluster, RunOptions, RunResult, run_job
 from refit_operator.models import RefitJobSpec, RefitJobStatus, parse_spec
-from refit_worker.rendezvous.protocol import EntryError, Snapshot, read_snapshot
+from refit_worker.contract.rendezvous import EntryError, Snapshot, read_snapshot
 
 
 @dataclass(frozen=True)
@@ -434,10 +432,6 @@ def run_with(
 
 
 # -- what the process table and the logs say -----------------------------------------
-
-
-#: Pids whose working directory lies under a path (every pod's cwd does): what a run left.
-processes_under = _processes_under
 
 
 def rollout_logs(workdir: Path) -> dict[str, str]:

@@ -19,9 +19,9 @@ import pytest
 from tests.emulator import ApiEmulator, ApiFault
 from tests.integration.support import JOBS, NS, PODS, OperatorRun, eventually, set_pod_phase
 
+from refit_worker.contract.rendezvous import BARRIER_KEY, Layout, meta_key
 from refit_worker.rendezvous.configmap_store import ConfigMapStore
-from refit_worker.rendezvous.protocol import BARRIER_KEY, meta_key
-from refit_worker.rendezvous.store import Layout, Member, RendezvousError
+from refit_worker.rendezvous.store import Member, RendezvousError
 
 CM = "v1/configmaps"
 BASE = "faulty-rendezvous"

@@ -19,15 +19,15 @@ from tests.reliability.harness import (
     Topology,
     committed_refits,
     manifest,
-    processes_under,
     rollout_logs,
     run_with,
     stage_plan,
     stop_points,
 )
+from tests.support.processes import processes_under
 
 from refit_operator.models import Phase
-from refit_worker.config import EXIT_PREEMPTED
+from refit_worker.contract.exits import EXIT_PREEMPTED
 
 REFITS = 4
 

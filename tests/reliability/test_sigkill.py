@@ -17,10 +17,10 @@ from tests.reliability.harness import (
     KillPlan,
     Topology,
     manifest,
-    processes_under,
     run_with,
     seeded_kills,
 )
+from tests.support.processes import processes_under
 
 from refit_operator.models import Phase
 

@@ -1,16 +1,28 @@
-"""The operator-worker config contract: env round-trip and errors.  Pure; nothing emulated."""
+"""The operator-worker config contract: env round-trip, parsed signals, errors.  Pure."""
 
 from __future__ import annotations
 
-import pytest
+import signal
 
-from refit_worker.config import (
+import pytest
+from pydantic import ValidationError
+
+from refit_worker.contract.config import (
+    _JSON_FIELDS,
     ConfigError,
     RendezvousConfig,
     SafetensorsWeights,
+    SyntheticWeights,
     TransferConfig,
     WorkerConfig,
     env_name,
+)
+from refit_worker.contract.dtypes import SYNTHETIC_DTYPE_NAMES, WIRE_DTYPE_NAMES
+from refit_worker.contract.env import (
+    ENV_PREFIX,
+    PREEMPTION_SIGNAL_ENV,
+    SIGNAL_PID_DIR_ENV,
+    Preemption,
 )
 
 
@@ -74,3 +86,60 @@ def test_env_name_of_unknown_field() -> None:
     assert env_name("signal_pid_dir") == "REFIT_SIGNAL_PID_DIR"
     with pytest.raises(KeyError):
         env_name("nope")
+
+
+def test_signals_arrive_parsed_and_render_as_names() -> None:
+    env = _config().to_env()
+    assert env["REFIT_PREEMPTION_SIGNAL"] == "SIGTERM"  # the default
+    env["REFIT_PREEMPTION_SIGNAL"] = " usr1 , sigterm"
+    config = WorkerConfig.from_env(env)
+    assert config.preemption_signal == (signal.SIGUSR1, signal.SIGTERM)
+    assert config.to_env()["REFIT_PREEMPTION_SIGNAL"] == "SIGUSR1,SIGTERM"
+    assert WorkerConfig.from_env(config.to_env()) == config
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("SIGBOGUS", "unknown signal name 'SIGBOGUS'"),
+        ("KILL", "signal 'KILL' cannot be caught"),
+        ("usr1,USR1", "SIGUSR1 given more than once"),
+        ("usr1,", "empty signal name"),
+        ("", "empty signal name"),
+    ],
+)
+def test_a_bad_signal_fails_from_env_naming_the_variable(text: str, message: str) -> None:
+    env = _config().to_env()
+    env["REFIT_PREEMPTION_SIGNAL"] = text
+    with pytest.raises(ConfigError, match="REFIT_PREEMPTION_SIGNAL") as err:
+        WorkerConfig.from_env(env)
+    assert message in str(err.value)
+
+
+def test_json_fields_are_exactly_the_nested_ones() -> None:
+    dumped = _config().model_dump(mode="json")
+    assert {name for name, v in dumped.items() if isinstance(v, dict | list)} == _JSON_FIELDS
+
+
+def test_the_stdlib_readers_use_the_configs_env_names() -> None:
+    # refit-signal and Preemption.from_env read these without loading WorkerConfig.
+    assert env_name("preemption_signal") == PREEMPTION_SIGNAL_ENV
+    assert env_name("signal_pid_dir") == SIGNAL_PID_DIR_ENV
+    assert all(name.startswith(ENV_PREFIX) for name in _config().to_env())
+
+
+def test_preemption_from_env() -> None:
+    assert Preemption.from_env({}) == Preemption((signal.SIGTERM,), "")
+    env = {PREEMPTION_SIGNAL_ENV: "USR2, term", SIGNAL_PID_DIR_ENV: "/var/run/refit"}
+    assert Preemption.from_env(env) == Preemption(
+        (signal.SIGUSR2, signal.SIGTERM), "/var/run/refit"
+    )
+    with pytest.raises(ValueError, match=f"{PREEMPTION_SIGNAL_ENV}: unknown signal name 'NOPE'"):
+        Preemption.from_env({PREEMPTION_SIGNAL_ENV: "NOPE"})
+
+
+def test_synthetic_dtypes_are_names_the_wire_carries() -> None:
+    assert set(SYNTHETIC_DTYPE_NAMES) <= set(WIRE_DTYPE_NAMES)
+    assert "float64" in WIRE_DTYPE_NAMES and "float64" not in SYNTHETIC_DTYPE_NAMES
+    with pytest.raises(ValidationError, match="dtype"):
+        SyntheticWeights(dtype="float64")  # type: ignore[arg-type]

@@ -12,7 +12,6 @@ from refit_operator.models import (
     InvalidSpecError,
     Phase,
     RefitJobStatus,
-    canonical_signal,
     parse_spec,
     parse_status,
 )
@@ -86,7 +85,9 @@ def test_missing_image_and_non_object_spec() -> None:
     ("name", "canonical"), [("SIGTERM", "SIGTERM"), ("term", "SIGTERM"), ("sigusr2", "SIGUSR2")]
 )
 def test_signal_names(name: str, canonical: str) -> None:
-    assert canonical_signal(name) == canonical
+    spec = parse_spec({"image": "img", "preemption": {"signal": name}})
+    assert spec.preemption.signal_name == canonical
+    assert spec.preemption.parsed_signal.name == canonical
 
 
 def test_status_round_trips_and_tolerates_garbage() -> None:

@@ -13,8 +13,9 @@ import pytest
 from refit_operator import reconcile as rc
 from refit_operator.models import Phase, RefitJobStatus
 from refit_operator.observe import observe, observe_pod
+from refit_operator.phases import PhaseFacts, next_phase
 from refit_operator.render import JobRef, RenderOptions, render_gang, render_static
-from refit_worker.rendezvous.protocol import (
+from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     PREEMPT_KEY,
     BarrierEntry,
@@ -296,6 +297,32 @@ def test_fixed_spec_after_invalid_starts_over() -> None:
     fixed = _run(bad.status, [], generation=2, static=False)
     assert fixed.status.phase is Phase.PENDING and POD_NAMES[0] in _creates(fixed)
     assert next(c for c in fixed.status.conditions if c.type == "Failed").status == "False"
+
+
+@pytest.mark.parametrize("current", list(Phase), ids=lambda p: p.value)
+def test_an_invalid_spec_moves_the_phase_by_the_table(current: Phase) -> None:
+    # The invalid path goes through the phase table: Failed from every phase but Succeeded,
+    # which the table keeps final.
+    status = _status(phase=current, created_epoch=0, observed_generation=1)
+    pods = _pods(0, **dict.fromkeys(POD_NAMES, RUNNING))
+    d = _run(status, pods, spec={**SPEC, "extra": 1}, generation=2)
+    assert d.status.phase is next_phase(PhaseFacts(current=current, invalid=True))
+    assert d.status.observed_generation == 2
+    if current is Phase.SUCCEEDED:
+        assert d.actions == ()
+        assert d.status.message == ""
+    else:
+        assert d.status.phase is Phase.FAILED and "spec.extra" in d.status.message
+        assert _deletes(d) == POD_NAMES and ("Warning", "InvalidSpec") in _events(d)
+
+
+def test_the_retry_after_a_fix_is_a_phase_move_from_failed() -> None:
+    bad = _run(_status(), [], spec={**SPEC, "extra": 1}, static=False)
+    fixed = _run(bad.status, [], generation=2, static=False)
+    assert fixed.status.epoch == bad.status.epoch + 1  # a new epoch: no stale entry counts
+    assert ("Normal", "Pending") in _events(fixed)  # Failed -> Pending, announced
+    unchanged = _run(bad.status, [], spec={**SPEC, "extra": 1}, static=False)
+    assert unchanged.status.phase is Phase.FAILED  # the same generation: no retry
 
 
 def test_spec_change_recreates_the_gang_without_counting() -> None:

@@ -16,7 +16,7 @@ from refit_operator.render import (
     render_static,
     spec_hash,
 )
-from refit_worker.config import WorkerConfig
+from refit_worker.contract.config import WorkerConfig
 
 JOB = JobRef(name="job", namespace="ns", uid="u-1")
 OWNER = [

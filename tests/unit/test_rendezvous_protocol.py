@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from refit_worker.rendezvous.protocol import (
+from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     MAX_META_BYTES,
     MAX_PROGRESS_BYTES,

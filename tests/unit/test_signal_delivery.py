@@ -1,4 +1,4 @@
-"""The preStop delivery command's pure parts and argument checks.
+"""The pid registry and the preStop delivery command: pure parts and argument checks.
 
 Pure: the delivery plan is decided from registrations and a table of what ``/proc`` says,
 given as data.  The argument tests run ``main`` in this process and send no signal (every
@@ -7,7 +7,6 @@ case stops at argument checking or finds nothing registered).
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import signal
@@ -17,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from refit_worker import pid_registry as registry
 from refit_worker import signal_delivery as sd
-from refit_worker.signal_delivery import ProcState, Registration, plan_delivery
+from refit_worker.contract.env import PREEMPTION_SIGNAL_ENV, SIGNAL_PID_DIR_ENV
+from refit_worker.pid_registry import ProcState, Registration
+from refit_worker.signal_delivery import plan_delivery
 
 TERM, USR1, USR2 = signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2
 
@@ -68,9 +70,9 @@ def test_plan(
 
 
 def test_parse_registration_round_trip(tmp_path: Path) -> None:
-    path = sd.register(tmp_path, [USR1, TERM])
-    parsed = sd.parse_registration(path, path.read_text())
-    own = sd.read_proc_state(os.getpid())
+    path = registry.register(tmp_path, [USR1, TERM])
+    parsed = registry.parse_registration(path, path.read_text())
+    own = registry.read_proc_state(os.getpid())
     assert own is not None
     assert parsed == Registration(path, os.getpid(), own.start_time, (USR1, TERM))
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left behind
@@ -94,29 +96,40 @@ def test_parse_registration_round_trip(tmp_path: Path) -> None:
 )
 def test_parse_registration_rejects(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=r"bad\.json") as caught:
-        sd.parse_registration(Path("bad.json"), text)
+        registry.parse_registration(Path("bad.json"), text)
     assert message in str(caught.value)
 
 
 def test_minimal_registration_from_another_writer() -> None:
-    parsed = sd.parse_registration(Path("7.json"), '{"pid": 7}')
+    parsed = registry.parse_registration(Path("7.json"), '{"pid": 7}')
     assert parsed == Registration(Path("7.json"), 7, None, ())
     # A trainer that is its container's first process registers as pid 1.
-    assert sd.parse_registration(Path("1.json"), '{"pid": 1}').pid == 1
+    assert registry.parse_registration(Path("1.json"), '{"pid": 1}').pid == 1
 
 
-def test_delivery_module_imports_only_the_standard_library() -> None:
-    # It runs as a preStop exec in any container: no torch, no pydantic, no refit_worker.config.
-    tree = ast.parse(Path(sd.__file__).read_text())
-    imported = {
-        alias.name
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Import)
-        for alias in node.names
+def test_delivery_command_loads_only_the_standard_library() -> None:
+    # It runs as a preStop exec in any container: no torch, no pydantic, no WorkerConfig.
+    # Checked in a fresh interpreter, so what the command's imports import counts too.
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import refit_worker.signal_delivery\n"
+        "print(' '.join(sorted(m for m in set(sys.modules) - before"
+        " if m.split('.')[0] not in sys.stdlib_module_names)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
+    )
+    loaded = set(done.stdout.split())
+    assert loaded == {
+        "refit_worker",
+        "refit_worker.contract",
+        "refit_worker.contract.env",
+        "refit_worker.contract.signals",
+        "refit_worker.pid_registry",
+        "refit_worker.signal_delivery",
+        "refit_worker.waits",
     }
-    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    top_level = {name.split(".")[0] for name in imported}
-    assert top_level - {"__future__"} <= sys.stdlib_module_names, top_level
 
 
 def test_read_registrations_reports_bad_files(tmp_path: Path) -> None:
@@ -124,19 +137,19 @@ def test_read_registrations_reports_bad_files(tmp_path: Path) -> None:
     (tmp_path / "43-b.json").write_text("garbage")
     (tmp_path / ".44-c.json.tmp").write_text("half written")
     (tmp_path / "notes.txt").write_text("not a registration")
-    found, problems = sd.read_registrations(tmp_path)
+    found, problems = registry.read_registrations(tmp_path)
     assert [(r.pid, r.signals) for r in found] == [(42, (USR1,))]
     assert len(problems) == 1
     assert "43-b.json" in problems[0]
 
 
 def test_proc_state_of_self_and_of_a_gone_process() -> None:
-    own = sd.read_proc_state(os.getpid())
+    own = registry.read_proc_state(os.getpid())
     assert own is not None
     assert own.state == "R"
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait(timeout=30)
-    assert sd.read_proc_state(gone.pid) is None
+    assert registry.read_proc_state(gone.pid) is None
 
 
 def _run_main(
@@ -153,10 +166,10 @@ def _run_main(
 def test_no_dir_is_a_usage_error(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.delenv(sd.SIGNAL_PID_DIR_ENV, raising=False)
+    monkeypatch.delenv(SIGNAL_PID_DIR_ENV, raising=False)
     code, _, err = _run_main(["--timeout", "1"], capsys)
     assert code == 2
-    assert f"pass --dir or set {sd.SIGNAL_PID_DIR_ENV}" in err
+    assert f"pass --dir or set {SIGNAL_PID_DIR_ENV}" in err
 
 
 @pytest.mark.parametrize(
@@ -186,12 +199,12 @@ def test_missing_dir_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_env_supplies_the_defaults(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv(sd.SIGNAL_PID_DIR_ENV, str(tmp_path))
-    monkeypatch.setenv(sd.PREEMPTION_SIGNAL_ENV, "BOGUS")
+    monkeypatch.setenv(SIGNAL_PID_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(PREEMPTION_SIGNAL_ENV, "BOGUS")
     code, _, err = _run_main([], capsys)
     assert code == 2  # the env's signal was read, and refused by name
     assert "'BOGUS'" in err
-    monkeypatch.setenv(sd.PREEMPTION_SIGNAL_ENV, "usr1,SIGTERM")
+    monkeypatch.setenv(PREEMPTION_SIGNAL_ENV, "usr1,SIGTERM")
     code, out, _ = _run_main(["--timeout", "0"], capsys)
     assert code == 0  # an empty directory: nobody to signal
     assert "0 process(es) signalled" in out
@@ -202,5 +215,5 @@ def test_help_names_the_contract(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     for needle in ("--dir DIR", "--signal NAME[,NAME]", "--timeout SECONDS", "preStop"):
         assert needle in out
-    assert sd.SIGNAL_PID_DIR_ENV in out
-    assert sd.PREEMPTION_SIGNAL_ENV in out
+    assert SIGNAL_PID_DIR_ENV in out
+    assert PREEMPTION_SIGNAL_ENV in out

@@ -1,4 +1,5 @@
-"""The demo's pure parts: argument checks and the verdict on how the ranks stopped.
+"""The signal-gang example's pure parts (``examples/signal_gang.py``): argument checks and
+the verdict on how the ranks stopped.
 
 Pure: reports are built as data here; the real run is in ``tests/e2e/test_signal_gang.py``.
 """
@@ -9,9 +10,9 @@ import signal
 
 import pytest
 
-from refit_worker import demo
-from refit_worker.config import EXIT_PREEMPTED
-from refit_worker.demo import DemoResult, DemoSettings, RankReport
+import signal_gang as demo
+from refit_worker.contract.exits import EXIT_PREEMPTED
+from signal_gang import DemoResult, DemoSettings, RankReport
 
 SETTINGS = DemoSettings(ranks=3, steps=10, signal_rank=1, signal_at=4)
 

@@ -18,7 +18,8 @@ from types import FrameType
 import pytest
 import torch.distributed as dist
 
-from refit_worker.signal_delivery import SIGNAL_PID_DIR_ENV, read_proc_state
+from refit_worker.contract.env import SIGNAL_PID_DIR_ENV
+from refit_worker.pid_registry import read_proc_state
 from refit_worker.signal_handler import DistributedSignalHandler
 
 calls: list[int] = []
@@ -29,10 +30,9 @@ def _marker(signum: int, frame: FrameType | None) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _own_handlers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _own_handlers() -> Iterator[None]:
     """Start each test with a known Python handler on SIGUSR1/2, and put them back after."""
     assert not dist.is_initialized()
-    monkeypatch.delenv(SIGNAL_PID_DIR_ENV, raising=False)
     saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2)}
     for s in saved:
         signal.signal(s, _marker)
@@ -146,11 +146,8 @@ def test_entering_off_the_main_thread_is_a_clear_error() -> None:
     assert signal.getsignal(signal.SIGUSR1) is _marker
 
 
-def test_registration_lives_as_long_as_the_handler(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(SIGNAL_PID_DIR_ENV, str(tmp_path))
-    with DistributedSignalHandler(["USR2", "USR1"]):
+def test_registration_lives_as_long_as_the_handler(tmp_path: Path) -> None:
+    with DistributedSignalHandler(["USR2", "USR1"], pid_dir=tmp_path):
         files = list(tmp_path.iterdir())
         assert len(files) == 1
         assert files[0].name.startswith(f"{os.getpid()}-")
@@ -164,18 +161,23 @@ def test_registration_lives_as_long_as_the_handler(
             "start_time": own.start_time,
             "signals": ["SIGUSR2", "SIGUSR1"],
         }
-        with DistributedSignalHandler(signal.SIGUSR1):  # nested: its own file
+        with DistributedSignalHandler(signal.SIGUSR1, pid_dir=str(tmp_path)):  # nested: own file
             assert len(list(tmp_path.iterdir())) == 2
         assert [f.name for f in tmp_path.iterdir()] == [files[0].name]
     assert list(tmp_path.iterdir()) == []
 
 
-def test_bad_registration_dir_changes_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_environment_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pid dir comes from the caller (WorkerConfig or Preemption.from_env), not os.environ.
+    monkeypatch.setenv(SIGNAL_PID_DIR_ENV, str(tmp_path))
+    for pid_dir in (None, ""):
+        with DistributedSignalHandler(signal.SIGUSR1, pid_dir=pid_dir):
+            assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_registration_dir_changes_nothing(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-dir"
-    monkeypatch.setenv(SIGNAL_PID_DIR_ENV, str(missing))
-    handler = DistributedSignalHandler(signal.SIGUSR1)
+    handler = DistributedSignalHandler(signal.SIGUSR1, pid_dir=missing)
     with pytest.raises(NotADirectoryError, match="no-such-dir") as caught:
         handler.__enter__()
     assert SIGNAL_PID_DIR_ENV in str(caught.value)

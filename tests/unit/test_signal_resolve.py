@@ -1,16 +1,19 @@
-"""Signal-name resolution, signal lists, and the device a group's backend implies.
+"""The signal vocabulary (``refit_worker.contract.signals``): resolution, lists, the CRD's
+pattern from the same table; and the device a group's backend implies.
 
 All pure: no handlers installed, no processes, no process group.
 """
 
 from __future__ import annotations
 
+import re
 import signal
 
 import pytest
 import torch
 
-from refit_worker import config, signal_delivery
+from refit_worker.contract import signals as vocabulary
+from refit_worker.contract.signals import SignalLike, parse_signal_list
 from refit_worker.signal_handler import DistributedSignalHandler, device_for_backend, resolve_signal
 
 
@@ -32,7 +35,7 @@ from refit_worker.signal_handler import DistributedSignalHandler, device_for_bac
         (" 10 ", signal.SIGUSR1),
     ],
 )
-def test_resolve_accepts(given: signal_delivery.SignalLike, expected: signal.Signals) -> None:
+def test_resolve_accepts(given: SignalLike, expected: signal.Signals) -> None:
     resolved = resolve_signal(given)
     assert resolved is expected
     assert isinstance(resolved, signal.Signals)
@@ -44,7 +47,9 @@ def test_resolve_rejects_other_types(given: object) -> None:
         resolve_signal(given)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("given", ["SIGNOPE", "nope", "", "   ", "SIG", "SIG_DFL", "SIG TERM"])
+@pytest.mark.parametrize(
+    "given", ["SIGNOPE", "nope", "", "   ", "SIG", "SIG_DFL", "SIG TERM", "\u017figterm"]
+)
 def test_resolve_rejects_unknown_names(given: str) -> None:
     with pytest.raises(ValueError, match="unknown signal name") as caught:
         resolve_signal(given)
@@ -59,8 +64,9 @@ def test_resolve_rejects_unknown_numbers(given: int | str) -> None:
 
 
 def test_signal_list_from_env_text() -> None:
-    assert signal_delivery.parse_signal_list("SIGTERM") == [signal.SIGTERM]
-    assert signal_delivery.parse_signal_list(" usr1 , SIGUSR2") == [signal.SIGUSR1, signal.SIGUSR2]
+    assert parse_signal_list("SIGTERM") == (signal.SIGTERM,)
+    assert parse_signal_list(" usr1 , SIGUSR2") == (signal.SIGUSR1, signal.SIGUSR2)
+    assert vocabulary.signal_list_text((signal.SIGUSR1, signal.SIGTERM)) == "SIGUSR1,SIGTERM"
 
 
 @pytest.mark.parametrize(
@@ -71,11 +77,12 @@ def test_signal_list_from_env_text() -> None:
         ("SIGTERM,,USR1", "empty signal name"),
         ("TERM,15", "SIGTERM given more than once"),
         ("SIGTERM,BOGUS", "'BOGUS'"),
+        ("usr1,KILL", "signal 'KILL' cannot be caught"),
     ],
 )
 def test_signal_list_rejects(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        signal_delivery.parse_signal_list(text)
+        parse_signal_list(text)
 
 
 def test_handler_takes_one_or_many_signals() -> None:
@@ -94,8 +101,8 @@ def test_handler_takes_one_or_many_signals() -> None:
         ((), ValueError, "empty sequence"),
         (["SIGTERM", "term"], ValueError, "SIGTERM given more than once"),
         ([15, signal.SIGTERM], ValueError, "SIGTERM given more than once"),
-        ("SIGKILL", ValueError, "SIGKILL cannot be caught"),
-        (["USR1", "STOP"], ValueError, "SIGSTOP cannot be caught"),
+        ("SIGKILL", ValueError, "'SIGKILL' cannot be caught"),
+        (["USR1", "STOP"], ValueError, "'STOP' cannot be caught"),
         (["USR1", "NOPE"], ValueError, "'NOPE'"),
         (True, TypeError, "bool"),
         ({15}, TypeError, "set"),
@@ -136,10 +143,29 @@ def test_device_rejects_unsupported_backend(backend: str) -> None:
     assert repr(backend) in str(caught.value)
 
 
-def test_delivery_env_names_match_the_config_contract() -> None:
-    # signal_delivery repeats these strings (it may not import pydantic via config).
-    assert signal_delivery.SIGNAL_PID_DIR_ENV == config.SIGNAL_PID_DIR_ENV
-    assert signal_delivery.PREEMPTION_SIGNAL_ENV == config.PREEMPTION_SIGNAL_ENV
+@pytest.mark.parametrize("member", list(signal.Signals), ids=lambda s: s.name)
+def test_the_crd_pattern_and_the_parser_agree(member: signal.Signals) -> None:
+    # One table: every spelling the parser takes by name, the CRD's pattern takes, and
+    # the other way round; uncatchable names neither.
+    pattern = re.compile(vocabulary.SIGNAL_PATTERN)
+    short = member.name.removeprefix("SIG")
+    for spelling in (member.name, short.lower(), "Sig" + short.lower()):
+        catchable = member not in vocabulary.UNCATCHABLE
+        assert bool(pattern.fullmatch(spelling)) is catchable
+        if catchable:
+            assert vocabulary.canonical_name(spelling) == member.name
+        else:
+            with pytest.raises(ValueError, match="cannot be caught"):
+                vocabulary.canonical_name(spelling)
+    for not_a_name in (str(int(member)), f" {short}", "\u017fig" + short.lower()):
+        assert not pattern.fullmatch(not_a_name)
+
+
+def test_kubelet_stop_signals_are_catchable_names() -> None:
+    assert "SIGTERM" in vocabulary.KUBELET_STOP_SIGNALS
+    assert "SIGUSR1" in vocabulary.KUBELET_STOP_SIGNALS
+    for name in ("SIGKILL", "SIGSTOP", "SIGRTMIN", "SIGRTMAX"):
+        assert name not in vocabulary.KUBELET_STOP_SIGNALS
 
 
 @pytest.mark.parametrize("member", list(signal.Signals), ids=lambda s: s.name)

@@ -8,10 +8,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from refit_worker.config import SafetensorsWeights, SyntheticWeights
+from refit_worker.checkpoint_engines.base import dtype_from_name
+from refit_worker.contract.config import SafetensorsWeights, SyntheticWeights
+from refit_worker.contract.dtypes import SYNTHETIC_DTYPE_NAMES
 from refit_worker.weights import (
     advance,
-    dtype_from_name,
     load_safetensors,
     synthetic_nbytes,
     synthetic_shapes,
@@ -51,6 +52,14 @@ def test_shapes_and_nbytes_agree() -> None:
 def test_unknown_dtype_is_named() -> None:
     with pytest.raises(ValueError, match="'complex32'"):
         dtype_from_name("complex32")
+
+
+@pytest.mark.parametrize("name", SYNTHETIC_DTYPE_NAMES)
+def test_every_dtype_the_models_accept_is_generated_and_advanced(name: str) -> None:
+    spec = SyntheticWeights(layers=1, hidden=4, vocab=8, dtype=name)  # type: ignore[arg-type]
+    state = synthetic_state_dict(spec, refit=2)
+    assert {t.dtype for t in state.values()} == {dtype_from_name(name)}
+    assert sum(t.numel() * t.element_size() for t in state.values()) == synthetic_nbytes(spec)
 
 
 def test_safetensors_directory(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """``refit-worker`` / ``python -m refit_worker``: the program a RefitJob pod runs.
 
-Reads its :class:`~refit_worker.config.WorkerConfig` from the ``REFIT_*`` environment,
+Reads its :class:`~refit_worker.contract.config.WorkerConfig` from the ``REFIT_*`` environment,
 joins its role's torch.distributed group (gloo on CPU, nccl on CUDA) through the role's
 rank-0 address, and then, under :class:`DistributedSignalHandler` with the configured
 signal:
@@ -25,24 +25,24 @@ import asyncio
 import logging
 import signal
 import sys
-import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from refit_worker.config import EXIT_PREEMPTED, ConfigError, SyntheticWeights, WorkerConfig
-from refit_worker.rendezvous.entries import ProgressState
+from refit_worker.contract.config import ConfigError, SyntheticWeights, WorkerConfig
+from refit_worker.contract.entries import ProgressState
+from refit_worker.contract.exits import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_PREEMPTED
 from refit_worker.session import Preempted, RefitSession, RefitStats, StateDict, Verifier
-from refit_worker.signal_handler import DistributedSignalHandler, resolve_signal
+from refit_worker.signal_handler import DistributedSignalHandler
+from refit_worker.waits import Backoff, WaitTimeout, poll_until
 from refit_worker.weights import advance, load_weights
 
 log = logging.getLogger("refit_worker")
 
-EXIT_FAILED = 1
-EXIT_BAD_CONFIG = 2
 #: After an error, how long to wait for a preemption notice that would explain it.
 NOTICE_WAIT_S = 10.0
+_NOTICE_POLL = Backoff(first=0.1, cap=0.1)
 
 
 class VerificationError(RuntimeError):
@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Run one policy or rollout rank of a RefitJob. All settings come from REFIT_* "
             "environment variables, which the operator (or `refit run`) renders from the "
-            "RefitJob; see refit_worker.config.WorkerConfig."
+            "RefitJob; see refit_worker.contract.config.WorkerConfig."
         ),
         epilog=f"Exit codes: 0 done, {EXIT_FAILED} failed, {EXIT_BAD_CONFIG} bad environment, "
         f"{EXIT_PREEMPTED} preempted (the operator restarts the gang).",
@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     # This rank has stopped; a preemption signal arriving during interpreter teardown
     # (NIXL/UCX and gloo threads take a moment) has nothing left to stop and must not turn
     # a clean exit into a signal death.
-    for sig in _signals(config):
-        signal.signal(resolve_signal(sig), signal.SIG_IGN)
+    for sig in config.preemption_signal:
+        signal.signal(sig, signal.SIG_IGN)
     log.info("exiting with code %d", code)
     return code
 
@@ -90,7 +90,9 @@ def run(config: WorkerConfig) -> int:
     _join_group(config)
     # Everything, clean-up included, stays inside the handler: a preemption signal that
     # arrives while this rank is already stopping must not kill it half-way.
-    with DistributedSignalHandler(_signals(config)) as handler:
+    with DistributedSignalHandler(
+        config.preemption_signal, pid_dir=config.signal_pid_dir
+    ) as handler:
         session = RefitSession(config, stop_requested=lambda: handler.received)
         done = [config.first_refit]  # refits finished, for the report after an error
         try:
@@ -120,20 +122,17 @@ def run(config: WorkerConfig) -> int:
 
 def _preemption_follows(session: RefitSession, seconds: float) -> bool:
     """Whether a preemption is under way now or is announced within ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            if session.preemption_pending():
-                return True
-        except Exception:  # the store is unreachable: it cannot tell us
-            return False
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-
-
-def _signals(config: WorkerConfig) -> list[str]:
-    return [s.strip() for s in config.preemption_signal.split(",") if s.strip()]
+    try:
+        return poll_until(
+            session.preemption_pending,
+            timeout=seconds,
+            what="a preemption notice that explains the error",
+            backoff=_NOTICE_POLL,
+        )
+    except WaitTimeout:
+        return False  # nothing announced in time: a failure of its own
+    except Exception:  # the store is unreachable: it cannot tell us
+        return False
 
 
 def _join_group(config: WorkerConfig) -> None:

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import torch
 
 from refit_worker.checkpoint_engines import NIXLCheckpointEngine
-from refit_worker.config import WorkerConfig
+from refit_worker.contract.config import WorkerConfig
 from refit_worker.rendezvous import (
     Member,
     PreemptedError,

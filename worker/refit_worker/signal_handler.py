@@ -9,8 +9,13 @@ Same public names and signatures as ``nemo_automodel.components.training.signal_
 - the device follows the backend of the group passed (mixed strings such as
   ``cpu:gloo,cuda:nccl`` included), and an unsupported backend is named in the error;
 - entering off the main thread, or for a signal that cannot be caught, is a clear error;
-- with ``REFIT_SIGNAL_PID_DIR`` set, entering registers the process for the preStop
-  delivery command (``refit_worker.signal_delivery``) and leaving removes it.
+- with ``pid_dir`` given (in a pod: ``REFIT_SIGNAL_PID_DIR``, which ``WorkerConfig`` and
+  ``refit_worker.contract.env.Preemption`` read), entering registers the process for the
+  preStop delivery command (``refit-signal``) and leaving removes it.  The handler itself
+  reads no environment.
+
+Signals are parsed by ``refit_worker.contract.signals``, the one parser the operator, the
+CRD and ``refit-signal`` use too.
 
 Must not import: the operator, nixl, kubernetes.
 """
@@ -28,8 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from refit_worker.config import SIGNAL_PID_DIR_ENV
-from refit_worker.signal_delivery import SignalLike, register, resolve_signal
+from refit_worker.contract.signals import SignalLike, parse_signals, resolve_signal
+from refit_worker.pid_registry import register
 
 __all__ = [
     "DistributedSignalHandler",
@@ -39,9 +44,6 @@ __all__ = [
     "get_device",
     "resolve_signal",
 ]
-
-#: Signals a process cannot catch; listening for them would fail inside ``signal.signal``.
-UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
 
 _Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
@@ -97,24 +99,6 @@ def all_gather_item(
     return [tensor.item() for tensor in gathered]
 
 
-def _resolve_many(sig: SignalLike | Sequence[SignalLike]) -> tuple[signal.Signals, ...]:
-    many: Sequence[SignalLike] = [sig] if isinstance(sig, int | str | signal.Signals) else sig
-    if not isinstance(many, Sequence):
-        raise TypeError(
-            f"sig must be a signal or a sequence of signals, not {type(sig).__name__} ({sig!r})"
-        )
-    signals = tuple(resolve_signal(one) for one in many)
-    if not signals:
-        raise ValueError("sig is an empty sequence: name at least one signal")
-    repeated = sorted({s.name for s in signals if signals.count(s) > 1})
-    if repeated:
-        raise ValueError(f"signal(s) {', '.join(repeated)} given more than once in {sig!r}")
-    bad = sorted(s.name for s in signals if s in UNCATCHABLE)
-    if bad:
-        raise ValueError(f"{', '.join(bad)} cannot be caught, so cannot be handled")
-    return signals
-
-
 class DistributedSignalHandler:
     """Context manager: notice a signal on any rank, so that all ranks stop together.
 
@@ -122,15 +106,22 @@ class DistributedSignalHandler:
     calls :meth:`signals_received` at a step boundary (a collective over ``group``: every
     rank must call it at the same point) and stops when any entry is true.  Leaving
     restores the handlers found on entry.
+
+    ``pid_dir``: a directory to register this process in while entered, so that
+    ``refit-signal`` (a pod's preStop hook) can send it its signal; ``None`` or ``""`` for
+    no registration.
     """
 
     def __init__(
         self,
         sig: SignalLike | Sequence[SignalLike] = signal.SIGTERM,
         group: dist.ProcessGroup | None = None,
+        *,
+        pid_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.sigs: tuple[signal.Signals, ...] = _resolve_many(sig)
+        self.sigs: tuple[signal.Signals, ...] = parse_signals(sig)
         self.group = group
+        self.pid_dir = pid_dir or None
         self.original_handlers: dict[signal.Signals, _Handler] = {}
         self._received = False
         self._released = True
@@ -145,13 +136,12 @@ class DistributedSignalHandler:
         _require_main_thread("enter DistributedSignalHandler")
         if not self._released:
             raise RuntimeError("this DistributedSignalHandler is already entered")
-        directory = os.environ.get(SIGNAL_PID_DIR_ENV, "")
         previous = {s: signal.getsignal(s) for s in self.sigs}
         self._received = False
         try:
             for s in self.sigs:
                 signal.signal(s, self._on_signal)
-            self._registration = register(directory, self.sigs) if directory else None
+            self._registration = register(self.pid_dir, self.sigs) if self.pid_dir else None
         except BaseException:
             _restore(previous)  # a failed enter leaves the process as it found it
             raise

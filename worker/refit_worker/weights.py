@@ -21,25 +21,10 @@ from pathlib import Path
 
 import torch
 
-from refit_worker.config import SafetensorsWeights, SyntheticWeights, WeightsSource
+from refit_worker.checkpoint_engines.base import dtype_from_name
+from refit_worker.contract.config import SafetensorsWeights, SyntheticWeights, WeightsSource
 
 StateDict = dict[str, torch.Tensor]
-
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float8_e4m3fn": torch.float8_e4m3fn,
-    "int8": torch.int8,
-}
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    """Map a dtype name such as ``"bfloat16"`` to the torch dtype (``ValueError`` if unknown)."""
-    key = name.removeprefix("torch.")
-    if key not in _DTYPES:
-        raise ValueError(f"unsupported weight dtype {name!r}; expected one of {sorted(_DTYPES)}")
-    return _DTYPES[key]
 
 
 def synthetic_shapes(spec: SyntheticWeights) -> dict[str, tuple[int, ...]]:

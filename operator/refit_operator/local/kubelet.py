@@ -13,7 +13,7 @@ there), the downward API fills ``metadata.name/namespace/uid``, and a caller-sup
 ``rewrite_env`` hook plays cluster networking (one host, so Service names and ports are
 mapped to loopback and free ports).
 
-Must not import: kopf, kubernetes.
+Must not import: kopf, kubernetes, aiohttp; of the worker only ``refit_worker.contract``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from refit_worker.contract.signals import signal_from_name
+
 #: Optional hook: (pod manifest, resolved env) -> env the process really gets.
 EnvRewrite = Callable[[Mapping[str, Any], dict[str, str]], dict[str, str]]
 
@@ -45,14 +47,13 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _signal_number(name: str | None) -> int:
+def _stop_signal(name: str | None) -> signal.Signals:
+    """The container's ``lifecycle.stopSignal`` (SIGTERM when unset), by the one parser."""
     if not name:
-        return int(signal.SIGTERM)
-    key = name.strip().upper()
-    key = key if key.startswith("SIG") else "SIG" + key
+        return signal.SIGTERM
     try:
-        return int(signal.Signals[key])
-    except KeyError as exc:
+        return signal_from_name(name)
+    except ValueError as exc:
         raise KubeletError(f"unknown stop signal {name!r}") from exc
 
 
@@ -297,7 +298,7 @@ class ProcessKubelet:
                 )
         if pod.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pod.process.pid, _signal_number(lifecycle.get("stopSignal")))
+                os.killpg(pod.process.pid, _stop_signal(lifecycle.get("stopSignal")))
         try:
             pod.process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:

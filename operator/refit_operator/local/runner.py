@@ -7,7 +7,10 @@ final.  Pods are rendered by the operator's renderers; the only local difference
 what one host needs (see :func:`local_env`): Service names resolve to loopback, each
 role's rendezvous port is a free local port, and the rendezvous store is a directory.
 
-Must not import: kopf, kubernetes.
+Must not import: kopf, kubernetes, aiohttp.  Of the worker: ``refit_worker.contract`` and,
+as the one named exception (see the import-linter contracts in ``pyproject.toml``), the
+file-backed rendezvous store ``refit_worker.rendezvous.file_store``, which plays the
+job's ConfigMaps on one machine.
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ from refit_operator.models import Phase, RefitJobSpec, RefitJobStatus
 from refit_operator.observe import observe
 from refit_operator.reconcile import Create, Decision, Delete, Emit, JobView, reconcile
 from refit_operator.render import JobRef, RenderOptions
-from refit_worker.config import RendezvousConfig, WorkerConfig
-from refit_worker.rendezvous import FileStore, Layout
-from refit_worker.rendezvous.protocol import EntryError, read_snapshot
+from refit_worker.contract.config import RendezvousConfig, WorkerConfig
+from refit_worker.contract.rendezvous import EntryError, Layout, read_snapshot
+from refit_worker.rendezvous.file_store import FileStore
 
 #: How often the loop observes and reconciles.
 TICK_S = 0.2

@@ -5,7 +5,8 @@ A checkpoint engine moves a model's named tensors from policy ranks to rollout r
 or a chunk of one larger than a bucket).  Dtypes travel by name; only the names in
 :data:`WIRE_DTYPES` are accepted, so a message cannot make the receiver build anything else.
 
-Must not import: nixl, the transport modules of this package, the operator.
+Must not import: nixl, the transport modules of this package, the operator; of the rest of
+the worker only ``refit_worker.contract``.
 """
 
 from __future__ import annotations
@@ -18,24 +19,13 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-#: dtype name on the wire -> torch dtype.  Names are torch's own attribute names.
+from refit_worker.contract.dtypes import WIRE_DTYPE_NAMES
+
+#: dtype name on the wire -> torch dtype: the worker's one dtype registry.  The names are
+#: the contract's (``refit_worker.contract.dtypes``), torch's own attribute names; a dtype
+#: this torch build lacks (older fp8 types) is left out.
 WIRE_DTYPES: dict[str, torch.dtype] = {
-    name: dtype
-    for name, dtype in (
-        ("float64", torch.float64),
-        ("float32", torch.float32),
-        ("float16", torch.float16),
-        ("bfloat16", torch.bfloat16),
-        ("int64", torch.int64),
-        ("int32", torch.int32),
-        ("int16", torch.int16),
-        ("int8", torch.int8),
-        ("uint8", torch.uint8),
-        ("bool", torch.bool),
-        ("float8_e4m3fn", getattr(torch, "float8_e4m3fn", None)),
-        ("float8_e5m2", getattr(torch, "float8_e5m2", None)),
-    )
-    if dtype is not None
+    name: getattr(torch, name) for name in WIRE_DTYPE_NAMES if hasattr(torch, name)
 }
 _NAMES = {dtype: name for name, dtype in WIRE_DTYPES.items()}
 

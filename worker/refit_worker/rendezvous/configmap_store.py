@@ -5,7 +5,9 @@ the operator before the pods.  Every write is a JSON merge patch
 ``{"data": {"<own key>": "<json>"}}`` (``application/merge-patch+json``), so writers of
 different keys never overwrite each other and nobody reads-modifies-writes the map.
 A wait lists each watched shard, then watches it from that resourceVersion (one thread
-per shard, each watch bounded in time); after ``410 Gone`` it lists again.
+per shard, each watch bounded in time); after ``410 Gone`` it lists again.  The waiting
+thread sleeps on a condition the watch threads notify, through
+``refit_worker.waits.poll_until``, so its deadline and cancel flag work as everywhere else.
 
 The API client is built at first use — in-cluster config inside a pod, else
 ``KUBECONFIG`` / ``~/.kube/config`` — never at import, and ``kubernetes`` itself is
@@ -24,17 +26,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from refit_worker.rendezvous.protocol import configmap_name, merge_patch
+from refit_worker.contract.rendezvous import Layout, configmap_name, merge_patch
 from refit_worker.rendezvous.store import (
-    CancelFlag,
     Check,
-    Layout,
     RendezvousError,
     RendezvousStore,
     RendezvousTimeout,
     T,
-    WaitCancelled,
 )
+from refit_worker.waits import Backoff, CancelFlag, poll_until
 
 R = TypeVar("R")
 
@@ -45,10 +45,13 @@ _CONNECT_SECONDS = 10.0
 _REQUEST_SECONDS = 30.0
 #: Attempts for a write or read that met a transient error (429, 5xx, lost connection).
 _ATTEMPTS = 5
-_MAX_BACKOFF = 2.0
+#: Between attempts of one call, and between watches of a shard after an error.
+_RETRY = Backoff(first=0.1, cap=2.0)
+_REWATCH = Backoff(first=0.05, cap=2.0)
 _FATAL = {400, 401, 403, 404, 422}
-#: How often a cancellable wait looks at its cancel flag.
-_CANCEL_TICK = 0.25
+#: A waiting thread wakes on every change; at the latest after this, to look at its
+#: cancel flag (which cannot notify the condition).
+_WAKE = Backoff(first=0.25, cap=0.25)
 
 
 def load_api_client() -> Any:
@@ -145,7 +148,7 @@ class ConfigMapStore(RendezvousStore):
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
-        delay, attempt = 0.1, 1
+        delays, attempt = _RETRY.delays(), 1
         while True:
             try:
                 return call()
@@ -157,8 +160,8 @@ class ConfigMapStore(RendezvousStore):
             except HTTPError as exc:
                 if attempt >= _ATTEMPTS:
                     raise RendezvousError(f"could not {action}: {exc}") from exc
-            time.sleep(delay)
-            delay, attempt = min(delay * 2, _MAX_BACKOFF), attempt + 1
+            time.sleep(next(delays))
+            attempt += 1
 
     def _wait(
         self,
@@ -180,30 +183,32 @@ class ConfigMapStore(RendezvousStore):
         ]
         for feed in feeds:
             feed.start()
-        deadline = time.monotonic() + timeout
+
+        def ready() -> T | None:  # called with state.cond held
+            if state.error is not None:
+                raise state.error
+            if len(state.data) < len(shards):
+                return None  # a shard not listed yet
+            merged: dict[str, str] = {}
+            for shard in shards:
+                merged.update(state.data[shard])
+            return check(merged)
+
+        def doze(seconds: float) -> None:  # releases the lock; every change wakes it early
+            state.cond.wait(seconds)
+
+        names = ", ".join(self.names[s] for s in shards)
         try:
             with state.cond:
-                while True:
-                    if state.error is not None:
-                        raise state.error
-                    if len(state.data) == len(shards):
-                        merged: dict[str, str] = {}
-                        for shard in shards:
-                            merged.update(state.data[shard])
-                        result = check(merged)
-                        if result is not None:
-                            return result
-                    if cancel is not None and cancel.is_set():
-                        raise WaitCancelled(f"wait for {what} was cancelled")
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        names = ", ".join(self.names[s] for s in shards)
-                        raise RendezvousTimeout(
-                            f"timed out after {timeout:g}s waiting for {what} in ConfigMap "
-                            f"{self.namespace}/{names}"
-                        )
-                    # A cancel flag cannot wake the condition: look at it now and then.
-                    state.cond.wait(left if cancel is None else min(left, _CANCEL_TICK))
+                return poll_until(
+                    ready,
+                    timeout=timeout,
+                    what=f"{what} in ConfigMap {self.namespace}/{names}",
+                    backoff=_WAKE,
+                    cancel=cancel,
+                    error=RendezvousTimeout,
+                    sleep=doze,
+                )
         finally:
             state.stop()
 
@@ -214,7 +219,7 @@ class ConfigMapStore(RendezvousStore):
 
         name = self.names[shard]
         version = ""
-        delay = 0.05
+        delays = _REWATCH.delays()
         while not state.stopped.is_set():
             try:
                 if not version:
@@ -232,7 +237,7 @@ class ConfigMapStore(RendezvousStore):
                     version = str(obj.get("metadata", {}).get("resourceVersion", version))
                     if kind in ("ADDED", "MODIFIED", "DELETED") and _name_of(obj) == name:
                         state.update(shard, {} if kind == "DELETED" else _data_of(obj))
-                delay = 0.05
+                delays = _REWATCH.delays()
             except ApiException as exc:
                 if exc.status == 410:
                     version = ""
@@ -246,13 +251,11 @@ class ConfigMapStore(RendezvousStore):
                         )
                     )
                     return
-                state.stopped.wait(delay)
-                delay = min(delay * 2, _MAX_BACKOFF)
+                state.stopped.wait(next(delays))
             except (HTTPError, OSError, ValueError):
                 if state.stopped.is_set():
                     return  # the waiter cut our stream on purpose
-                state.stopped.wait(delay)  # lost connection or read timeout: watch again
-                delay = min(delay * 2, _MAX_BACKOFF)
+                state.stopped.wait(next(delays))  # lost connection or read timeout: again
             except BaseException as exc:  # handed to the waiting thread
                 state.fail(exc)
                 return

@@ -3,7 +3,8 @@
 Layout: ``<directory>/shard-<i>/<key>``, one file per key, so writers of different keys
 never touch the same file.  A write goes to a temporary file in the same directory and is
 renamed over the key (atomic on POSIX): a reader sees the old value or the new one,
-never a torn one.  Waits poll with a bounded back-off (5 ms growing to 200 ms).
+never a torn one.  Waits poll (``refit_worker.waits.poll_until``) with a bounded back-off,
+5 ms growing to 200 ms.
 
 Must not import: kubernetes, torch, nixl, the operator.
 """
@@ -12,24 +13,15 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from refit_worker.rendezvous.protocol import is_valid_data_key, max_value_bytes
-from refit_worker.rendezvous.store import (
-    CancelFlag,
-    Check,
-    Layout,
-    RendezvousStore,
-    RendezvousTimeout,
-    T,
-    WaitCancelled,
-)
+from refit_worker.contract.rendezvous import Layout, is_valid_data_key, max_value_bytes
+from refit_worker.rendezvous.store import Check, RendezvousStore, RendezvousTimeout, T
+from refit_worker.waits import Backoff, CancelFlag, poll_until
 
 _TMP_PREFIX = ".tmp-"
-_FIRST_DELAY = 0.005
-_MAX_DELAY = 0.2
+_BACKOFF = Backoff(first=0.005, cap=0.2)
 #: A file longer than any entry may be is read only this far: decoding then reports it
 #: as oversized instead of this process reading a huge file.
 _READ_LIMIT = max(max_value_bytes(kind) for kind in ("meta", "progress", "barrier", "preempt"))
@@ -107,24 +99,20 @@ class FileStore(RendezvousStore):
         what: str,
         cancel: CancelFlag | None,
     ) -> T:
-        deadline = time.monotonic() + timeout
-        delay = _FIRST_DELAY
-        while True:
+        def merged() -> T | None:
             data: dict[str, str] = {}
             for shard in shards:
                 data.update(self._read(shard))
-            result = check(data)
-            if result is not None:
-                return result
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RendezvousTimeout(
-                    f"timed out after {timeout:g}s waiting for {what} in {self.directory}"
-                )
-            if cancel is not None and cancel.is_set():
-                raise WaitCancelled(f"wait for {what} was cancelled")
-            time.sleep(min(delay, left))
-            delay = min(delay * 2, _MAX_DELAY)
+            return check(data)
+
+        return poll_until(
+            merged,
+            timeout=timeout,
+            what=f"{what} in {self.directory}",
+            backoff=_BACKOFF,
+            cancel=cancel,
+            error=RendezvousTimeout,
+        )
 
     def close(self) -> None:
         """Nothing to release: every call opens and closes its own files."""

@@ -24,10 +24,10 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
-from refit_worker.config import Role, WorkerConfig
-from refit_worker.rendezvous.protocol import (
+from refit_worker.contract.config import WorkerConfig
+from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     MAX_RANKS,
     MAX_UID_CHARS,
@@ -36,22 +36,22 @@ from refit_worker.rendezvous.protocol import (
     BarrierEntry,
     Entry,
     EntryError,
+    Layout,
     MetadataEntry,
     PreemptNotice,
     ProgressEntry,
     ProgressState,
     Snapshot,
     barrier_ready,
-    check_role,
     decode_entry,
     encode_entry,
     make_barrier,
     meta_key,
     progress_key,
     read_snapshot,
-    shard_of_key,
-    shards_needed,
 )
+from refit_worker.contract.roles import Role, check_role
+from refit_worker.waits import CancelFlag, WaitTimeout
 
 T = TypeVar("T")
 
@@ -59,23 +59,12 @@ T = TypeVar("T")
 Check = Callable[[Mapping[str, str]], "T | None"]
 
 
-class CancelFlag(Protocol):
-    """What calls a wait off: a :class:`threading.Event`, or anything with ``is_set()``
-    (a signal handler's flag); waits look at it a few times a second."""
-
-    def is_set(self) -> bool: ...
-
-
 class RendezvousError(RuntimeError):
     """The store could not be read or written (API error, lost connection)."""
 
 
-class RendezvousTimeout(TimeoutError):
+class RendezvousTimeout(WaitTimeout):
     """A rendezvous wait ran out of time; the message says what it waited for."""
-
-
-class WaitCancelled(Exception):
-    """A wait was called off through its ``cancel`` flag."""
 
 
 class PreemptedError(RuntimeError):
@@ -86,34 +75,6 @@ class PreemptedError(RuntimeError):
             f"job preempted in epoch {notice.epoch}: {notice.reason} (pod {notice.pod})"
         )
         self.notice = notice
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """The shape of a job's rendezvous: world sizes and how many shards hold it."""
-
-    policy_world_size: int
-    rollout_world_size: int
-    shards: int
-
-    def __post_init__(self) -> None:
-        total = self.policy_world_size + self.rollout_world_size
-        if self.policy_world_size < 1 or self.rollout_world_size < 1:
-            raise ValueError(
-                f"world sizes must be >= 1, got policy={self.policy_world_size} "
-                f"rollout={self.rollout_world_size}"
-            )
-        if self.shards < shards_needed(total):
-            raise ValueError(
-                f"shards={self.shards} is too few for {total} ranks (need {shards_needed(total)})"
-            )
-
-    @classmethod
-    def from_config(cls, config: WorkerConfig) -> Layout:
-        return cls(config.policy_world_size, config.rollout_world_size, config.rendezvous.shards)
-
-    def shard_of(self, key: str) -> int:
-        return shard_of_key(key, self.policy_world_size, self.rollout_world_size, self.shards)
 
 
 @dataclass(frozen=True, slots=True)

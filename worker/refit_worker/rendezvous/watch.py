@@ -15,13 +15,9 @@ import threading
 from collections.abc import Callable
 from types import TracebackType
 
-from refit_worker.rendezvous.protocol import PreemptNotice
-from refit_worker.rendezvous.store import (
-    Member,
-    RendezvousStore,
-    RendezvousTimeout,
-    WaitCancelled,
-)
+from refit_worker.contract.rendezvous import PreemptNotice
+from refit_worker.rendezvous.store import Member, RendezvousStore, RendezvousTimeout
+from refit_worker.waits import WaitCancelled
 
 #: Seconds of one wait; the watch renews it until stopped.
 WAIT_SECONDS = 60.0

@@ -1,40 +1,61 @@
-"""The worker's configuration: the one contract between operator and worker.
+"""The worker's configuration: the one channel from operator to worker.
 
 The operator renders a :class:`WorkerConfig` into a pod's environment with
 :meth:`WorkerConfig.to_env`; the worker reads it back with :meth:`WorkerConfig.from_env`.
 There is no other channel.  Each field becomes one ``REFIT_<FIELD>`` variable: scalars as
-plain text (readable in ``kubectl describe pod``), nested models and dicts as JSON.
+plain text (readable in ``kubectl describe pod``), nested models and dicts as JSON.  Values
+arrive parsed: ``preemption_signal`` is a tuple of ``signal.Signals``, so a bad signal name
+fails :meth:`~WorkerConfig.from_env` (exit 2) before the worker joins anything.
 
 Fields known only once the pod exists (its uid, name, namespace) are filled by the
 Kubernetes downward API; :data:`DOWNWARD_API_FIELDS` names them so the renderer can emit
 ``valueFrom.fieldRef`` entries instead of values.
 
-Must not import: the operator, kubernetes, torch, nixl (the operator imports this module).
+:class:`TransferKnobs` are the transfer settings a RefitJob spec and the worker share; the
+spec's ``TransferSpec`` and this module's :class:`TransferConfig` both extend it.
+
+Must not import: anything but the standard library, pydantic and ``refit_worker.contract``
+(the operator imports this module).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+)
 
-ENV_PREFIX = "REFIT_"
+from refit_worker.contract.dtypes import SyntheticDtype
+from refit_worker.contract.env import DEFAULT_SIGNALS, ENV_PREFIX
+from refit_worker.contract.roles import Role
+from refit_worker.contract.signals import parse_signal_list, parse_signals, signal_list_text
 
-#: Exit code of a worker that stopped because of a preemption signal or notice.  The
-#: operator (and the local runner) count such an exit as a preemption, not a failure.
-EXIT_PREEMPTED = 83
 
-#: Env var naming the directory (a shared emptyDir in a pod) where every process that
-#: entered ``DistributedSignalHandler`` registers its pid, for the preStop delivery command.
-SIGNAL_PID_DIR_ENV = "REFIT_SIGNAL_PID_DIR"
+def _signals_in(value: object) -> object:
+    # The env form ("SIGUSR1,SIGTERM") or a sequence: both through the one parser.
+    if isinstance(value, str):
+        return parse_signal_list(value)
+    if isinstance(value, list | tuple):
+        return parse_signals(value)
+    return value
 
-#: Env var naming the preemption signal(s) the worker listens for (comma-separated names).
-PREEMPTION_SIGNAL_ENV = "REFIT_PREEMPTION_SIGNAL"
 
-Role = Literal["policy", "rollout"]
+#: One or more preemption signals; plain text ``SIGUSR1,SIGTERM`` in the environment.
+PreemptionSignals = Annotated[
+    tuple[signal.Signals, ...],
+    BeforeValidator(_signals_in),
+    PlainSerializer(signal_list_text, return_type=str),
+]
 
 
 class _Frozen(BaseModel):
@@ -48,7 +69,7 @@ class SyntheticWeights(_Frozen):
     layers: int = Field(2, ge=1, description="Number of transformer blocks.")
     hidden: int = Field(256, ge=1, description="Hidden width.")
     vocab: int = Field(1024, ge=1, description="Embedding rows.")
-    dtype: str = Field("bfloat16", description="torch dtype name of every tensor.")
+    dtype: SyntheticDtype = Field("bfloat16", description="torch dtype name of every tensor.")
     experts: int = Field(0, ge=0, description="MoE experts per layer (0: dense MLP).")
     seed: int = 0
 
@@ -63,17 +84,30 @@ class SafetensorsWeights(_Frozen):
 WeightsSource = SyntheticWeights | SafetensorsWeights
 
 
-class TransferConfig(_Frozen):
-    """How weights move: the NIXL backend and the bucket engine's knobs."""
+class TransferKnobs(_Frozen):
+    """NIXL transfer knobs, the same in a RefitJob's spec and in the worker's config.
 
-    backend: str = "UCX"
+    The bucket size is not here: the spec writes it as a Kubernetes quantity (``64Mi``),
+    the worker gets it in bytes.
+    """
+
+    backend: str = Field("UCX", min_length=1)
     backend_params: dict[str, str] = Field(default_factory=dict)
-    bucket_size: int = Field(64 << 20, gt=0, description="Bytes per transfer bucket.")
     device: Literal["cpu", "cuda"] = "cpu"
     shard_expert_weights: bool = False
     release_after_refit: bool = False
     timeout_seconds: float = Field(120.0, gt=0)
-    refits: int = Field(3, ge=1, description="Refits to run before the job is done.")
+    refits: int = Field(3, ge=1, description="Refits before the job is done.")
+
+    def knobs(self) -> dict[str, Any]:
+        """The shared knobs alone, by field name (to build the other side's model)."""
+        return {name: getattr(self, name) for name in TransferKnobs.model_fields}
+
+
+class TransferConfig(TransferKnobs):
+    """How weights move in the worker: the shared knobs, bytes per bucket, checksums."""
+
+    bucket_size: int = Field(64 << 20, gt=0, description="Bytes per transfer bucket.")
     checksum: bool = True
 
 
@@ -106,7 +140,9 @@ class WorkerConfig(_Frozen):
     weights: WeightsSource = Field(default_factory=SyntheticWeights, discriminator="kind")
     transfer: TransferConfig = Field(default_factory=TransferConfig)
     rendezvous: RendezvousConfig
-    preemption_signal: str = "SIGTERM"
+    #: The signal(s) the worker listens for (``REFIT_PREEMPTION_SIGNAL``, comma-separated).
+    preemption_signal: PreemptionSignals = DEFAULT_SIGNALS
+    #: Where ``DistributedSignalHandler`` registers for ``refit-signal`` ("" for nowhere).
     signal_pid_dir: str = ""
 
     @property
@@ -134,14 +170,12 @@ class WorkerConfig(_Frozen):
         """
         environ = os.environ if environ is None else environ
         raw: dict[str, Any] = {}
-        for name, field in cls.model_fields.items():
+        for name in cls.model_fields:
             key = _env_name(name)
             if key not in environ:
                 continue
             text = environ[key]
-            annotation = str(field.annotation)
-            nested = any(t in annotation for t in ("Config", "Weights", "dict"))
-            if nested:
+            if name in _JSON_FIELDS:
                 try:
                     raw[name] = json.loads(text)
                 except json.JSONDecodeError as exc:
@@ -159,6 +193,9 @@ class WorkerConfig(_Frozen):
             )
             raise ConfigError(f"invalid worker environment: {problems}") from exc
 
+
+#: Fields carried as JSON (models and dicts); every other field is plain text.
+_JSON_FIELDS = frozenset({"weights", "transfer", "rendezvous"})
 
 #: Config fields whose values the pod gets from the downward API (field -> fieldPath).
 DOWNWARD_API_FIELDS: dict[str, str] = {

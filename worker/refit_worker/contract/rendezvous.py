@@ -3,9 +3,9 @@
 Holds (re-exported from :mod:`.entries`) the key names, the typed entries a key may carry
 (each with protocol version, epoch and the writer's pod uid) and their encoding and
 decoding (every error names the key); and here the assignment of ranks to ConfigMap
-shards, and the decisions the coordinator (the operator,
-or the local runner) takes from what ranks published: is the barrier of an epoch ready,
-what the job's progress is, what a job-wide preemption notice says.
+shards (:class:`Layout`), and the decisions the coordinator (the operator, or the local
+runner) takes from what ranks published: is the barrier of an epoch ready, what the job's
+progress is, what a job-wide preemption notice says.
 
 Reading rules, so every reader acts alike:
 
@@ -18,7 +18,8 @@ Reading rules, so every reader acts alike:
 Keys (valid ConfigMap data keys): ``meta.<role>.<rank>``, ``progress.<role>.<rank>``,
 ``barrier`` and ``preempt`` (the last two always in shard 0).
 
-Must not import: kubernetes, torch, nixl, the operator, or anything that does I/O.
+Must not import: anything but the standard library, pydantic and ``refit_worker.contract``;
+nothing that does I/O.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from refit_worker.config import Role
-from refit_worker.rendezvous.entries import (
+from refit_worker.contract.config import WorkerConfig
+from refit_worker.contract.entries import (
     BARRIER_KEY,
     MAX_META_BYTES,
     MAX_PREEMPT_BYTES,
@@ -38,7 +39,6 @@ from refit_worker.rendezvous.entries import (
     PREEMPT_KEY,
     PROTOCOL_VERSION,
     RANKS_PER_SHARD,
-    ROLES,
     SHARD_BUDGET_BYTES,
     UID_PATTERN,
     BarrierEntry,
@@ -50,7 +50,6 @@ from refit_worker.rendezvous.entries import (
     PreemptNotice,
     ProgressEntry,
     ProgressState,
-    check_role,
     decode_entry,
     encode_entry,
     is_valid_data_key,
@@ -60,6 +59,7 @@ from refit_worker.rendezvous.entries import (
     parse_known_key,
     progress_key,
 )
+from refit_worker.contract.roles import ROLES, Role, check_role
 
 __all__ = [
     "BARRIER_KEY",
@@ -79,6 +79,7 @@ __all__ = [
     "EntryError",
     "Key",
     "KeyKind",
+    "Layout",
     "MetadataEntry",
     "PreemptNotice",
     "ProgressEntry",
@@ -165,6 +166,34 @@ def configmap_name(base: str, shard: int) -> str:
     if len(name) > 253:
         raise ValueError(f"ConfigMap name {name!r} is longer than 253 characters")
     return name
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The shape of a job's rendezvous: world sizes and how many shards hold it."""
+
+    policy_world_size: int
+    rollout_world_size: int
+    shards: int
+
+    def __post_init__(self) -> None:
+        total = self.policy_world_size + self.rollout_world_size
+        if self.policy_world_size < 1 or self.rollout_world_size < 1:
+            raise ValueError(
+                f"world sizes must be >= 1, got policy={self.policy_world_size} "
+                f"rollout={self.rollout_world_size}"
+            )
+        if self.shards < shards_needed(total):
+            raise ValueError(
+                f"shards={self.shards} is too few for {total} ranks (need {shards_needed(total)})"
+            )
+
+    @classmethod
+    def from_config(cls, config: WorkerConfig) -> Layout:
+        return cls(config.policy_world_size, config.rollout_world_size, config.rendezvous.shards)
+
+    def shard_of(self, key: str) -> int:
+        return shard_of_key(key, self.policy_world_size, self.rollout_world_size, self.shards)
 
 
 def merge_patch(key: str, value: str) -> dict[str, dict[str, str]]:

@@ -1,4 +1,5 @@
-"""Helpers for the engine's end-to-end tests: real processes, real NIXL (UCX) transfers.
+"""Helpers for the engine's end-to-end tests (``tests/e2e/test_nixl_*.py``): real
+processes, real NIXL (UCX) transfers.
 
 Each rank is a separate process started with ``multiprocessing`` (spawn).  Metadata and
 results cross process boundaries only as JSON strings in queues.  Nothing is emulated.

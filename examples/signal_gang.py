@@ -1,7 +1,8 @@
-"""``python -m refit_worker.demo``: the signal handler stopping a real gloo gang together.
+"""``python examples/signal_gang.py``: the signal handler stopping a real gloo gang together.
 
-The parent hosts a ``TCPStore`` on a free port and starts N rank processes (plain
-subprocesses running this module with ``--worker-rank``).  Each rank runs a toy training
+An example of the worker library, not part of it.  The parent hosts a ``TCPStore`` on a
+free port and starts N rank processes (plain subprocesses running this script with
+``--worker-rank``).  Each rank runs a toy training
 loop (one ``all_reduce`` a step) inside ``DistributedSignalHandler`` and polls
 ``signals_received()`` at every step boundary.  When the chosen rank reaches the chosen
 step it says so and waits; the parent sends it the signal with ``os.kill`` and lets it go
@@ -9,6 +10,8 @@ on.  Every rank must then see exactly that rank flagged at that same step, and e
 ``EXIT_PREEMPTED``.
 
 Ranks talk to the parent in JSON lines (stdout) and a one-line reply (stdin), nothing else.
+``tests/e2e/test_signal_gang.py`` runs it; ``tests/unit/test_signal_demo.py`` checks its
+verdict and its argument checks.
 
 Must not import: the operator, nixl, kubernetes.
 """
@@ -38,10 +41,12 @@ import torch.distributed as dist
 # where it is defined and typed.
 from torch._C._distributed_c10d import TCPStore
 
-from refit_worker.config import EXIT_PREEMPTED
+from refit_worker.contract.exits import EXIT_PREEMPTED
 from refit_worker.signal_handler import DistributedSignalHandler, resolve_signal
 
-_WORKER_ROOT = Path(__file__).resolve().parents[1]
+_SCRIPT = Path(__file__).resolve()
+#: A checkout's worker source root, so the ranks import refit_worker installed or not.
+_WORKER_ROOT = _SCRIPT.parents[1] / "worker"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +135,7 @@ def _spawn(
 ) -> subprocess.Popen[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_WORKER_ROOT), env.get("PYTHONPATH")]))
-    argv = [sys.executable, "-m", "refit_worker.demo", "--worker-rank", str(rank)]
+    argv = [sys.executable, str(_SCRIPT), "--worker-rank", str(rank)]
     argv += ["--store-port", str(port), "--ranks", str(s.ranks), "--steps", str(s.steps)]
     argv += ["--signal-rank", str(s.signal_rank), "--signal-at", str(s.signal_at)]
     argv += ["--signal", s.sig.name, "--step-seconds", str(s.step_seconds)]
@@ -225,7 +230,7 @@ def run_rank(rank: int, store_port: int, s: DemoSettings) -> int:
 def _parser() -> argparse.ArgumentParser:
     d = DemoSettings()
     p = argparse.ArgumentParser(
-        prog="python -m refit_worker.demo",
+        prog="python examples/signal_gang.py",
         description="Start a gang of gloo ranks running a toy loop inside"
         " DistributedSignalHandler, signal one rank mid-loop, and check that every rank"
         " stops at that same step. Exit 0 when they agree, 1 when not.",

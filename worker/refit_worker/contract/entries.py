@@ -4,9 +4,10 @@ Holds the key grammar (``meta.<role>.<rank>``, ``progress.<role>.<rank>``, ``bar
 ``preempt``), the pydantic entry models (each with protocol version and epoch; per-rank
 entries also with the writer's pod uid), the size limits, and :func:`encode_entry` /
 :func:`decode_entry`, whose every error is an :class:`EntryError` naming the key.
-Import these names from :mod:`refit_worker.rendezvous.protocol`, which re-exports them.
+:mod:`refit_worker.contract.rendezvous` builds the coordinator's decisions on these.
 
-Must not import: kubernetes, torch, nixl, the operator, or anything that does I/O.
+Must not import: anything but the standard library, pydantic and ``refit_worker.contract``;
+nothing that does I/O.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from refit_worker.config import Role
+from refit_worker.contract.roles import Role, check_role
 
 PROTOCOL_VERSION = 1
 
@@ -42,7 +43,6 @@ _BARRIER_BASE_BYTES = 128
 
 BARRIER_KEY = "barrier"
 PREEMPT_KEY = "preempt"
-ROLES: tuple[Role, Role] = ("policy", "rollout")
 
 KeyKind: TypeAlias = Literal["meta", "progress", "barrier", "preempt"]
 ProgressState: TypeAlias = Literal["running", "done", "preempted", "failed"]
@@ -223,13 +223,6 @@ def decode_entry(key: str, text: str) -> Entry:
 
 
 # -- checks -------------------------------------------------------------------------------
-
-
-def check_role(role: str) -> Role:
-    """``role`` as a Role; ValueError naming it otherwise."""
-    if role not in ROLES:
-        raise ValueError(f"role {role!r} is neither 'policy' nor 'rollout'")
-    return role
 
 
 def _check_rank(rank: int) -> int:

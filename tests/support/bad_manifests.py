@@ -1,0 +1,386 @@
+"""The bad-input corpus: bad RefitJob manifests, one per row, with the words the message
+that refuses each must contain (which field, which value).
+
+``tests/unit/test_badinput_manifests.py`` sends every spec row three ways (the operator's
+:func:`parse_spec`, ``refit run``'s loader, the generated CRD judged offline);
+``bench/reliability_badinput.py`` reports on the same rows; other tiers (a real API server)
+may apply them too.  Manifest rows (YAML, kind, apiVersion, name) concern the loader only.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from refit_operator.models import API_VERSION
+
+BASE: dict[str, Any] = {"image": "img:1", "policy": {"replicas": 1}, "rollout": {"replicas": 1}}
+_DROP = object()
+
+
+def changed(path: str, value: Any) -> dict[str, Any]:
+    """BASE with ``value`` at the dotted ``path`` (``_DROP`` removes the key)."""
+    spec = copy.deepcopy(BASE)
+    *parents, last = path.split(".")
+    here = spec
+    for step in parents:
+        here = here.setdefault(step, {})
+    if value is _DROP:
+        here.pop(last, None)
+    else:
+        here[last] = value
+    return spec
+
+
+#: (id, spec, the words the message must contain: where, and what or which value)
+BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
+    ("image missing", changed("image", _DROP), ("spec.image: Field required",)),
+    ("image empty", changed("image", ""), ("spec.image", "at least 1 character")),
+    ("image not a string", changed("image", 5), ("spec.image", "valid string (got 5)")),
+    (
+        "pull policy unknown",
+        changed("imagePullPolicy", "Sometimes"),
+        ("spec.imagePullPolicy", "'Always', 'IfNotPresent' or 'Never' (got 'Sometimes')"),
+    ),
+    (
+        "policy replicas 0",
+        changed("policy.replicas", 0),
+        ("spec.policy.replicas", "greater than or equal to 1 (got 0)"),
+    ),
+    (
+        "rollout replicas negative",
+        changed("rollout.replicas", -1),
+        ("spec.rollout.replicas", "(got -1)"),
+    ),
+    (
+        "replicas over 4096",
+        changed("policy.replicas", 4097),
+        ("spec.policy.replicas", "less than or equal to 4096 (got 4097)"),
+    ),
+    (
+        "replicas as a string",
+        changed("policy.replicas", "2"),
+        ("spec.policy.replicas", "valid integer (got '2')"),
+    ),
+    (
+        "replicas as a float",
+        changed("policy.replicas", 2.0),
+        ("spec.policy.replicas", "valid integer (got 2.0)"),
+    ),
+    (
+        "replicas as a bool",
+        changed("policy.replicas", True),
+        ("spec.policy.replicas", "valid integer (got True)"),
+    ),
+    (
+        "ranks over one rendezvous",
+        {**BASE, "policy": {"replicas": 3000}, "rollout": {"replicas": 2000}},
+        ("policy.replicas + rollout.replicas = 5000 is over 4096",),
+    ),
+    (
+        "typo in a role field",
+        changed("policy.replicaz", 2),
+        ("spec.policy.replicaz", "Extra inputs are not permitted"),
+    ),
+    (
+        "unknown top-level field",
+        changed("colour", "blue"),
+        ("spec.colour", "Extra inputs are not permitted (got 'blue')"),
+    ),
+    (
+        "python name for a wire field",
+        changed("transfer.bucket_size", "1Mi"),
+        ("spec.transfer.bucket_size", "Extra inputs are not permitted"),
+    ),
+    (
+        "reserved env name",
+        changed("policy.env", [{"name": "REFIT_RANK", "value": "3"}]),
+        ("spec.policy.env[0].name", "'REFIT_RANK' is reserved"),
+    ),
+    (
+        "env name with a digit first",
+        changed("rollout.env", [{"name": "1X"}]),
+        ("spec.rollout.env[0].name", "should match pattern"),
+    ),
+    (
+        "env without a name",
+        changed("policy.env", [{"value": "v"}]),
+        ("spec.policy.env[0].name: Field required",),
+    ),
+    (
+        "env value a number",
+        changed("policy.env", [{"name": "X", "value": 3}]),
+        ("spec.policy.env[0].value", "valid string (got 3)"),
+    ),
+    ("env as a map", changed("policy.env", {"X": "1"}), ("spec.policy.env", "valid list")),
+    (
+        "command as a string",
+        changed("policy.command", "refit-worker"),
+        ("spec.policy.command", "valid list (got 'refit-worker')"),
+    ),
+    (
+        "args with a number",
+        changed("rollout.args", ["--x", 1]),
+        ("spec.rollout.args[1]", "valid string (got 1)"),
+    ),
+    (
+        "node selector value a number",
+        changed("policy.nodeSelector", {"zone": 1}),
+        ("spec.policy.nodeSelector.zone", "valid string (got 1)"),
+    ),
+    (
+        "resource request a number",
+        changed("policy.resources", {"requests": {"cpu": 2}}),
+        ("spec.policy.resources.requests.cpu", "valid string (got 2)"),
+    ),
+    (
+        "resources typo",
+        changed("policy.resources", {"limitz": {}}),
+        ("spec.policy.resources.limitz", "Extra inputs are not permitted"),
+    ),
+    (
+        "tolerations as a string",
+        changed("policy.tolerations", "all"),
+        ("spec.policy.tolerations", "valid list (got 'all')"),
+    ),
+    (
+        "toleration not an object",
+        changed("rollout.tolerations", ["x"]),
+        ("spec.rollout.tolerations[0]", "valid dictionary (got 'x')"),
+    ),
+    (
+        "affinity as a list",
+        changed("policy.affinity", []),
+        ("spec.policy.affinity", "valid dictionary (got [])"),
+    ),
+    (
+        "service account a number",
+        changed("policy.serviceAccountName", 7),
+        ("spec.policy.serviceAccountName", "valid string (got 7)"),
+    ),
+    (
+        "weights empty",
+        changed("weights", {}),
+        ("spec.weights", "set exactly one of weights.synthetic and weights.safetensors"),
+    ),
+    (
+        "weights both",
+        changed("weights", {"synthetic": {}, "safetensors": {"claimName": "c"}}),
+        ("spec.weights", "set exactly one of weights.synthetic and weights.safetensors"),
+    ),
+    (
+        "synthetic layers 0",
+        changed("weights", {"synthetic": {"layers": 0}}),
+        ("spec.weights.synthetic.layers", "greater than or equal to 1 (got 0)"),
+    ),
+    (
+        "synthetic kind wrong",
+        changed("weights", {"synthetic": {"kind": "dense"}}),
+        ("spec.weights.synthetic.kind", "'synthetic' (got 'dense')"),
+    ),
+    (
+        "synthetic typo",
+        changed("weights", {"synthetic": {"expert": 2}}),
+        ("spec.weights.synthetic.expert", "Extra inputs are not permitted (got 2)"),
+    ),
+    (
+        "safetensors without claim",
+        changed("weights", {"safetensors": {"path": "m"}}),
+        ("spec.weights.safetensors.claimName: Field required",),
+    ),
+    (
+        "safetensors claim empty",
+        changed("weights", {"safetensors": {"claimName": ""}}),
+        ("spec.weights.safetensors.claimName", "at least 1 character"),
+    ),
+    (
+        "unknown weights source",
+        changed("weights", {"hf": {"repo": "x"}}),
+        ("spec.weights.hf", "Extra inputs are not permitted"),
+    ),
+    (
+        "bucket size 0",
+        changed("transfer.bucketSize", "0"),
+        ("spec.transfer.bucketSize", "bucketSize '0' must be more than 0 bytes"),
+    ),
+    (
+        "bucket size 0Ki",
+        changed("transfer.bucketSize", "0Ki"),
+        ("spec.transfer.bucketSize", "bucketSize '0Ki' must be more than 0 bytes"),
+    ),
+    (
+        "bucket size in MB",
+        changed("transfer.bucketSize", "64MB"),
+        ("spec.transfer.bucketSize", "should match pattern", "(got '64MB')"),
+    ),
+    (
+        "bucket size a fraction",
+        changed("transfer.bucketSize", "1.5Ki"),
+        ("spec.transfer.bucketSize", "'1.5Ki' must be a whole number", "write '1536'"),
+    ),
+    (
+        "bucket size a number",
+        changed("transfer.bucketSize", 1024),
+        ("spec.transfer.bucketSize", "valid string (got 1024)"),
+    ),
+    (
+        "device tpu",
+        changed("transfer.device", "tpu"),
+        ("spec.transfer.device", "'cpu' or 'cuda' (got 'tpu')"),
+    ),
+    (
+        "timeout 0",
+        changed("transfer.timeoutSeconds", 0),
+        ("spec.transfer.timeoutSeconds", "greater than 0 (got 0)"),
+    ),
+    (
+        "timeout infinite",
+        changed("transfer.timeoutSeconds", float("inf")),
+        ("spec.transfer.timeoutSeconds", "finite number (got inf)"),
+    ),
+    (
+        "timeout with a unit",
+        changed("transfer.timeoutSeconds", "2m"),
+        ("spec.transfer.timeoutSeconds", "valid number (got '2m')"),
+    ),
+    (
+        "refits 0",
+        changed("transfer.refits", 0),
+        ("spec.transfer.refits", "greater than or equal to 1 (got 0)"),
+    ),
+    (
+        "backend empty",
+        changed("transfer.backend", ""),
+        ("spec.transfer.backend", "at least 1 character"),
+    ),
+    (
+        "backend param a number",
+        changed("transfer.backendParams", {"num_workers": 2}),
+        ("spec.transfer.backendParams.num_workers", "valid string (got 2)"),
+    ),
+    (
+        "flag as yes",
+        changed("transfer.shardExpertWeights", "yes"),
+        ("spec.transfer.shardExpertWeights", "valid boolean (got 'yes')"),
+    ),
+    (
+        "unknown signal",
+        changed("preemption.signal", "SIGBOGUS"),
+        ("spec.preemption.signal", "unknown signal name 'SIGBOGUS'"),
+    ),
+    (
+        "SIGKILL",
+        changed("preemption.signal", "SIGKILL"),
+        ("spec.preemption.signal", "'SIGKILL' cannot be caught"),
+    ),
+    (
+        "kill, short",
+        changed("preemption.signal", "kill"),
+        ("spec.preemption.signal", "'kill' cannot be caught"),
+    ),
+    (
+        "signal with a space",
+        changed("preemption.signal", " usr1"),
+        ("spec.preemption.signal", "' usr1' must be ASCII with no surrounding spaces"),
+    ),
+    (
+        "signal by number",
+        changed("preemption.signal", 15),
+        ("spec.preemption.signal", "valid string (got 15)"),
+    ),
+    (
+        "stopSignal needs the full name",
+        changed("preemption", {"signal": "usr1", "injection": "stopSignal"}),
+        ("spec.preemption", "got 'usr1' (write it as 'SIGUSR1')"),
+    ),
+    (
+        "injection unknown",
+        changed("preemption.injection", "sidecar"),
+        ("spec.preemption.injection", "'auto', 'stopSignal' or 'preStop' (got 'sidecar')"),
+    ),
+    (
+        "grace 0",
+        changed("preemption.gracePeriodSeconds", 0),
+        ("spec.preemption.gracePeriodSeconds", "greater than or equal to 1 (got 0)"),
+    ),
+    (
+        "grace over a day",
+        changed("preemption.gracePeriodSeconds", 86401),
+        ("spec.preemption.gracePeriodSeconds", "less than or equal to 86400 (got 86401)"),
+    ),
+    (
+        "max restarts negative",
+        changed("failurePolicy.maxRestarts", -1),
+        ("spec.failurePolicy.maxRestarts", "(got -1)"),
+    ),
+    (
+        "backoff negative",
+        changed("failurePolicy.backoffSeconds", -0.5),
+        ("spec.failurePolicy.backoffSeconds", "(got -0.5)"),
+    ),
+    (
+        "service account flag a string",
+        changed("createServiceAccount", "true"),
+        ("spec.createServiceAccount", "valid boolean (got 'true')"),
+    ),
+    ("suspend as 1", changed("suspend", 1), ("spec.suspend", "valid boolean (got 1)")),
+    (
+        "synthetic dtype float64",
+        changed("weights", {"synthetic": {"dtype": "float64"}}),
+        ("spec.weights.synthetic.dtype", "'bfloat16'", "(got 'float64')"),
+    ),
+    (
+        "synthetic dtype with torch prefix",
+        changed("weights", {"synthetic": {"dtype": "torch.bfloat16"}}),
+        ("spec.weights.synthetic.dtype", "(got 'torch.bfloat16')"),
+    ),
+    ("spec a list", ["image"], ("spec must be an object, got list",)),
+    ("spec a string", "img:1", ("spec must be an object, got str",)),
+]
+
+#: (id, file text, words the loader's message must contain) for whole-manifest problems.
+BAD_FILES: list[tuple[str, str, tuple[str, ...]]] = [
+    ("not YAML", "spec: [unclosed\n", ("not valid YAML",)),
+    (
+        "no RefitJob",
+        "apiVersion: batch/v1\nkind: Job\n",
+        ("expected exactly one object of kind RefitJob, found 0",),
+    ),
+    ("two RefitJobs", "kind: RefitJob\n---\nkind: RefitJob\n", ("found 2",)),
+    (
+        "old apiVersion",
+        "apiVersion: refit.dev/v1\nkind: RefitJob\nmetadata: {name: j}\n",
+        ("apiVersion is 'refit.dev/v1', expected 'refit.dev/v1alpha1'",),
+    ),
+    (
+        "no name",
+        f"apiVersion: {API_VERSION}\nkind: RefitJob\nspec: {{image: i}}\n",
+        ("metadata.name is required",),
+    ),
+    (
+        "name not DNS",
+        f"apiVersion: {API_VERSION}\nkind: RefitJob\nmetadata: {{name: Bad_Job}}\n"
+        "spec: {image: i}\n",
+        ("metadata.name", "'Bad_Job' must be a DNS-1035 label"),
+    ),
+    (
+        "name too long",
+        f"apiVersion: {API_VERSION}\nkind: RefitJob\nmetadata: {{name: {'j' * 60}}}\n"
+        "spec: {image: i}\n",
+        ("metadata.name", "is too long", "over 63 chars"),
+    ),
+    (
+        "no spec",
+        f"apiVersion: {API_VERSION}\nkind: RefitJob\nmetadata: {{name: j}}\n",
+        ("invalid spec: spec must be an object, got NoneType",),
+    ),
+]
+
+
+def manifest_text(spec: Any) -> str:
+    """A whole RefitJob manifest (YAML) around ``spec``."""
+    return yaml.safe_dump(
+        {"apiVersion": API_VERSION, "kind": "RefitJob", "metadata": {"name": "job"}, "spec": spec}
+    )

@@ -1,0 +1,174 @@
+"""The layering holds, and its checks can fail.
+
+- ``lint-imports`` (import-linter, contracts in ``pyproject.toml``) is run on a copy of the
+  source with one violation planted per case, and must refuse it naming the contract; the
+  clean copy passes, so the refusal is the planted line's doing.
+- ``refit_worker.contract`` imports only the standard library and pydantic (an AST scan of
+  each module, and a fresh interpreter that loads them all); its stdlib-only modules load
+  without pydantic (``refit-signal`` runs them as a preStop hook).
+- No test module imports another test module (shared code lives in ``tests/support``).
+
+Real: import-linter run as a subprocess on files on disk, fresh interpreters.  Nothing is
+emulated.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CONTRACT = ROOT / "worker" / "refit_worker" / "contract"
+LINT = (
+    "import sys; from importlinter.cli import lint_imports_command;"
+    " sys.exit(lint_imports_command())"
+)
+
+
+def _copy_tree(dest: Path) -> Path:
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for part in ("operator", "worker"):
+        shutil.copytree(ROOT / part, dest / part, ignore=skip)
+    shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
+    return dest
+
+
+def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
+    # The copy's source roots first on the path, so the copy is what grimp analyses.
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{tree / 'operator'}:{tree / 'worker'}"}
+    return subprocess.run(
+        [sys.executable, "-c", LINT, "--no-cache"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("module", "planted", "contract"),
+    [
+        (
+            "worker/refit_worker/weights.py",
+            "import refit_operator.models",
+            "The worker never imports the operator BROKEN",
+        ),
+        (
+            "operator/refit_operator/render.py",
+            "import refit_worker.session",
+            "The operator imports only refit_worker.contract of the worker BROKEN",
+        ),
+        (
+            "operator/refit_operator/phases.py",
+            "import aiohttp",
+            "Pure operator modules import neither kopf, kubernetes nor aiohttp BROKEN",
+        ),
+        (
+            "worker/refit_worker/checkpoint_engines/planning.py",
+            "from refit_worker import weights",
+            "The checkpoint engines import no other worker module but the contract and waits"
+            " BROKEN",
+        ),
+        (
+            "worker/refit_worker/contract/roles.py",
+            "import torch",
+            "The contract imports nothing else of the project, nor heavy packages BROKEN",
+        ),
+    ],
+    ids=["worker->operator", "operator->worker", "pure->aiohttp", "engine->worker", "contract"],
+)
+def test_lint_imports_refuses_a_planted_violation(
+    tmp_path: Path, module: str, planted: str, contract: str
+) -> None:
+    tree = _copy_tree(tmp_path)
+    clean = _lint(tree)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    target = tree / module
+    target.write_text(target.read_text() + f"\n{planted}  # planted by the test\n")
+    broken = _lint(tree)
+    assert broken.returncode != 0
+    assert contract in broken.stdout, broken.stdout + broken.stderr
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    found |= {
+        n.module
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module and not n.level
+    }
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(CONTRACT.glob("*.py")), ids=lambda p: p.name)
+def test_the_contract_imports_only_the_standard_library_and_pydantic(path: Path) -> None:
+    for name in _imports(path) - {"__future__"}:
+        top = name.split(".")[0]
+        if top == "refit_worker":
+            assert name.startswith("refit_worker.contract."), f"{path.name} imports {name}"
+        else:
+            assert top in sys.stdlib_module_names or top == "pydantic", f"{path.name}: {name}"
+
+
+def _loaded_after(imports: str) -> set[str]:
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        f"{imports}\n"
+        "print(' '.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "worker")}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    # Private names are the interpreter's own (_sysconfigdata_..., _distutils_hack).
+    return {m for m in done.stdout.split() if m not in sys.stdlib_module_names and m[0] != "_"}
+
+
+def test_the_whole_contract_loads_with_pydantic_alone() -> None:
+    stems = sorted(p.stem for p in CONTRACT.glob("*.py") if p.stem != "__init__")
+    loaded = _loaded_after("import " + ", ".join(f"refit_worker.contract.{s}" for s in stems))
+    assert loaded <= {
+        "refit_worker",
+        "pydantic",
+        "pydantic_core",
+        "typing_extensions",
+        "annotated_types",
+        "typing_inspection",
+    }, loaded
+
+
+def test_the_stdlib_parts_of_the_contract_load_without_pydantic() -> None:
+    parts = ("signals", "env", "exits", "roles", "dtypes")
+    loaded = _loaded_after("import " + ", ".join(f"refit_worker.contract.{p}" for p in parts))
+    assert loaded == {"refit_worker"}, loaded
+
+
+def test_no_test_module_imports_another() -> None:
+    offenders = []
+    for path in sorted([*(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                names = [base, *(f"{base}.{a.name}" for a in node.names)]
+            if any(n.rsplit(".", 1)[-1].startswith("test_") for n in names):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == [], "test modules imported as libraries: " + ", ".join(offenders)

@@ -1,0 +1,35 @@
+"""Dtype names: which the wire carries, and which synthetic weights are generated in.
+
+Names are torch's own attribute names (``torch.bfloat16`` → ``"bfloat16"``); the mapping to
+torch dtypes lives in the checkpoint engine (``checkpoint_engines.base``), which is the only
+registry.  Here they are plain ``Literal`` types, so the RefitJob models and the generated
+CRD refuse a dtype the worker cannot use before any pod starts.
+
+Must not import: anything outside the standard library (torch in particular).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+#: What a transfer bucket's manifest may name: anything else is refused by the receiver.
+WireDtype = Literal[
+    "float64",
+    "float32",
+    "float16",
+    "bfloat16",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+    "float8_e4m3fn",
+    "float8_e5m2",
+]
+WIRE_DTYPE_NAMES: tuple[WireDtype, ...] = get_args(WireDtype)
+
+#: What ``SyntheticWeights.dtype`` may be: the dtypes the synthetic model is generated and
+#: advanced in (training and inference dtypes; no float64).
+SyntheticDtype = Literal["float32", "float16", "bfloat16", "float8_e4m3fn", "int8"]
+SYNTHETIC_DTYPE_NAMES: tuple[SyntheticDtype, ...] = get_args(SyntheticDtype)
