@@ -18,12 +18,12 @@ from __future__ import annotations
 import signal as _signal
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from refit_operator.quantity import QUANTITY_PATTERN, QuantityError, parse_quantity
+from refit_operator.quantity import QuantityError, parse_quantity
 from refit_worker.contract.config import SyntheticWeights, TransferKnobs
 from refit_worker.contract.env import ENV_PREFIX
 from refit_worker.contract.rendezvous import MAX_RANKS
@@ -59,6 +59,18 @@ class _Wire(BaseModel):
     model_config = _WIRE
 
 
+#: A non-negative Kubernetes quantity as the API server reads one ('500m', '8Gi', '1e3'):
+#: '8 GB' or 'lots' is refused when the job is applied, not when its pods are created.
+RESOURCE_QUANTITY_PATTERN = (
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+ResourceQuantity = Annotated[str, Field(pattern=RESOURCE_QUANTITY_PATTERN, max_length=64)]
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+#: DNS-1123 subdomain: what names a PersistentVolumeClaim.
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
 class EnvVar(_Wire):
     """An extra environment variable for the worker container."""
 
@@ -74,7 +86,7 @@ class EnvVar(_Wire):
         }
     )
 
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=253)
+    name: str = Field(pattern=ENV_NAME_PATTERN, max_length=253)
     value: str = ""
 
     @field_validator("name")
@@ -90,8 +102,8 @@ class EnvVar(_Wire):
 class Resources(_Wire):
     """Container resources; values are Kubernetes quantities."""
 
-    requests: dict[str, str] = Field(default_factory=dict)
-    limits: dict[str, str] = Field(default_factory=dict)
+    requests: dict[str, ResourceQuantity] = Field(default_factory=dict)
+    limits: dict[str, ResourceQuantity] = Field(default_factory=dict)
 
 
 class RoleSpec(_Wire):
@@ -111,8 +123,34 @@ class RoleSpec(_Wire):
 class SafetensorsVolume(_Wire):
     """A directory of ``*.safetensors`` files on a PersistentVolumeClaim."""
 
-    claim_name: str = Field(min_length=1, max_length=253)
-    path: str = Field("", description="Directory inside the volume.")
+    claim_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="A PersistentVolumeClaim in the job's namespace.",
+    )
+    path: str = Field(
+        "",
+        max_length=1024,
+        description="Directory inside the volume (relative, no '..').",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    # Plain CEL string functions: the API server and the offline judge agree.
+                    "rule": "!self.startsWith('/') && self != '..' && !self.startsWith('../')"
+                    " && !self.endsWith('/..') && !self.contains('/../')",
+                    "message": "path must be relative to the volume, without '..'",
+                }
+            ]
+        },
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _inside_volume(cls, value: str) -> str:
+        if value.startswith("/") or ".." in value.split("/"):
+            raise ValueError(f"path {value!r} must be relative to the volume, without '..'")
+        return value
 
 
 class WeightsSpec(_Wire):
@@ -148,8 +186,7 @@ class TransferSpec(TransferKnobs):
 
     bucket_size: str = Field(
         "64Mi",
-        pattern=QUANTITY_PATTERN,
-        description="e.g. 64Mi",
+        description="Bytes per transfer bucket: a whole number with an optional suffix, e.g. 64Mi",
         json_schema_extra={"pattern": BUCKET_SIZE_PATTERN},
     )
 
@@ -159,7 +196,10 @@ class TransferSpec(TransferKnobs):
         try:
             size = parse_quantity(value)
         except QuantityError as exc:
-            raise ValueError(str(exc)) from exc
+            raise ValueError(
+                f"bucketSize {value!r} is not a whole number of bytes with an optional suffix,"
+                " such as 64Mi, 1Gi or 1048576"
+            ) from exc
         if size <= 0:
             raise ValueError(f"bucketSize {value!r} must be more than 0 bytes")
         if "." in value:
@@ -359,11 +399,22 @@ def parse_status(raw: Any) -> RefitJobStatus:
         return RefitJobStatus()
 
 
+#: Patterns said in words: a regex in an error message helps nobody.
+_PATTERN_WORDS = {
+    RESOURCE_QUANTITY_PATTERN: "must be a Kubernetes quantity such as 500m, 8Gi or 2",
+    DNS_SUBDOMAIN_PATTERN: "must be a DNS-1123 subdomain (lowercase letters, digits, '-', '.')",
+    ENV_NAME_PATTERN: "must be a C identifier (letters, digits, '_'; not starting with a digit)",
+}
+
+
 def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
         where = "spec" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
         got = err.get("input")
         shown = f" (got {got!r})" if err["type"] != "missing" and not isinstance(got, dict) else ""
-        parts.append(f"{where}: {err['msg']}{shown}")
+        message = err["msg"]
+        if err["type"] == "string_pattern_mismatch":
+            message = _PATTERN_WORDS.get(str((err.get("ctx") or {}).get("pattern")), message)
+        parts.append(f"{where}: {message}{shown}")
     return "; ".join(parts)

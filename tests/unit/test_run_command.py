@@ -105,6 +105,16 @@ def test_numeric_name_says_it_must_be_a_string(
     assert "metadata.name must be a string, got int 12345" in err
 
 
+def test_bad_namespace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "apiVersion: refit.dev/v1alpha1\nkind: RefitJob\n"
+        "metadata: {name: x, namespace: 'Bad NS!'}\nspec: {image: i}\n"
+    )
+    err = _refused(["run", str(path)], capsys)
+    assert "metadata.namespace 'Bad NS!' must be a DNS-1123 label" in err
+
+
 def test_operator_without_credentials_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

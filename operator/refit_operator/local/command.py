@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -35,6 +36,7 @@ from refit_operator.models import API_VERSION, InvalidSpecError, RefitJobSpec, p
 from refit_operator.reconcile import Emit
 
 EXIT_FAILED, EXIT_BAD_MANIFEST = 1, 2
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class ManifestError(ValueError):
@@ -74,6 +76,12 @@ def load_manifest(path: Path) -> tuple[dict[str, Any], RefitJobSpec]:
         raise ManifestError(
             f"{path}: metadata.name must be a string, got {type(meta['name']).__name__}"
             f" {meta['name']!r} (quote it in YAML)"
+        )
+    namespace = meta.get("namespace", "default")
+    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
+        raise ManifestError(
+            f"{path}: metadata.namespace {namespace!r} must be a DNS-1123 label"
+            " (lowercase letters, digits and '-', at most 63 characters)"
         )
     try:
         spec = parse_spec(manifest.get("spec"))
