@@ -217,3 +217,24 @@ def test_bad_manifest_starts_nothing(tmp_path: Path, text: str, expected: str) -
     assert done.returncode == 2, done.stdout + done.stderr
     assert expected in done.stderr
     assert not workdir.exists()  # nothing was started, not even a working directory
+
+
+def test_safetensors_from_a_mapped_claim(tmp_path: Path) -> None:
+    """A checkpoint on a 'claim' served from a local directory, with integer tensors."""
+    import torch
+    from safetensors.torch import save_file
+
+    ckpt = tmp_path / "volume" / "step-100"
+    ckpt.mkdir(parents=True)
+    save_file(
+        {"w": torch.randn(64, 64), "positions": torch.arange(128, dtype=torch.int64)},
+        str(ckpt / "model.safetensors"),
+    )
+    path = _manifest(tmp_path, **{"transfer.refits": 2})
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["weights"] = {"safetensors": {"claimName": "ckpt", "path": "step-100"}}
+    path.write_text(yaml.safe_dump(doc))
+    done = _run([str(path), "--plain", "--claim", f"ckpt={tmp_path / 'volume'}"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "phase=Succeeded" in done.stdout
+    assert "refits 2/2" in done.stdout

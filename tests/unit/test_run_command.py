@@ -171,3 +171,32 @@ def test_sweep_removes_only_dirs_of_dead_owners(tmp_path: Path) -> None:
     assert sorted(removed) == sorted([dead, recycled])
     assert mine.exists() and foreign.exists()
     assert not dead.exists() and not recycled.exists()
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"weights": {"synthetic": {"hidden": 1_000_000}}}, "more than this machine's"),
+        ({"rollout": {"replicas": 100}}, "102 worker processes"),
+    ],
+)
+def test_a_job_too_large_for_the_machine_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: dict[str, object], expected: str
+) -> None:
+    err = _refused(["run", str(_local(tmp_path, **spec))], capsys)
+    assert expected in err and "--skip-resource-check" in err
+
+
+def test_safetensors_needs_its_claim_mapped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = _local(tmp_path, weights={"safetensors": {"claimName": "ckpt", "path": "m"}})
+    err = _refused(["run", str(job)], capsys)
+    assert "claimName 'ckpt': a local run has no PersistentVolumeClaims" in err
+    assert "--claim ckpt=DIR" in err
+    err = _refused(["run", str(job), "--claim", f"ckpt={tmp_path}"], capsys)
+    assert f"no *.safetensors files in {tmp_path / 'm'}" in err
+    err = _refused(["run", str(job), "--claim", f"ckpt={tmp_path / 'nope'}"], capsys)
+    assert "not a directory" in err
+    err = _refused(["run", str(job), "--claim", "ckpt"], capsys)
+    assert "expected NAME=DIR" in err

@@ -30,10 +30,11 @@ from typing import Any, TextIO
 import yaml
 
 from refit_operator import names
-from refit_operator.local import view, workdir
+from refit_operator.local import sizing, view, workdir
 from refit_operator.local.runner import LocalCluster, RunOptions, run_job
 from refit_operator.models import API_VERSION, InvalidSpecError, RefitJobSpec, parse_spec
 from refit_operator.reconcile import Emit
+from refit_worker.contract.synthetic import synthetic_nbytes
 
 EXIT_FAILED, EXIT_BAD_MANIFEST = 1, 2
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -156,7 +157,28 @@ def add_parser(sub: Any) -> None:
     run.add_argument(
         "--plain", action="store_true", help="log lines even on a terminal (no live view)"
     )
+    run.add_argument(
+        "--claim",
+        action="append",
+        default=[],
+        type=_claim,
+        metavar="NAME=DIR",
+        help="serve PersistentVolumeClaim NAME from local directory DIR (repeat); a "
+        "safetensors job needs its weights.safetensors.claimName mapped",
+    )
+    run.add_argument(
+        "--skip-resource-check",
+        action="store_true",
+        help="start even when the job looks too large for this machine",
+    )
     run.set_defaults(func=cmd_run)
+
+
+def _claim(text: str) -> tuple[str, Path]:
+    name, sep, directory = text.partition("=")
+    if not sep or not name or not directory:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=DIR")
+    return name, Path(directory).expanduser().resolve()
 
 
 class _Output:
@@ -205,23 +227,70 @@ def _check_args(args: argparse.Namespace, job: str, spec: RefitJobSpec) -> str |
     return None
 
 
-def _prepare(args: argparse.Namespace) -> tuple[dict[str, Any], RefitJobSpec]:
-    """The manifest and spec, with the flags checked against them; ManifestError if not."""
+def _claims(args: argparse.Namespace, spec: RefitJobSpec) -> tuple[dict[str, Path], int | None]:
+    """The claim map, and the size of the model the job streams (None: unknown)."""
+    claims = dict(args.claim)
+    for name, directory in claims.items():
+        if not directory.is_dir():
+            raise ManifestError(f"--claim {name}={directory}: not a directory")
+    source = spec.weights.safetensors
+    if source is None:
+        synthetic = spec.weights.synthetic
+        return claims, synthetic_nbytes(synthetic) if synthetic is not None else None
+    if source.claim_name not in claims:
+        raise ManifestError(
+            f"spec.weights.safetensors.claimName {source.claim_name!r}: a local run has no "
+            f"PersistentVolumeClaims; map it to a directory with --claim "
+            f"{source.claim_name}=DIR"
+        )
+    where = claims[source.claim_name] / source.path
+    files = sorted(where.glob("*.safetensors"))
+    if not files:
+        raise ManifestError(f"no *.safetensors files in {where} (claim {source.claim_name})")
+    return claims, sum(f.stat().st_size for f in files)
+
+
+def _check_resources(args: argparse.Namespace, spec: RefitJobSpec, model: int | None) -> None:
+    if args.skip_resource_check:
+        return
+    verdict, sentence = sizing.judge(
+        sizing.estimate(spec, model), _available_memory(), len(os.sched_getaffinity(0))
+    )
+    if verdict == "refuse":
+        raise ManifestError(sentence)
+    if verdict == "warn":
+        print(f"refit run: warning: {sentence}", file=sys.stderr)
+
+
+def _available_memory() -> int:
+    """MemAvailable from /proc/meminfo, in bytes (what the kernel can give without swap)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def _prepare(
+    args: argparse.Namespace,
+) -> tuple[dict[str, Any], RefitJobSpec, dict[str, Path]]:
+    """The manifest, spec and claim map, with the flags checked; ManifestError if not."""
     manifest, spec = load_manifest(args.manifest)
     problem = _check_args(args, str(manifest["metadata"]["name"]), spec)
     if problem is not None:
         raise ManifestError(problem)
+    claims, model = _claims(args, spec)
+    _check_resources(args, spec, model)
     if args.workdir is not None:
         try:
             args.workdir = workdir.check_given(args.workdir)
         except workdir.WorkdirError as exc:
             raise ManifestError(str(exc)) from exc
-    return manifest, spec
+    return manifest, spec, claims
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     try:
-        manifest, spec = _prepare(args)
+        manifest, spec, claims = _prepare(args)
     except ManifestError as exc:
         print(f"refit run: {exc}", file=sys.stderr)
         return EXIT_BAD_MANIFEST
@@ -272,6 +341,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
                 drain_after=args.drain_after,
                 drain_pod=args.drain_pod,
                 timeout=args.timeout,
+                claims=claims,
             ),
             on_tick=on_tick,
             on_event=on_event,

@@ -85,10 +85,13 @@ class ProcessKubelet:
         rewrite_env: EnvRewrite | None = None,
         base_env: Mapping[str, str] | None = None,
         die_with_parent: bool = False,
+        claims: Mapping[str, Path] | None = None,
     ) -> None:
         # Absolute: each pod's process runs with its own directory as cwd.
         self.workdir = Path(workdir).resolve()
         self._die_with_parent = die_with_parent
+        #: PersistentVolumeClaim name -> the local directory that serves it.
+        self._claims = dict(claims or {})
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._rewrite = rewrite_env
         # The project's console scripts (refit-worker, refit-signal) live beside this Python.
@@ -231,7 +234,7 @@ class ProcessKubelet:
 
     def _container_env(self, pod: Mapping[str, Any], root: Path) -> dict[str, str]:
         container = pod["spec"]["containers"][0]
-        mounts = _empty_dir_mounts(pod, root)
+        mounts = _volume_mounts(pod, root, self._claims)
         env: dict[str, str] = {}
         for item in container.get("env") or []:
             if "value" in item:
@@ -333,12 +336,26 @@ def _argv(pod: Mapping[str, Any]) -> list[str]:
     return argv
 
 
-def _empty_dir_mounts(pod: Mapping[str, Any], root: Path) -> dict[str, Path]:
-    volumes = {v["name"] for v in pod["spec"].get("volumes") or [] if "emptyDir" in v}
+def _volume_mounts(
+    pod: Mapping[str, Any], root: Path, claims: Mapping[str, Path]
+) -> dict[str, Path]:
+    """Mount path -> local directory: emptyDirs per pod, claims from the node's map."""
+    local_dirs: dict[str, Path] = {}
+    for volume in pod["spec"].get("volumes") or []:
+        if "emptyDir" in volume:
+            local_dirs[volume["name"]] = root / "volumes" / volume["name"]
+        elif "persistentVolumeClaim" in volume:
+            claim = str(volume["persistentVolumeClaim"].get("claimName", ""))
+            if claim not in claims:
+                raise KubeletError(
+                    f"pod {pod['metadata']['name']}: volume {volume['name']!r} needs "
+                    f"PersistentVolumeClaim {claim!r}, which this node does not serve"
+                )
+            local_dirs[volume["name"]] = claims[claim]
     mounts: dict[str, Path] = {}
     for mount in pod["spec"]["containers"][0].get("volumeMounts") or []:
-        if mount["name"] in volumes:
-            local = root / "volumes" / mount["name"]
+        local = local_dirs.get(mount["name"])
+        if local is not None:
             local.mkdir(parents=True, exist_ok=True)
             mounts[str(mount["mountPath"]).rstrip("/")] = local
     root.mkdir(parents=True, exist_ok=True)

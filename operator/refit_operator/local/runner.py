@@ -31,8 +31,8 @@ from refit_operator.local.workdir import create_own
 from refit_operator.models import Phase, RefitJobSpec, RefitJobStatus
 from refit_operator.observe import observe
 from refit_operator.reconcile import Create, Decision, Delete, Emit, JobView, reconcile
-from refit_operator.render import JobRef, RenderOptions
-from refit_worker.contract.config import RendezvousConfig, WorkerConfig
+from refit_operator.render import WEIGHTS_DIR, JobRef, RenderOptions
+from refit_worker.contract.config import RendezvousConfig, SafetensorsWeights, WorkerConfig
 from refit_worker.contract.rendezvous import EntryError, Layout, read_snapshot
 from refit_worker.rendezvous.file_store import FileStore
 
@@ -50,6 +50,8 @@ class RunOptions:
     drain_pod: str | None = None
     #: Give up (and stop everything) after this many seconds.
     timeout: float = 3600.0
+    #: PersistentVolumeClaim name -> local directory (a safetensors job's weights).
+    claims: Mapping[str, Path] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -87,21 +89,36 @@ class RunResult:
 class LocalCluster:
     """The few objects a job owns, held in memory; pods live in the process kubelet."""
 
-    def __init__(self, job: JobRef, spec: RefitJobSpec, workdir: Path) -> None:
+    def __init__(
+        self,
+        job: JobRef,
+        spec: RefitJobSpec,
+        workdir: Path,
+        claims: Mapping[str, Path] | None = None,
+    ) -> None:
         self.job, self.spec = job, spec
         self.workdir = workdir
+        source = spec.weights.safetensors
+        #: Where the weights volume's files are on this machine (a safetensors job).
+        self.weights_dir = (claims or {}).get(source.claim_name) if source else None
         policy, rollout = spec.policy.replicas, spec.rollout.replicas
         self.layout = Layout(policy, rollout, names.rendezvous_shards(policy, rollout))
         self.store_dir = workdir / "rendezvous"
         self.store = FileStore(self.store_dir, self.layout)
         # Workers die with `refit run` even when it is killed with SIGKILL.
-        self.kubelet = ProcessKubelet(workdir, rewrite_env=self._local_env, die_with_parent=True)
+        self.kubelet = ProcessKubelet(
+            workdir, rewrite_env=self._local_env, die_with_parent=True, claims=claims
+        )
         self.others: dict[tuple[str, str], dict[str, Any]] = {}
         self._ports = LoopbackPorts()
 
     def _local_env(self, pod: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
         return local_env(
-            env, port=self._ports.for_pod(pod), store_dir=self.store_dir, shards=self.layout.shards
+            env,
+            port=self._ports.for_pod(pod),
+            store_dir=self.store_dir,
+            shards=self.layout.shards,
+            weights_dir=self.weights_dir,
         )
 
     def observed_rendezvous(self) -> dict[str, dict[str, str]]:
@@ -143,16 +160,26 @@ class LocalCluster:
 
 
 def local_env(
-    env: Mapping[str, str], *, port: int, store_dir: Path | None = None, shards: int = 1
+    env: Mapping[str, str],
+    *,
+    port: int,
+    store_dir: Path | None = None,
+    shards: int = 1,
+    weights_dir: Path | None = None,
 ) -> dict[str, str]:
     """What one host changes in a rendered pod's env: the role's rendezvous on loopback at
-    ``port`` and, with ``store_dir``, the file-backed store instead of the ConfigMaps."""
+    ``port``; with ``store_dir``, the file-backed store instead of the ConfigMaps; with
+    ``weights_dir``, the weights volume's mount path replaced by that directory."""
     config = WorkerConfig.from_env(env)
     update: dict[str, Any] = {"master_addr": "127.0.0.1", "master_port": port}
     if store_dir is not None:
         update["rendezvous"] = RendezvousConfig(
             store="file", location=str(store_dir), shards=shards
         )
+    weights = config.weights
+    if weights_dir is not None and isinstance(weights, SafetensorsWeights):
+        inside = weights.path.removeprefix(WEIGHTS_DIR).lstrip("/")
+        update["weights"] = weights.model_copy(update={"path": str(weights_dir / inside)})
     return {**env, **config.model_copy(update=update).to_env()}
 
 
@@ -192,7 +219,7 @@ def run_job(
     own_dir = options.workdir is None
     # Absolute: every pod runs in a directory of its own, so a relative path would miss.
     workdir = create_own(job.name) if options.workdir is None else options.workdir.resolve()
-    cluster = LocalCluster(job, spec, workdir)
+    cluster = LocalCluster(job, spec, workdir, options.claims)
     view = JobView(job, int(meta.get("generation") or 1), manifest["spec"], RefitJobStatus())
     result = RunResult(view.status)
     started = time.monotonic()
