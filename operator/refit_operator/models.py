@@ -15,6 +15,7 @@ it); of the worker only ``refit_worker.contract``.
 
 from __future__ import annotations
 
+import re
 import signal as _signal
 from datetime import datetime
 from enum import StrEnum
@@ -193,13 +194,14 @@ class TransferSpec(TransferKnobs):
     @field_validator("bucket_size")
     @classmethod
     def _positive(cls, value: str) -> str:
+        unreadable = ValueError(
+            f"bucketSize {value!r} is not a whole number of bytes with an optional suffix,"
+            " such as 64Mi, 1Gi or 1048576"
+        )
         try:
             size = parse_quantity(value)
         except QuantityError as exc:
-            raise ValueError(
-                f"bucketSize {value!r} is not a whole number of bytes with an optional suffix,"
-                " such as 64Mi, 1Gi or 1048576"
-            ) from exc
+            raise unreadable from exc
         if size <= 0:
             raise ValueError(f"bucketSize {value!r} must be more than 0 bytes")
         if "." in value:
@@ -207,6 +209,9 @@ class TransferSpec(TransferKnobs):
                 f"bucketSize {value!r} must be a whole number with an optional"
                 f" suffix, without a fraction: write {str(size)!r}"
             )
+        # Last, the CRD's own pattern: the API server and the models refuse alike.
+        if not re.fullmatch(BUCKET_SIZE_PATTERN, value):
+            raise unreadable
         return value
 
     @property
@@ -367,8 +372,14 @@ class RefitJobStatus(_Status):
     refits_completed: int = 0
     #: Bytes rollout ranks received, over all epochs.
     bytes_transferred: int = 0
-    #: bytes_transferred when the current epoch began (the epoch's own bytes come on top).
+    #: Bytes of the epochs before the current one (the epoch's own bytes come on top).
     bytes_before_epoch: int = 0
+    #: Of those, the bytes the previous epoch's ranks reported: reports that land after the
+    #: gang stopped are added until its rendezvous is cleared.
+    previous_epoch_bytes: int = 0
+    #: How every committed refit was checked, as the rollout ranks reported: "bit-exact",
+    #: "checksums", "manifest" or "none" (the weakest any rank applied).
+    verification: str = "none"
     last_throughput_bytes_per_second: float | None = None
     start_time: datetime | None = None
     completion_time: datetime | None = None

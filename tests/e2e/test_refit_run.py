@@ -238,3 +238,73 @@ def test_safetensors_from_a_mapped_claim(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "phase=Succeeded" in done.stdout
     assert "refits 2/2" in done.stdout
+
+
+def _rows_and_total(out: str) -> tuple[list[int], int]:
+    """Bytes of each per-refit row of the summary, and the summary's bytes line."""
+    units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    rows, total = [], None
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) >= 5 and words[1].isdigit() and words[3] in units:
+            rows.append(round(float(words[2]) * units[words[3]]))
+        if line.strip().startswith("refits ") and " bytes " in line:
+            number, unit = line.split(" bytes ")[1].split()[:2]
+            total = round(float(number) * units[unit])
+    assert total is not None, out
+    return rows, total
+
+
+@pytest.mark.parametrize("run", range(2))
+def test_summary_rows_add_up_to_the_total(tmp_path: Path, run: int) -> None:
+    done = _run([str(ROOT / "examples" / "local.yaml"), "--plain"], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows, total = _rows_and_total(done.stdout)
+    assert rows and sum(rows) == total, done.stdout
+    assert "verification: bit-exact" in done.stdout
+
+
+def test_pods_that_do_nothing_do_not_succeed(tmp_path: Path) -> None:
+    """``command: [/bin/true]`` exits 0 everywhere and moves nothing."""
+    path = _manifest(
+        tmp_path,
+        **{
+            "policy.command": ["/bin/true"],
+            "rollout.command": ["/bin/true"],
+            "failurePolicy.maxRestarts": 0,
+        },
+    )
+    done = _run([str(path), "--plain"], timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout
+    assert "Failed" in out and "Succeeded" not in out
+    assert "reported 0 of 3 refits committed" in out
+    assert "refits 0/3" in out
+    assert "verification: nothing committed, nothing verified" in out
+    assert "bit-exact" not in out
+
+
+def test_a_failing_worker_says_why(tmp_path: Path) -> None:
+    """A Python exception in a worker reaches the job's status and the summary."""
+    path = _manifest(
+        tmp_path,
+        **{
+            "policy.command": [sys.executable, "-c", "raise ValueError('trainer exploded')"],
+            "failurePolicy.maxRestarts": 0,
+        },
+    )
+    done = _run([str(path), "--plain"], timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout
+    assert "message: " in out and "ValueError: trainer exploded" in out.split("message: ")[1]
+    assert "last lines of e2e-run-policy-0's log:" in out
+    assert "| ValueError: trainer exploded" in out
+
+
+def test_the_worker_writes_its_own_reason(tmp_path: Path) -> None:
+    """refit-worker's termination message: its exception, not a log line."""
+    path = _manifest(tmp_path, **{"transfer.backend": "BOGUS", "failurePolicy.maxRestarts": 0})
+    done = _run([str(path), "--plain"], timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    message = done.stdout.split("message: ")[1].splitlines()[0]
+    assert "failed: exit code 1: " in message and "BOGUS" in message, message

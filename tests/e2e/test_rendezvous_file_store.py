@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = r"""
 import json, sys
 from refit_worker.rendezvous import FileStore, Member, PreemptedError, RendezvousTimeout
-from refit_worker.contract.rendezvous import Layout
+from refit_worker.contract.rendezvous import Layout, RefitReport
 order = json.loads(sys.argv[1])
 store = FileStore(order["dir"], Layout(*order["layout"]))
 me = Member(order["role"], order["rank"], order["epoch"], order["uid"])
@@ -46,7 +46,7 @@ try:
     peers = store.peers(me, barrier)
     out["peers"] = {f"{r}.{k}": json.loads(e.agent)["agent"] for (r, k), e in peers.items()}
     store.write_progress(me, state="done", refits_completed=1, bytes_total=100,
-                         last_refit_seconds=0.5, last_refit_bytes=100)
+                         recent=(RefitReport(refit=0, bytes=100, seconds=0.5),))
     if order.get("await_preempt"):
         out["notice"] = store.wait_preemption(me, timeout=order["timeout"]).reason
 except PreemptedError as exc:
@@ -60,7 +60,7 @@ print(json.dumps(out), flush=True)
 WRITER = r"""
 import json, sys
 from refit_worker.rendezvous import FileStore, Member
-from refit_worker.contract.rendezvous import Layout
+from refit_worker.contract.rendezvous import Layout, RefitReport
 order = json.loads(sys.argv[1])
 store = FileStore(order["dir"], Layout(*order["layout"]))
 me = Member(order["role"], order["rank"], 0, order["uid"])
@@ -73,7 +73,7 @@ for i in range(order["count"]):
 READER = r"""
 import json, sys, time
 from refit_worker.rendezvous import FileStore
-from refit_worker.contract.rendezvous import Layout
+from refit_worker.contract.rendezvous import Layout, RefitReport
 order = json.loads(sys.argv[1])
 store = FileStore(order["dir"], Layout(*order["layout"]))
 reads, end = 0, time.monotonic() + order["seconds"]

@@ -69,6 +69,8 @@ class _Pod:
     finished: str | None = None
     stopping: threading.Thread | None = None
     conditions: list[dict[str, Any]] = field(default_factory=list)
+    #: The container's termination message, read when it exited (as a kubelet does).
+    message: str = ""
 
     @property
     def name(self) -> str:
@@ -235,6 +237,8 @@ class ProcessKubelet:
     def _container_env(self, pod: Mapping[str, Any], root: Path) -> dict[str, str]:
         container = pod["spec"]["containers"][0]
         mounts = _volume_mounts(pod, root, self._claims)
+        # As a node bind-mounts a file there: the container's termination message file.
+        mounts[_termination_path(container)] = root / TERMINATION_FILE
         env: dict[str, str] = {}
         for item in container.get("env") or []:
             if "value" in item:
@@ -255,6 +259,7 @@ class ProcessKubelet:
                     "exitCode": code,
                     "finishedAt": pod.finished,
                     "reason": "Completed" if code == 0 else "Error",
+                    **({"message": pod.message} if pod.message else {}),
                 }
             }
         ready = "True" if code is None else "False"
@@ -281,6 +286,7 @@ class ProcessKubelet:
                 # Kubernetes reports a signal death as 128 + signal number.
                 pod.exit_code = 128 - code if code < 0 else code
                 pod.finished = _now()
+                pod.message = _termination_message(pod)
                 self.exit_codes[(pod.name, pod.manifest["metadata"]["uid"])] = pod.exit_code
 
     def _terminate(self, pod: _Pod, grace: float) -> None:
@@ -309,6 +315,34 @@ class ProcessKubelet:
             pod.process.wait(10)
         # Children the main process left behind go with its group, as in a container.
         _kill_group(pod.process)
+
+
+#: The file in a pod's directory that stands for its termination message path.
+TERMINATION_FILE = "termination-log"
+#: What a kubelet keeps: 4096 bytes of the file; of the log, the last 80 lines or 2048 bytes.
+_MESSAGE_BYTES, _LOG_LINES, _LOG_BYTES = 4096, 80, 2048
+
+
+def _termination_path(container: Mapping[str, Any]) -> str:
+    return str(container.get("terminationMessagePath") or "/dev/termination-log").rstrip("/")
+
+
+def _termination_message(pod: _Pod) -> str:
+    """The container's message file or, with FallbackToLogsOnError and a failed exit and no
+    message, the end of its log: what a kubelet reports as ``terminated.message``."""
+    try:
+        text = (pod.root / TERMINATION_FILE).read_bytes()[:_MESSAGE_BYTES]
+    except OSError:
+        text = b""
+    container = pod.manifest["spec"]["containers"][0]
+    fallback = container.get("terminationMessagePolicy") == "FallbackToLogsOnError"
+    if not text.strip() and fallback and pod.exit_code not in (None, 0):
+        try:
+            lines = pod.log_path.read_bytes().splitlines()[-_LOG_LINES:]
+        except OSError:
+            lines = []
+        text = b"\n".join(lines)[-_LOG_BYTES:]
+    return text.decode("utf-8", errors="replace").strip()
 
 
 def _with_uid(manifest: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,17 +27,20 @@ from typing import Any
 from refit_operator import names
 from refit_operator.coordinate import PatchData, merged
 from refit_operator.local.kubelet import KubeletError, ProcessKubelet
+from refit_operator.local.ledger import RefitLedger
 from refit_operator.local.workdir import create_own
 from refit_operator.models import Phase, RefitJobSpec, RefitJobStatus
-from refit_operator.observe import observe
+from refit_operator.observe import Observed, observe
 from refit_operator.reconcile import Create, Decision, Delete, Emit, JobView, reconcile
 from refit_operator.render import WEIGHTS_DIR, JobRef, RenderOptions
 from refit_worker.contract.config import RendezvousConfig, SafetensorsWeights, WorkerConfig
-from refit_worker.contract.rendezvous import EntryError, Layout, read_snapshot
+from refit_worker.contract.rendezvous import Layout
 from refit_worker.rendezvous.file_store import FileStore
 
 #: How often the loop observes and reconciles.
 TICK_S = 0.2
+#: Lines of a failed pod's log that the summary shows.
+FAILED_LOG_LINES = 12
 
 FINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 
@@ -54,28 +57,13 @@ class RunOptions:
     claims: Mapping[str, Path] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class RefitRecord:
-    """One refit as the rollout ranks reported it."""
-
-    index: int
-    epoch: int
-    #: Bytes all rollout ranks received for it.
-    bytes: int
-    #: Time of the slowest rollout rank.
-    seconds: float
-
-    @property
-    def gbps(self) -> float:
-        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
-
-
 @dataclass
 class RunResult:
     status: RefitJobStatus
-    refits: list[RefitRecord] = field(default_factory=list)
-    #: (epoch, refit) -> rollout rank -> (bytes, seconds), as reported.
-    per_rank: dict[tuple[int, int], dict[int, tuple[int, float]]] = field(default_factory=dict)
+    #: Every refit the rollout ranks reported, itemised where they did (see ledger.py).
+    ledger: RefitLedger = field(default_factory=RefitLedger)
+    #: Pod name -> the last lines of its log, for each pod that failed (kept past clean-up).
+    failed_logs: dict[str, str] = field(default_factory=dict)
     events: list[Emit] = field(default_factory=list)
     drained: str | None = None
     interrupted: bool = False
@@ -234,6 +222,9 @@ def run_job(
             observed = observe(
                 cluster.kubelet.pods(), list(cluster.others.values()), cluster.observed_rendezvous()
             )
+            # Before the decision is applied: a new epoch clears what the old one reported.
+            result.ledger.ingest(merged(observed.rendezvous))
+            _keep_failed_logs(result, cluster, observed)
             decision = reconcile(view, observed, datetime.now(UTC), RenderOptions())
             try:
                 cluster.apply(decision, emit)
@@ -244,7 +235,6 @@ def run_job(
                     update={"phase": Phase.FAILED, "message": str(exc)}
                 )
                 return result
-            _record_refits(result, cluster, decision.status.epoch)
             view = JobView(view.ref, view.generation, view.raw_spec, decision.status)
             result.status = decision.status
             on_tick(decision.status, cluster)
@@ -284,28 +274,8 @@ def run_job(
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _record_refits(result: RunResult, cluster: LocalCluster, epoch: int) -> None:
-    """Per-refit figures from the rollout ranks' own reports (bytes summed, time of the
-    slowest rank); a refit some rank finished between two ticks is filled in once seen."""
-    try:
-        snap = read_snapshot(
-            merged(cluster.observed_rendezvous()),
-            epoch,
-            cluster.layout.policy_world_size,
-            cluster.layout.rollout_world_size,
-        )
-    except EntryError:
-        return  # the reconcile reports a bad entry in the status
-    for (role, rank), entry in snap.progress.items():
-        if role == "rollout" and entry.refits_completed > 0 and entry.last_refit_bytes:
-            key = (epoch, entry.refits_completed - 1)
-            result.per_rank.setdefault(key, {})[rank] = (
-                entry.last_refit_bytes,
-                entry.last_refit_seconds,
-            )
-    result.refits = [
-        RefitRecord(
-            index, ep, sum(b for b, _ in ranks.values()), max(sec for _, sec in ranks.values())
-        )
-        for (ep, index), ranks in sorted(result.per_rank.items(), key=lambda kv: kv[0][::-1])
-    ]
+def _keep_failed_logs(result: RunResult, cluster: LocalCluster, observed: Observed) -> None:
+    """The tail of each failed pod's log, read before the run's files go."""
+    for pod in observed.pods:
+        if pod.failure and pod.name not in result.failed_logs:
+            result.failed_logs[pod.name] = cluster.kubelet.log_tail(pod.name, FAILED_LOG_LINES)
