@@ -1,8 +1,7 @@
-"""The ``refit`` command: ``refit crd`` prints the CRD, ``refit operator`` runs the operator.
+"""The ``refit`` command: ``run`` (a RefitJob on this machine), ``operator``, ``crd``.
 
-Subcommands are small functions registered in :func:`build_parser`; a later ``refit run
-MANIFEST`` (local runner) adds one more without touching the others.  kopf is imported only
-by the ``operator`` subcommand.
+Subcommands are small functions registered in :func:`build_parser`; ``refit run`` lives in
+``refit_operator.local.command``.  kopf is imported only by the ``operator`` subcommand.
 
 Must not import at module level: kopf, kubernetes, the handlers (``refit crd`` needs none).
 """
@@ -11,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 from collections.abc import Sequence
 
@@ -25,11 +25,20 @@ def _cmd_crd(args: argparse.Namespace) -> int:
 def _cmd_operator(args: argparse.Namespace) -> int:
     import kopf
 
+    from refit_operator import kube
     from refit_operator.handlers import run
     from refit_operator.settings import OperatorConfig
 
-    if args.resync <= 0:
-        raise SystemExit(f"refit operator: --resync must be more than 0 seconds, got {args.resync}")
+    try:
+        # Fail now with one line, not once per kopf retry: without credentials nothing works.
+        kube.load_credentials()
+    except Exception as exc:  # the client's loader raises several types for one cause
+        print(
+            f"refit operator: cannot find the Kubernetes API: {exc} (not in a cluster, and "
+            "no usable KUBECONFIG or ~/.kube/config)",
+            file=sys.stderr,
+        )
+        return 2
     config = OperatorConfig(
         namespaces=tuple(args.namespace or ()),
         stop_signal_supported=args.stop_signal_supported,
@@ -41,25 +50,64 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number > 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="refit", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    crd = sub.add_parser("crd", help="print the RefitJob CRD (YAML)")
-    crd.set_defaults(func=_cmd_crd)
-    op = sub.add_parser("operator", help="run the kopf operator")
-    op.add_argument("--namespace", "-n", action="append", help="serve this namespace (repeat)")
+    from refit_operator import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="refit",
+        description="kube-refit: stream RL policy weights to rollout ranks over NIXL, on "
+        "Kubernetes or on this machine.",
+        epilog="Start with 'refit run examples/local.yaml' (no cluster needed); "
+        "'refit COMMAND --help' explains each command.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from refit_operator.local.command import add_parser as add_run
+
+    add_run(sub)
+    op = sub.add_parser(
+        "operator",
+        help="run the operator against the cluster of the current kubeconfig",
+        description="Run the kopf operator that reconciles RefitJobs. Credentials: the "
+        "in-cluster service account, else KUBECONFIG or ~/.kube/config.",
+    )
+    op.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        help="serve this namespace (repeat for several; default: all namespaces)",
+    )
     op.add_argument("--liveness", metavar="URL", help="e.g. http://0.0.0.0:8080/healthz")
     op.add_argument(
         "--stop-signal-supported",
         action="store_true",
         help="the cluster honours lifecycle.stopSignal (k8s >= 1.33, ContainerStopSignals)",
     )
-    op.add_argument("--resync", type=float, default=60.0, metavar="SECONDS")
-    op.add_argument("--verbose", action="store_true")
+    op.add_argument(
+        "--resync",
+        type=_positive_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="reconcile every job at least this often, events or not (default 60)",
+    )
+    op.add_argument("--verbose", action="store_true", help="log kopf's and the API's details")
     op.set_defaults(func=_cmd_operator)
-    from refit_operator.local.command import add_parser as add_run
-
-    add_run(sub)
+    crd = sub.add_parser(
+        "crd",
+        help="print the RefitJob CRD as YAML (what the chart installs)",
+        description="Print the RefitJob CustomResourceDefinition generated from the models.",
+    )
+    crd.set_defaults(func=_cmd_crd)
     return parser
 
 

@@ -17,6 +17,8 @@ FAILED = "Failed"
 SUSPENDED = "Suspended"
 RESTARTING = "Restarting"
 RENDEZVOUS = "RendezvousReadable"
+#: Every rank of the epoch published its metadata and the barrier is open.
+CONNECTED = "Connected"
 
 Truth = Literal["True", "False", "Unknown"]
 

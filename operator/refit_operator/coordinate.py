@@ -44,6 +44,10 @@ class Coordination:
     progress: ProgressSummary | None = None
     #: Why the rendezvous cannot be read (a bad entry, named by key); None when fine.
     problem: str | None = None
+    #: Ranks of the epoch that published their metadata, and whether the barrier is open
+    #: (or opens with these patches): the ranks are connecting until it is.
+    published: int = 0
+    barrier_open: bool = False
 
 
 def merged(rendezvous: Mapping[str, Mapping[str, str]] | None) -> dict[str, str]:
@@ -66,13 +70,41 @@ def coordinate(
     policy, rollout = world
     try:
         snap = read_snapshot(merged(rendezvous), epoch, policy, rollout)
-        patches: tuple[PatchData, ...] = ()
-        if snap.barrier is None and barrier_ready(snap, policy, rollout, pod_uids):
-            value = encode_entry(BARRIER_KEY, make_barrier(snap, policy, rollout))
-            patches = (PatchData(names.rendezvous_name(job), {BARRIER_KEY: value}),)
-        return Coordination(patches, aggregate_progress(snap, policy, rollout))
+        ready = barrier_ready(snap, policy, rollout, pod_uids)
+        want = make_barrier(snap, policy, rollout) if ready else None
+        progress = aggregate_progress(snap, policy, rollout)
     except EntryError as exc:
         return Coordination(problem=str(exc))
+    shard0 = names.rendezvous_name(job)
+    if snap.barrier == want:
+        return Coordination((), progress, None, len(snap.meta), want is not None)
+    if snap.barrier is None and want is not None:  # every rank published: open it
+        patch = PatchData(shard0, {BARRIER_KEY: encode_entry(BARRIER_KEY, want)})
+        return Coordination((patch,), progress, None, len(snap.meta), True)
+    # Only the operator writes the barrier: one it would not have written is replaced by
+    # the true one, or removed while ranks are still missing.
+    value = encode_entry(BARRIER_KEY, want) if want is not None else None
+    problem = (
+        f"rendezvous key {BARRIER_KEY!r}: a barrier of epoch {epoch} the operator did not "
+        f"write; {'rewritten' if want is not None else 'removed until every rank publishes'}"
+    )
+    return Coordination(
+        (PatchData(shard0, {BARRIER_KEY: value}),),
+        progress,
+        problem,
+        len(snap.meta),
+        want is not None,
+    )
+
+
+def progress_of(
+    rendezvous: Mapping[str, Mapping[str, str]] | None, *, epoch: int, world: tuple[int, int]
+) -> ProgressSummary | None:
+    """What the ranks of ``epoch`` reported, or None when it cannot be read."""
+    try:
+        return aggregate_progress(read_snapshot(merged(rendezvous), epoch, *world), *world)
+    except EntryError:
+        return None
 
 
 def preempt_notice(job: str, *, epoch: int, pod: str, uid: str, reason: str) -> PatchData | None:

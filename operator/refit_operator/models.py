@@ -15,15 +15,16 @@ it); of the worker only ``refit_worker.contract``.
 
 from __future__ import annotations
 
+import re
 import signal as _signal
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from refit_operator.quantity import QUANTITY_PATTERN, QuantityError, parse_quantity
+from refit_operator.quantity import QuantityError, parse_quantity
 from refit_worker.contract.config import SyntheticWeights, TransferKnobs
 from refit_worker.contract.env import ENV_PREFIX
 from refit_worker.contract.rendezvous import MAX_RANKS
@@ -59,6 +60,18 @@ class _Wire(BaseModel):
     model_config = _WIRE
 
 
+#: A non-negative Kubernetes quantity as the API server reads one ('500m', '8Gi', '1e3'):
+#: '8 GB' or 'lots' is refused when the job is applied, not when its pods are created.
+RESOURCE_QUANTITY_PATTERN = (
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+ResourceQuantity = Annotated[str, Field(pattern=RESOURCE_QUANTITY_PATTERN, max_length=64)]
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+#: DNS-1123 subdomain: what names a PersistentVolumeClaim.
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
 class EnvVar(_Wire):
     """An extra environment variable for the worker container."""
 
@@ -74,7 +87,7 @@ class EnvVar(_Wire):
         }
     )
 
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=253)
+    name: str = Field(pattern=ENV_NAME_PATTERN, max_length=253)
     value: str = ""
 
     @field_validator("name")
@@ -90,8 +103,8 @@ class EnvVar(_Wire):
 class Resources(_Wire):
     """Container resources; values are Kubernetes quantities."""
 
-    requests: dict[str, str] = Field(default_factory=dict)
-    limits: dict[str, str] = Field(default_factory=dict)
+    requests: dict[str, ResourceQuantity] = Field(default_factory=dict)
+    limits: dict[str, ResourceQuantity] = Field(default_factory=dict)
 
 
 class RoleSpec(_Wire):
@@ -111,8 +124,34 @@ class RoleSpec(_Wire):
 class SafetensorsVolume(_Wire):
     """A directory of ``*.safetensors`` files on a PersistentVolumeClaim."""
 
-    claim_name: str = Field(min_length=1, max_length=253)
-    path: str = Field("", description="Directory inside the volume.")
+    claim_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="A PersistentVolumeClaim in the job's namespace.",
+    )
+    path: str = Field(
+        "",
+        max_length=1024,
+        description="Directory inside the volume (relative, no '..').",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    # Plain CEL string functions: the API server and the offline judge agree.
+                    "rule": "!self.startsWith('/') && self != '..' && !self.startsWith('../')"
+                    " && !self.endsWith('/..') && !self.contains('/../')",
+                    "message": "path must be relative to the volume, without '..'",
+                }
+            ]
+        },
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _inside_volume(cls, value: str) -> str:
+        if value.startswith("/") or ".." in value.split("/"):
+            raise ValueError(f"path {value!r} must be relative to the volume, without '..'")
+        return value
 
 
 class WeightsSpec(_Wire):
@@ -148,18 +187,21 @@ class TransferSpec(TransferKnobs):
 
     bucket_size: str = Field(
         "64Mi",
-        pattern=QUANTITY_PATTERN,
-        description="e.g. 64Mi",
+        description="Bytes per transfer bucket: a whole number with an optional suffix, e.g. 64Mi",
         json_schema_extra={"pattern": BUCKET_SIZE_PATTERN},
     )
 
     @field_validator("bucket_size")
     @classmethod
     def _positive(cls, value: str) -> str:
+        unreadable = ValueError(
+            f"bucketSize {value!r} is not a whole number of bytes with an optional suffix,"
+            " such as 64Mi, 1Gi or 1048576"
+        )
         try:
             size = parse_quantity(value)
         except QuantityError as exc:
-            raise ValueError(str(exc)) from exc
+            raise unreadable from exc
         if size <= 0:
             raise ValueError(f"bucketSize {value!r} must be more than 0 bytes")
         if "." in value:
@@ -167,6 +209,9 @@ class TransferSpec(TransferKnobs):
                 f"bucketSize {value!r} must be a whole number with an optional"
                 f" suffix, without a fraction: write {str(size)!r}"
             )
+        # Last, the CRD's own pattern: the API server and the models refuse alike.
+        if not re.fullmatch(BUCKET_SIZE_PATTERN, value):
+            raise unreadable
         return value
 
     @property
@@ -327,8 +372,14 @@ class RefitJobStatus(_Status):
     refits_completed: int = 0
     #: Bytes rollout ranks received, over all epochs.
     bytes_transferred: int = 0
-    #: bytes_transferred when the current epoch began (the epoch's own bytes come on top).
+    #: Bytes of the epochs before the current one (the epoch's own bytes come on top).
     bytes_before_epoch: int = 0
+    #: Of those, the bytes the previous epoch's ranks reported: reports that land after the
+    #: gang stopped are added until its rendezvous is cleared.
+    previous_epoch_bytes: int = 0
+    #: How every committed refit was checked, as the rollout ranks reported: "bit-exact",
+    #: "checksums", "manifest" or "none" (the weakest any rank applied).
+    verification: str = "none"
     last_throughput_bytes_per_second: float | None = None
     start_time: datetime | None = None
     completion_time: datetime | None = None
@@ -359,11 +410,22 @@ def parse_status(raw: Any) -> RefitJobStatus:
         return RefitJobStatus()
 
 
+#: Patterns said in words: a regex in an error message helps nobody.
+_PATTERN_WORDS = {
+    RESOURCE_QUANTITY_PATTERN: "must be a Kubernetes quantity such as 500m, 8Gi or 2",
+    DNS_SUBDOMAIN_PATTERN: "must be a DNS-1123 subdomain (lowercase letters, digits, '-', '.')",
+    ENV_NAME_PATTERN: "must be a C identifier (letters, digits, '_'; not starting with a digit)",
+}
+
+
 def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
         where = "spec" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
         got = err.get("input")
         shown = f" (got {got!r})" if err["type"] != "missing" and not isinstance(got, dict) else ""
-        parts.append(f"{where}: {err['msg']}{shown}")
+        message = err["msg"]
+        if err["type"] == "string_pattern_mismatch":
+            message = _PATTERN_WORDS.get(str((err.get("ctx") or {}).get("pattern")), message)
+        parts.append(f"{where}: {message}{shown}")
     return "; ".join(parts)

@@ -61,6 +61,16 @@ def _terminated(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return out
 
 
+#: How much of a container's termination message the job's status quotes.
+MESSAGE_CHARS = 300
+
+
+def _last_line(message: str) -> str:
+    """The line that says why: a worker's own reason, or a traceback's exception line."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[-1][:MESSAGE_CHARS] if lines else ""
+
+
 def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
     """Classify a pod manifest: ready, disrupted (preempted) or failed, and why."""
     meta = pod.get("metadata") or {}
@@ -72,7 +82,9 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
     disruption: str | None = None
     target = conditions.get("DisruptionTarget") or {}
     terminated = _terminated(status)
-    if target.get("status") == "True":
+    if phase == "Succeeded":
+        pass  # its work is done: a drain or deletion now takes nothing away
+    elif target.get("status") == "True":
         disruption = f"DisruptionTarget: {target.get('reason') or 'unknown'}"
     elif meta.get("deletionTimestamp"):
         disruption = "PodDeleted"
@@ -84,7 +96,8 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
     if disruption is None and phase == "Failed":
         codes = [t.get("exitCode") for t in terminated]
         detail = status.get("reason") or (f"exit code {codes[0]}" if codes else "no exit code")
-        failure = f"pod {meta.get('name')} failed: {detail}"
+        why = _last_line(next((str(t["message"]) for t in terminated if t.get("message")), ""))
+        failure = f"pod {meta.get('name')} failed: {detail}" + (f": {why}" if why else "")
     return ObservedPod(
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),

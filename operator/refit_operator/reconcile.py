@@ -31,6 +31,7 @@ from refit_operator.models import (
 )
 from refit_operator.observe import Observed, ObservedPod
 from refit_operator.phases import PhaseFacts, is_legal, next_phase
+from refit_worker.contract.rendezvous import ProgressSummary
 from refit_worker.contract.roles import ROLES
 
 #: How soon to look again while old pods are still going away.
@@ -201,16 +202,10 @@ def _act(
     current = [p for p in pods if p.epoch == st.epoch]
     stale = [p for p in pods if p.epoch != st.epoch]
     created = st.created_epoch == st.epoch
-    missing = sorted(_expected(job, spec) - {p.name for p in current}) if created else []
-    rollouts = [p for p in current if p.role == "rollout"]
-    if (
-        created
-        and len(rollouts) == spec.rollout.replicas
-        and all(p.phase == "Succeeded" for p in rollouts)
-    ):
-        rnd.update(completion_time=now, refits_completed=spec.transfer.refits)
-        _delete_pods(rnd, [p for p in pods if p.phase not in ("Succeeded", "Failed")])
-        return PhaseFacts(current=st.phase, all_rollouts_done=True)
+    coord = _read_rendezvous(job, spec, observed, current, st.epoch) if created else None
+    if coord is not None:
+        _record(rnd, coord, now, spec.policy.replicas + spec.rollout.replicas)
+    progress = coord.progress if coord is not None else None
     want = render.spec_hash(spec)
     if any(p.spec_hash != want for p in current):
         # Pods of another spec (world size, image...) need a new gang; neither a failure nor
@@ -218,7 +213,15 @@ def _act(
         return _restart_gang(
             job=job, spec=spec, pods=pods, failures=[], disruptions=[], now=now, rnd=rnd
         )
-    failures = [p.failure for p in current if p.failure]
+    finished, short = _finished(job, spec, current, progress) if created else (False, None)
+    if finished and short is None:
+        rnd.update(completion_time=now)
+        _delete_pods(rnd, [p for p in pods if p.phase not in ("Succeeded", "Failed")])
+        return PhaseFacts(current=st.phase, all_rollouts_done=True)
+    # A rank that reported done has finished its part: its pod may go (a drained node).
+    done = {names.pod_name(job.ref.name, r, k) for r, k in (progress.done if progress else ())}
+    missing = sorted(_expected(job, spec) - {p.name for p in current} - done) if created else []
+    failures = [p.failure for p in current if p.failure] + ([short] if short else [])
     disruptions = [f"{p.name}: {p.disruption}" for p in current if p.disruption]
     disruptions += [f"{name}: PodMissing" for name in missing]
     if failures or disruptions:
@@ -234,6 +237,7 @@ def _act(
         )
     _delete_pods(rnd, stale)
     if not created:
+        _fold_previous_epoch(rnd, spec, observed)
         if stale:
             rnd.later(POLL_DELETING_S)
             return PhaseFacts(current=st.phase, waiting_for_gang=st.epoch > 0)
@@ -245,52 +249,107 @@ def _act(
         if st.restart_at is not None and now < st.restart_at:
             rnd.later((st.restart_at - now).total_seconds())
             return PhaseFacts(current=st.phase, waiting_for_gang=True)
-        gang = render.render_gang(job.ref, spec, st.epoch, options, st.refits_completed)
+        gang = render.render_gang(job.ref, spec, st.epoch, options, rnd.status.refits_completed)
         rnd.actions.extend(Create(p) for p in gang)
         rnd.update(created_epoch=st.epoch, restart_at=None, start_time=st.start_time or now)
         return PhaseFacts(current=st.phase)
-    _coordinate(job=job, spec=spec, observed=observed, current=current, now=now, rnd=rnd)
+    assert coord is not None  # created: the rendezvous was read above
+    rnd.actions.extend(coord.patches)
     all_ready = all(p.ready or p.phase == "Succeeded" for p in current)
     return PhaseFacts(current=st.phase, all_ready=all_ready)
 
 
-def _coordinate(
-    *,
-    job: JobView,
-    spec: RefitJobSpec,
-    observed: Observed,
-    current: list[ObservedPod],
-    now: datetime,
-    rnd: _Round,
-) -> None:
-    """Open the barrier when every rank published; show progress; flag bad entries."""
-    st = rnd.status
+def _finished(
+    job: JobView, spec: RefitJobSpec, current: list[ObservedPod], progress: ProgressSummary | None
+) -> tuple[bool, str | None]:
+    """Whether the gang's work is over, and why it fell short if it did.
+
+    Over when every rank's pod exited 0, or went away after its rank reported done.  The
+    job succeeded only if, on top of that, every rollout rank reported every refit
+    committed: exit codes alone say nothing about refits (``/bin/true`` exits 0).
+    """
+    by_name = {p.name: p for p in current}
+    done = progress.done if progress is not None else frozenset()
+    for role in ROLES:
+        for rank in range(_replicas(spec, role)):
+            pod = by_name.get(names.pod_name(job.ref.name, role, rank))
+            if pod is not None and pod.phase == "Succeeded":
+                continue
+            if (pod is None or pod.deleting) and (role, rank) in done:
+                continue
+            return False, None
+    want = spec.transfer.refits
+    got = progress.refits_completed if progress is not None else 0
+    if progress is not None and progress.rollout_done and got >= want:
+        return True, None
+    return True, (
+        f"every pod exited 0, but the rollout ranks reported {got} of {want} refits "
+        "committed (workers report each refit to the rendezvous; RefitSession does)"
+    )
+
+
+def _read_rendezvous(
+    job: JobView, spec: RefitJobSpec, observed: Observed, current: list[ObservedPod], epoch: int
+) -> rdv.Coordination:
     uids = {(p.role, p.rank): p.uid for p in current if p.role in ROLES and p.uid}
-    result = rdv.coordinate(
+    return rdv.coordinate(
         job.ref.name,
         observed.rendezvous,
-        epoch=st.epoch,
+        epoch=epoch,
         world=(spec.policy.replicas, spec.rollout.replicas),
         pod_uids=uids,
     )
-    rnd.actions.extend(result.patches)
-    ok: cond.Truth = "False" if result.problem else "True"
-    reason = "InvalidEntry" if result.problem else "Readable"
+
+
+def _record(rnd: _Round, coord: rdv.Coordination, now: datetime, total: int) -> None:
+    """Conditions and figures from the ranks' own reports (never from exit codes)."""
+    st = rnd.status
+    ok: cond.Truth = "False" if coord.problem else "True"
+    reason = "InvalidEntry" if coord.problem else "Readable"
     conds = cond.set_condition(
-        st.conditions, cond.RENDEZVOUS, ok, reason=reason, message=result.problem or "", now=now
+        st.conditions, cond.RENDEZVOUS, ok, reason=reason, message=coord.problem or "", now=now
+    )
+    connected: cond.Truth = "True" if coord.barrier_open else "False"
+    conds = cond.set_condition(
+        conds,
+        cond.CONNECTED,
+        connected,
+        reason="BarrierOpen" if coord.barrier_open else "WaitingForRanks",
+        message="" if coord.barrier_open else f"{coord.published} of {total} ranks published",
+        now=now,
     )
     rnd.update(conditions=conds)
-    p = result.progress
+    p = coord.progress
     if p is not None:
         rnd.update(
             refits_completed=max(st.refits_completed, p.refits_completed),
             bytes_transferred=st.bytes_before_epoch + p.bytes_total,
+            verification=p.verification if p.refits_completed else st.verification,
             last_throughput_bytes_per_second=(
                 p.last_refit_gbps * 1e9
                 if p.last_refit_gbps > 0
                 else st.last_throughput_bytes_per_second
             ),
         )
+
+
+def _fold_previous_epoch(rnd: _Round, spec: RefitJobSpec, observed: Observed) -> None:
+    """Add what the stopped gang reported after the restart decision (its last refit's
+    report can land after it), until its rendezvous entries are cleared."""
+    st = rnd.status
+    if st.epoch == 0:
+        return
+    world = (spec.policy.replicas, spec.rollout.replicas)
+    old = rdv.progress_of(observed.rendezvous, epoch=st.epoch - 1, world=world)
+    if old is None or old.bytes_total <= st.previous_epoch_bytes:
+        return
+    extra = old.bytes_total - st.previous_epoch_bytes
+    rnd.update(
+        bytes_before_epoch=st.bytes_before_epoch + extra,
+        bytes_transferred=st.bytes_transferred + extra,
+        previous_epoch_bytes=old.bytes_total,
+        refits_completed=max(st.refits_completed, old.refits_completed),
+    )
 
 
 def _restart_gang(
@@ -336,6 +395,7 @@ def _restart_gang(
     rnd.update(
         epoch=st.epoch + 1,
         bytes_before_epoch=rnd.status.bytes_transferred,
+        previous_epoch_bytes=rnd.status.bytes_transferred - st.bytes_before_epoch,
         created_epoch=None,
         restart_at=now + timedelta(seconds=delay),
         message=message,

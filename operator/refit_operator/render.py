@@ -174,6 +174,10 @@ def render_pod(
         "env": worker_env(config, spec, role),
         "ports": [{"name": "dist", "containerPort": names.MASTER_PORT, "protocol": "TCP"}],
         "resources": role_spec.resources.model_dump(exclude_defaults=True),
+        # The worker writes why it failed there; any other command's failure still gets
+        # the end of its log into the pod's (and so the job's) status.
+        "terminationMessagePath": config.termination_message_path,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},

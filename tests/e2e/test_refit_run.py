@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -37,7 +38,9 @@ def _manifest(tmp_path: Path, **spec_overrides: object) -> Path:
     return path
 
 
-def _run(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str], timeout: float = 240, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "refit_operator.cli", "run", *args],
         env=ENV,
@@ -45,12 +48,48 @@ def _run(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess[s
         text=True,
         timeout=timeout,
         check=False,
+        cwd=cwd,
     )
 
 
+def _start(args: list[str], **popen: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "refit_operator.cli", "run", *args],
+        text=True,
+        **{"env": ENV, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, **popen},
+    )
+
+
+def _wait_for_gang(proc: subprocess.Popen[str], under: Path, ranks: int = 4) -> list[int]:
+    deadline = time.monotonic() + 120
+    while len(processes_under(under)) < ranks:
+        assert time.monotonic() < deadline, "the gang never started"
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.2)
+    return processes_under(under)
+
+
+def _all_gone(pids: list[int], within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def test_success_with_verification(tmp_path: Path) -> None:
+    # A relative --workdir: pods run in directories of their own, so it must be resolved.
     workdir = tmp_path / "work"
-    done = _run([str(_manifest(tmp_path, **{"transfer.refits": 2})), "--workdir", str(workdir)])
+    manifest = _manifest(tmp_path, **{"transfer.refits": 2})
+    done = _run([str(manifest), "--workdir", "work"], cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "phase=Succeeded" in out
@@ -71,42 +110,73 @@ def test_drain_preempts_and_completes(tmp_path: Path) -> None:
     assert "verification: bit-exact" in out
 
 
-def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_every_process(tmp_path: Path, signum: int, code: int) -> None:
     workdir = tmp_path / "work"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "refit_operator.cli",
-            "run",
-            str(_manifest(tmp_path, **{"transfer.refits": 100_000})),
-            "--workdir",
-            str(workdir),
-        ],
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    manifest = _manifest(tmp_path, **{"transfer.refits": 100_000})
+    proc = _start([str(manifest), "--workdir", str(workdir)])
     try:
-        deadline = time.monotonic() + 120
-        while len(processes_under(workdir)) < 4:  # all four ranks are up
-            assert time.monotonic() < deadline, "the gang never started"
-            assert proc.poll() is None, proc.communicate()[0]
-            time.sleep(0.2)
-        workers = processes_under(workdir)
-        proc.send_signal(signal.SIGINT)
+        workers = _wait_for_gang(proc, workdir)
+        proc.send_signal(signum)
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, out
-    assert "interrupted; every worker was stopped" in out
+    assert proc.returncode == code, out
+    name = signal.Signals(signum).name
+    assert f"stopped by {name}; every worker was stopped" in out
     for pid in workers:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert not processes_under(workdir)
     assert not list((workdir / "pods").iterdir())  # no pod's files left behind
+
+
+def test_kill_9_takes_the_workers_along_and_the_next_run_sweeps(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    manifest = _manifest(tmp_path, **{"transfer.refits": 100_000})
+    proc = _start([str(manifest)], env={**ENV, "TMPDIR": str(tmp)})
+    try:
+        workers = _wait_for_gang(proc, tmp)
+        proc.kill()  # SIGKILL: no handler, no clean-up of its own
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _all_gone(workers, within=10), "workers outlived their refit run"
+    (left,) = list(tmp.glob("refit-e2e-run-*"))
+    # The next run finds the directory of a run that is gone, and removes it.
+    short = _manifest(tmp_path, **{"transfer.refits": 1})
+    done = subprocess.run(
+        [sys.executable, "-m", "refit_operator.cli", "run", "--plain", str(short)],
+        env={**ENV, "TMPDIR": str(tmp)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"removed {left}, left by an earlier run that was killed" in done.stdout
+    assert not list(tmp.iterdir())  # neither the old directory nor the new run's
+
+
+def test_closed_output_pipe_stops_the_run_quietly(tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    manifest = _manifest(tmp_path, **{"transfer.refits": 100_000})
+    proc = _start([str(manifest), "--plain", "--workdir", str(workdir)], stderr=subprocess.PIPE)
+    try:
+        workers = _wait_for_gang(proc, workdir)
+        assert proc.stdout is not None
+        proc.stdout.close()  # as `refit run ... | head -3` does once it has its lines
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGPIPE, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err
+    assert _all_gone(workers, within=5)
+    assert not processes_under(workdir)
 
 
 @pytest.mark.parametrize(
@@ -147,3 +217,94 @@ def test_bad_manifest_starts_nothing(tmp_path: Path, text: str, expected: str) -
     assert done.returncode == 2, done.stdout + done.stderr
     assert expected in done.stderr
     assert not workdir.exists()  # nothing was started, not even a working directory
+
+
+def test_safetensors_from_a_mapped_claim(tmp_path: Path) -> None:
+    """A checkpoint on a 'claim' served from a local directory, with integer tensors."""
+    import torch
+    from safetensors.torch import save_file
+
+    ckpt = tmp_path / "volume" / "step-100"
+    ckpt.mkdir(parents=True)
+    save_file(
+        {"w": torch.randn(64, 64), "positions": torch.arange(128, dtype=torch.int64)},
+        str(ckpt / "model.safetensors"),
+    )
+    path = _manifest(tmp_path, **{"transfer.refits": 2})
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["weights"] = {"safetensors": {"claimName": "ckpt", "path": "step-100"}}
+    path.write_text(yaml.safe_dump(doc))
+    done = _run([str(path), "--plain", "--claim", f"ckpt={tmp_path / 'volume'}"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "phase=Succeeded" in done.stdout
+    assert "refits 2/2" in done.stdout
+
+
+def _rows_and_total(out: str) -> tuple[list[int], int]:
+    """Bytes of each per-refit row of the summary, and the summary's bytes line."""
+    units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    rows, total = [], None
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) >= 5 and words[1].isdigit() and words[3] in units:
+            rows.append(round(float(words[2]) * units[words[3]]))
+        if line.strip().startswith("refits ") and " bytes " in line:
+            number, unit = line.split(" bytes ")[1].split()[:2]
+            total = round(float(number) * units[unit])
+    assert total is not None, out
+    return rows, total
+
+
+@pytest.mark.parametrize("run", range(2))
+def test_summary_rows_add_up_to_the_total(tmp_path: Path, run: int) -> None:
+    done = _run([str(ROOT / "examples" / "local.yaml"), "--plain"], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows, total = _rows_and_total(done.stdout)
+    assert rows and sum(rows) == total, done.stdout
+    assert "verification: bit-exact" in done.stdout
+
+
+def test_pods_that_do_nothing_do_not_succeed(tmp_path: Path) -> None:
+    """``command: [/bin/true]`` exits 0 everywhere and moves nothing."""
+    path = _manifest(
+        tmp_path,
+        **{
+            "policy.command": ["/bin/true"],
+            "rollout.command": ["/bin/true"],
+            "failurePolicy.maxRestarts": 0,
+        },
+    )
+    done = _run([str(path), "--plain"], timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout
+    assert "Failed" in out and "Succeeded" not in out
+    assert "reported 0 of 3 refits committed" in out
+    assert "refits 0/3" in out
+    assert "verification: nothing committed, nothing verified" in out
+    assert "bit-exact" not in out
+
+
+def test_a_failing_worker_says_why(tmp_path: Path) -> None:
+    """A Python exception in a worker reaches the job's status and the summary."""
+    path = _manifest(
+        tmp_path,
+        **{
+            "policy.command": [sys.executable, "-c", "raise ValueError('trainer exploded')"],
+            "failurePolicy.maxRestarts": 0,
+        },
+    )
+    done = _run([str(path), "--plain"], timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout
+    assert "message: " in out and "ValueError: trainer exploded" in out.split("message: ")[1]
+    assert "last lines of e2e-run-policy-0's log:" in out
+    assert "| ValueError: trainer exploded" in out
+
+
+def test_the_worker_writes_its_own_reason(tmp_path: Path) -> None:
+    """refit-worker's termination message: its exception, not a log line."""
+    path = _manifest(tmp_path, **{"transfer.backend": "BOGUS", "failurePolicy.maxRestarts": 0})
+    done = _run([str(path), "--plain"], timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    message = done.stdout.split("message: ")[1].splitlines()[0]
+    assert "failed: exit code 1: " in message and "BOGUS" in message, message

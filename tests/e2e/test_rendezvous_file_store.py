@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = r"""
 import json, sys
 from refit_worker.rendezvous import FileStore, Member, PreemptedError, RendezvousTimeout
-from refit_worker.contract.rendezvous import Layout
+from refit_worker.contract.rendezvous import Layout, RefitReport
 order = json.loads(sys.argv[1])
 store = FileStore(order["dir"], Layout(*order["layout"]))
 me = Member(order["role"], order["rank"], order["epoch"], order["uid"])
@@ -46,7 +46,7 @@ try:
     peers = store.peers(me, barrier)
     out["peers"] = {f"{r}.{k}": json.loads(e.agent)["agent"] for (r, k), e in peers.items()}
     store.write_progress(me, state="done", refits_completed=1, bytes_total=100,
-                         last_refit_seconds=0.5, last_refit_bytes=100)
+                         recent=(RefitReport(refit=0, bytes=100, seconds=0.5),))
     if order.get("await_preempt"):
         out["notice"] = store.wait_preemption(me, timeout=order["timeout"]).reason
 except PreemptedError as exc:
@@ -60,7 +60,7 @@ print(json.dumps(out), flush=True)
 WRITER = r"""
 import json, sys
 from refit_worker.rendezvous import FileStore, Member
-from refit_worker.contract.rendezvous import Layout
+from refit_worker.contract.rendezvous import Layout, RefitReport
 order = json.loads(sys.argv[1])
 store = FileStore(order["dir"], Layout(*order["layout"]))
 me = Member(order["role"], order["rank"], 0, order["uid"])
@@ -73,7 +73,7 @@ for i in range(order["count"]):
 READER = r"""
 import json, sys, time
 from refit_worker.rendezvous import FileStore
-from refit_worker.contract.rendezvous import Layout
+from refit_worker.contract.rendezvous import Layout, RefitReport
 order = json.loads(sys.argv[1])
 store = FileStore(order["dir"], Layout(*order["layout"]))
 reads, end = 0, time.monotonic() + order["seconds"]
@@ -255,7 +255,11 @@ def test_garbage_and_tampering_name_the_key(tmp_path: Path) -> None:
     with pytest.raises(EntryError, match=r"'progress\.rollout\.0': value is not JSON"):
         store.snapshot(0)
     (tmp_path / "shard-0" / "progress.rollout.0").write_bytes(b"x" * 100_000)
-    with pytest.raises(EntryError, match="over the 512-byte limit"):
+    with pytest.raises(EntryError, match="value is 100000 bytes, over the 1024-byte limit"):
+        store.snapshot(0)
+    # Past what the store reads at all, the message still quotes the file's real size.
+    (tmp_path / "shard-0" / "progress.rollout.0").write_bytes(b"x" * (16 << 20))
+    with pytest.raises(EntryError, match="value is 16777216 bytes, over the 1024-byte limit"):
         store.snapshot(0)
     (tmp_path / "shard-0" / "progress.rollout.0").unlink()
     # Another pod wrote under this rank's key, and the coordinator recorded that pod.

@@ -19,6 +19,7 @@ from tests.integration.support import (
     load_job,
     set_pod_phase,
 )
+from tests.support.reports import reports
 
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
@@ -119,15 +120,17 @@ async def test_phases_follow_the_pods_to_success(
     status = await _phase(kube_emulator, "Running")
     assert status["policy"] == {"ready": 2, "total": 2}
     assert status["rollout"] == {"ready": 2, "total": 2}
-    for name in ("demo-rollout-0", "demo-rollout-1"):
+    # As workers would: every rank reports its refits done, then its pod exits 0.
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kube_emulator.list(PODS, NS)}
+    data = reports(uids, refits=2)
+    kube_emulator.patch("v1/configmaps", NS, "demo-rendezvous", {"data": data})
+    for name in POD_NAMES:
         set_pod_phase(kube_emulator, name, "Succeeded")
     status = await _phase(kube_emulator, "Succeeded")
     assert status["refitsCompleted"] == 2 and status["completionTime"]
-    # Policy pods still running are stopped; the finished rollout pods stay for their logs.
-    await eventually(
-        lambda: _names(kube_emulator, PODS) == ["demo-rollout-0", "demo-rollout-1"],
-        "running policy pods deleted after success",
-    )
+    assert status["bytesTransferred"] == 4000 and status["verification"] == "checksums"
+    # The finished pods stay for their logs.
+    assert _names(kube_emulator, PODS) == POD_NAMES
     await eventually(
         lambda: {"Running", "Succeeded"} <= {r for r, _ in _events(kube_emulator)},
         "Running and Succeeded events",

@@ -46,7 +46,7 @@ BASE = "job-rendezvous"
 WORKER = r"""
 import json, sys
 from refit_worker.rendezvous import ConfigMapStore, Member, PreemptedError
-from refit_worker.contract.rendezvous import Layout
+from refit_worker.contract.rendezvous import Layout, RefitReport
 order = json.loads(sys.argv[1])
 store = ConfigMapStore(order["base"], "default", Layout(*order["layout"]))
 me = Member(order["role"], order["rank"], order["epoch"], order["uid"])
@@ -57,7 +57,7 @@ try:
     peers = store.peers(me, barrier)
     out["peers"] = sorted(json.loads(e.agent)["agent"] for e in peers.values())
     store.write_progress(me, state="done", refits_completed=2, bytes_total=20,
-                         last_refit_seconds=0.25, last_refit_bytes=10)
+                         recent=(RefitReport(refit=1, bytes=10, seconds=0.25),))
     if order.get("await_preempt"):
         out["notice"] = store.wait_preemption(me, timeout=60).reason
 except PreemptedError as exc:

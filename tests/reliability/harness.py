@@ -183,7 +183,10 @@ class EpochView:
     def last_refit_seconds(self) -> float:
         if self.snap is None:
             return 0.0
-        return max((p.last_refit_seconds for p in self.snap.progress.values()), default=0.0)
+        return max(
+            (p.last_refit.seconds for p in self.snap.progress.values() if p.last_refit),
+            default=0.0,
+        )
 
 
 def view_of(status: RefitJobStatus, cluster: LocalCluster) -> EpochView:

@@ -17,7 +17,16 @@ from pathlib import Path
 
 import pytest
 from tests.emulator import ApiEmulator, ApiFault
-from tests.integration.support import JOBS, NS, PODS, OperatorRun, eventually, set_pod_phase
+from tests.integration.support import (
+    JOBS,
+    NS,
+    PODS,
+    OperatorRun,
+    eventually,
+    load_job,
+    set_pod_phase,
+)
+from tests.support.reports import reports
 
 from refit_worker.contract.rendezvous import BARRIER_KEY, Layout, meta_key
 from refit_worker.rendezvous.configmap_store import ConfigMapStore
@@ -115,8 +124,6 @@ async def test_store_rendezvous_under_conflicts_errors_gone_watches_and_slowness
 
 
 def _job(name: str) -> dict[str, object]:
-    from tests.integration.support import load_job
-
     return load_job(name)
 
 
@@ -148,9 +155,11 @@ async def test_operator_under_api_faults_creates_each_child_once_and_finishes(
         await eventually(
             lambda: _status(api).get("phase") == "Running", "phase Running", timeout=90
         )
+        # As workers would: report every refit, then exit 0.
+        data = reports(uids, refits=load_job()["spec"]["transfer"]["refits"])
+        api.patch(CM, NS, "flaky-rendezvous", {"data": data})
         for name in uids:
-            if "-rollout-" in name:
-                set_pod_phase(api, name, "Succeeded")
+            set_pod_phase(api, name, "Succeeded")
         status = await eventually(
             lambda: _status(api).get("phase") == "Succeeded" and _status(api),
             "phase Succeeded",

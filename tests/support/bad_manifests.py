@@ -102,7 +102,7 @@ BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
     (
         "env name with a digit first",
         changed("rollout.env", [{"name": "1X"}]),
-        ("spec.rollout.env[0].name", "should match pattern"),
+        ("spec.rollout.env[0].name", "must be a C identifier", "(got '1X')"),
     ),
     (
         "env without a name",
@@ -134,6 +134,16 @@ BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
         "resource request a number",
         changed("policy.resources", {"requests": {"cpu": 2}}),
         ("spec.policy.resources.requests.cpu", "valid string (got 2)"),
+    ),
+    (
+        "cpu in words",
+        changed("policy.resources", {"requests": {"cpu": "lots"}}),
+        ("spec.policy.resources.requests.cpu", "must be a Kubernetes quantity", "(got 'lots')"),
+    ),
+    (
+        "memory with a space",
+        changed("rollout.resources", {"limits": {"memory": "8 GB"}}),
+        ("spec.rollout.resources.limits.memory", "must be a Kubernetes quantity"),
     ),
     (
         "resources typo",
@@ -196,6 +206,21 @@ BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
         ("spec.weights.safetensors.claimName", "at least 1 character"),
     ),
     (
+        "safetensors claim a path",
+        changed("weights", {"safetensors": {"claimName": "/tmp/x"}}),
+        ("spec.weights.safetensors.claimName", "must be a DNS-1123 subdomain", "(got '/tmp/x')"),
+    ),
+    (
+        "safetensors path out of the volume",
+        changed("weights", {"safetensors": {"claimName": "ckpt", "path": "../etc"}}),
+        ("spec.weights.safetensors.path", "relative to the volume, without '..'"),
+    ),
+    (
+        "safetensors path absolute",
+        changed("weights", {"safetensors": {"claimName": "ckpt", "path": "/models"}}),
+        ("spec.weights.safetensors.path", "relative to the volume, without '..'"),
+    ),
+    (
         "unknown weights source",
         changed("weights", {"hf": {"repo": "x"}}),
         ("spec.weights.hf", "Extra inputs are not permitted"),
@@ -213,7 +238,7 @@ BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
     (
         "bucket size in MB",
         changed("transfer.bucketSize", "64MB"),
-        ("spec.transfer.bucketSize", "should match pattern", "(got '64MB')"),
+        ("spec.transfer.bucketSize", "'64MB' is not a whole number of bytes", "such as 64Mi"),
     ),
     (
         "bucket size a fraction",

@@ -7,7 +7,8 @@ misplaced entry) on top of an honest 1 policy + 1 rollout epoch 0, and both read
 it:
 
 - the operator (:func:`refit_operator.coordinate.coordinate`, before the barrier opens):
-  ``opened`` the barrier for the honest pods, ``waits``, or ``refused`` with a message;
+  ``opened`` the barrier for the honest pods, ``rewritten`` a forged barrier into the
+  honest one, ``waits``, or ``refused`` with a message;
 - a worker (a real :class:`FileStore` on disk, after the barrier opened: snapshot,
   ``wait_barrier``, ``peers``, preemption notice): ``proceeds`` with the honest peers,
   ``waits`` (a 0.2 s wait that times out), or ``refused`` with a message.
@@ -29,6 +30,7 @@ from refit_operator.coordinate import coordinate
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     PREEMPT_KEY,
+    PROTOCOL_VERSION,
     BarrierEntry,
     EntryError,
     Layout,
@@ -59,7 +61,7 @@ def _json(**fields: Any) -> bytes:
 def _meta(
     epoch: int = 0, uid: str = "p0", role: str = "policy", rank: int = 0, agent: str = AGENT
 ) -> bytes:
-    return _json(v=1, epoch=epoch, uid=uid, role=role, rank=rank, agent=agent)
+    return _json(v=PROTOCOL_VERSION, epoch=epoch, uid=uid, role=role, rank=rank, agent=agent)
 
 
 def honest() -> dict[str, str]:
@@ -84,7 +86,7 @@ class Tamper:
     name: str
     key: str
     value: Callable[[Path], bytes]  # given the marker path a pickle would create
-    operator: str  # "opened" | "waits" | "refused: <words>" | "n/a" (no ConfigMap holds it)
+    operator: str  # "opened" | "rewritten" | "waits" | "refused: <words>" | "n/a"
     worker: str  # "proceeds" | "waits" | "preempted" | "refused: <words>"
 
 
@@ -104,14 +106,14 @@ TAMPERED: list[Tamper] = [
     Tamper(
         "barrier of another epoch",
         BARRIER_KEY,
-        lambda m: _json(v=1, epoch=5, policy_uids=["x"], rollout_uids=["y"]),
+        lambda m: _json(v=PROTOCOL_VERSION, epoch=5, policy_uids=["x"], rollout_uids=["y"]),
         "opened",
         "waits",
     ),
     Tamper(
         "preemption notice of another epoch",
         PREEMPT_KEY,
-        lambda m: _json(v=1, epoch=5, pod="p", uid="x", reason="old"),
+        lambda m: _json(v=PROTOCOL_VERSION, epoch=5, pod="p", uid="x", reason="old"),
         "opened",
         "proceeds",
     ),
@@ -125,8 +127,8 @@ TAMPERED: list[Tamper] = [
     Tamper(
         "barrier naming another pod",
         BARRIER_KEY,
-        lambda m: _json(v=1, epoch=0, policy_uids=["intruder"], rollout_uids=["r0"]),
-        "waits",
+        lambda m: _json(v=PROTOCOL_VERSION, epoch=0, policy_uids=["intruder"], rollout_uids=["r0"]),
+        "rewritten",
         "refused: lists pod uid 'intruder' for policy rank 0, but this pod is 'p0'",
     ),
     Tamper(
@@ -174,7 +176,9 @@ TAMPERED: list[Tamper] = [
     Tamper(
         "JSON naming a reducer",
         PREEMPT_KEY,
-        lambda m: _json(v=1, epoch=0, pod="p", uid="u", reason="r", __reduce__="os.system"),
+        lambda m: _json(
+            v=PROTOCOL_VERSION, epoch=0, pod="p", uid="u", reason="r", __reduce__="os.system"
+        ),
         "refused: __reduce__: Extra inputs are not permitted",
         "refused: __reduce__: Extra inputs are not permitted",
     ),
@@ -188,9 +192,11 @@ TAMPERED: list[Tamper] = [
     Tamper(
         "another protocol version",
         "meta.policy.0",
-        lambda m: _json(v=2, epoch=0, uid="p0", role="policy", rank=0, agent=AGENT),
-        "refused: protocol version 2, this reader speaks 1",
-        "refused: protocol version 2, this reader speaks 1",
+        lambda m: _json(
+            v=PROTOCOL_VERSION + 1, epoch=0, uid="p0", role="policy", rank=0, agent=AGENT
+        ),
+        f"refused: protocol version {PROTOCOL_VERSION + 1}, this reader speaks {PROTOCOL_VERSION}",
+        f"refused: protocol version {PROTOCOL_VERSION + 1}, this reader speaks {PROTOCOL_VERSION}",
     ),
     Tamper(
         "rank outside the job",
@@ -203,7 +209,7 @@ TAMPERED: list[Tamper] = [
     Tamper(
         "barrier of another shape",
         BARRIER_KEY,
-        lambda m: _json(v=1, epoch=0, policy_uids=["p0", "p1"], rollout_uids=["r0"]),
+        lambda m: _json(v=PROTOCOL_VERSION, epoch=0, policy_uids=["p0", "p1"], rollout_uids=["r0"]),
         "refused: lists 2 policy and 1 rollout ranks",
         "refused: lists 2 policy and 1 rollout ranks",
     ),
@@ -229,15 +235,16 @@ def operator_outcome(row: Tamper, marker: Path) -> str:
         world=(1, 1),
         pod_uids={("policy", 0): "p0", ("rollout", 0): "r0"},
     )
-    if result.problem is not None:
+    if result.problem is not None and not result.patches:
         return f"refused: {result.problem}"
     if not result.patches:
         return "waits"
     (patch,) = result.patches
     barrier = json.loads(patch.data[BARRIER_KEY] or "{}")
-    if (barrier["policy_uids"], barrier["rollout_uids"]) != (["p0"], ["r0"]):
+    if (barrier.get("policy_uids"), barrier.get("rollout_uids")) != (["p0"], ["r0"]):
         return f"ACCEPTED a barrier for {barrier}"
-    return "opened"
+    # A forged barrier is replaced by the true one, and the status says so.
+    return "rewritten" if result.problem is not None else "opened"
 
 
 def worker_outcome(row: Tamper, marker: Path, directory: Path) -> str:

@@ -44,7 +44,7 @@ def test_sample_manifest_parses_with_defaults() -> None:
         ),
         (
             {"transfer": {"bucketSize": "64MB"}},
-            "spec.transfer.bucketSize: String should match pattern",
+            "spec.transfer.bucketSize: Value error, bucketSize '64MB' is not a whole number",
         ),
         (
             {"policy": {"replicas": 0}},

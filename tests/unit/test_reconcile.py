@@ -22,6 +22,7 @@ from refit_worker.contract.rendezvous import (
     MetadataEntry,
     PreemptNotice,
     ProgressEntry,
+    RefitReport,
     decode_entry,
     encode_entry,
     meta_key,
@@ -237,18 +238,6 @@ def test_a_vanished_pod_is_a_preemption() -> None:
     assert "job-policy-1: PodMissing" in d.status.message
 
 
-def test_completion_when_every_rollout_rank_succeeded() -> None:
-    pods = _pods(
-        0, **{"job-policy-0": RUNNING, "job-policy-1": SUCCEEDED, "job-rollout-0": SUCCEEDED}
-    )
-    d = _run(_status(phase=Phase.RUNNING, created_epoch=0), pods)
-    assert d.status.phase is Phase.SUCCEEDED and d.status.completion_time == NOW
-    assert d.status.refits_completed == 3
-    assert _deletes(d) == ["job-policy-0"]  # the still-running one; finished pods stay for logs
-    again = _run(d.status, pods)
-    assert again.status.phase is Phase.SUCCEEDED and _events(again) == []
-
-
 def test_suspend_deletes_pods_and_keeps_the_job() -> None:
     spec = {**SPEC, "suspend": True}
     d = _run(
@@ -418,8 +407,8 @@ def test_progress_of_the_rollout_ranks_shows_in_status() -> None:
         rank=0,
         refits_completed=2,
         bytes_total=3000,
-        last_refit_seconds=0.5,
-        last_refit_bytes=1000,
+        seconds_total=1.5,
+        recent=(RefitReport(refit=1, bytes=1000, seconds=0.5),),
     )
     data = {key: encode_entry(key, entry)}
     st = _status(

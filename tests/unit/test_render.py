@@ -107,6 +107,7 @@ GOLDEN_POD: dict[str, Any] = {
                     _value("REFIT_ROLE", "rollout"),
                     _value("REFIT_ROLLOUT_WORLD_SIZE", "1"),
                     _value("REFIT_SIGNAL_PID_DIR", ""),
+                    _value("REFIT_TERMINATION_MESSAGE_PATH", "/dev/termination-log"),
                     _value(
                         "REFIT_TRANSFER",
                         '{"backend":"UCX","backend_params":{},"bucket_size":1048576,'
@@ -122,6 +123,8 @@ GOLDEN_POD: dict[str, Any] = {
                 ],
                 "ports": [{"name": "dist", "containerPort": 29500, "protocol": "TCP"}],
                 "resources": {},
+                "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "securityContext": {
                     "allowPrivilegeEscalation": False,
                     "capabilities": {"drop": ["ALL"]},

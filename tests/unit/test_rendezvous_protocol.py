@@ -19,6 +19,7 @@ from refit_worker.contract.rendezvous import (
     MAX_RANKS,
     MAX_UID_CHARS,
     PREEMPT_KEY,
+    PROTOCOL_VERSION,
     RANKS_PER_SHARD,
     SHARD_BUDGET_BYTES,
     BarrierEntry,
@@ -27,6 +28,7 @@ from refit_worker.contract.rendezvous import (
     MetadataEntry,
     PreemptNotice,
     ProgressEntry,
+    RefitReport,
     aggregate_progress,
     barrier_ready,
     configmap_name,
@@ -134,10 +136,15 @@ def test_entries_round_trip() -> None:
                 role="rollout",
                 rank=1,
                 state="done",
+                first_refit=1,
                 refits_completed=3,
                 bytes_total=10,
-                last_refit_seconds=0.5,
-                last_refit_bytes=4,
+                seconds_total=1.5,
+                recent=(
+                    RefitReport(refit=1, bytes=6, seconds=1.0),
+                    RefitReport(refit=2, bytes=4, seconds=0.5),
+                ),
+                verification="checksums",
             ),
         ),
         (BARRIER_KEY, BarrierEntry(epoch=1, policy_uids=("a",), rollout_uids=("b", "c"))),
@@ -145,7 +152,7 @@ def test_entries_round_trip() -> None:
     ]
     for key, entry in cases:
         text = encode_entry(key, entry)
-        assert json.loads(text)["v"] == 1
+        assert json.loads(text)["v"] == PROTOCOL_VERSION
         assert json.loads(text)["epoch"] == entry.epoch
         assert decode_entry(key, text) == entry
 
@@ -161,7 +168,11 @@ def _with(base: MetadataEntry, **changes: object) -> str:
     [
         ("meta.policy.0", "not json", "value is not JSON"),
         ("meta.policy.0", "[1, 2]", "value is a JSON list, not an object"),
-        ("meta.policy.0", _with(meta(), v=2), "protocol version 2, this reader speaks 1"),
+        (
+            "meta.policy.0",
+            _with(meta(), v=PROTOCOL_VERSION + 1),
+            f"protocol version {PROTOCOL_VERSION + 1}, this reader speaks {PROTOCOL_VERSION}",
+        ),
         ("meta.policy.0", _with(meta(), v=None), "protocol version None"),
         ("meta.policy.0", _with(meta(), epoch=-1), "epoch: Input should be greater than"),
         ("meta.policy.0", _with(meta(), epoch="3"), "epoch: Input should be a valid integer"),
@@ -175,7 +186,7 @@ def _with(base: MetadataEntry, **changes: object) -> str:
         ("progress.policy.0", _with(meta(agent="{}")), "does not match the progress schema"),
         (
             "preempt",
-            json.dumps({"v": 1, "epoch": 0, "pod": "p", "uid": "u"}),
+            json.dumps({"v": PROTOCOL_VERSION, "epoch": 0, "pod": "p", "uid": "u"}),
             "reason: Field required",
         ),
         ("somekey", "{}", "not a rendezvous key"),
@@ -425,8 +436,8 @@ def progress(
         state=state,
         refits_completed=refits,  # type: ignore[arg-type]
         bytes_total=refits * nbytes,
-        last_refit_seconds=seconds,
-        last_refit_bytes=nbytes if refits else 0,
+        seconds_total=refits * seconds,
+        recent=(RefitReport(refit=refits - 1, bytes=nbytes, seconds=seconds),) if refits else (),
     )
     return key, encode_entry(key, entry)
 

@@ -143,6 +143,22 @@ def test_read_registrations_reports_bad_files(tmp_path: Path) -> None:
     assert "43-b.json" in problems[0]
 
 
+def test_fifos_links_and_binary_files_are_named_not_waited_on(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "50-fifo.json")  # reading it would block until a writer came
+    (tmp_path / "51-bin.json").write_bytes(b"\xff\xfe{}")
+    (tmp_path / "52-big.json").write_text(" " * (registry.MAX_REGISTRATION_BYTES + 1))
+    (tmp_path / "target.txt").write_text(json.dumps({"pid": 53}))
+    (tmp_path / "53-link.json").symlink_to(tmp_path / "target.txt")
+    found, problems = registry.read_registrations(tmp_path)  # returns: nothing blocked
+    assert found == []
+    text = "\n".join(problems)
+    assert "50-fifo.json: not a regular file" in text
+    assert "51-bin.json: not UTF-8 text (byte 0)" in text
+    assert "52-big.json" in text and "over the 4096-byte limit" in text
+    assert "53-link.json" in text
+    assert len(problems) == 4
+
+
 def test_proc_state_of_self_and_of_a_gone_process() -> None:
     own = registry.read_proc_state(os.getpid())
     assert own is not None

@@ -10,20 +10,17 @@ from safetensors.torch import save_file
 
 from refit_worker.checkpoint_engines.base import dtype_from_name
 from refit_worker.contract.config import SafetensorsWeights, SyntheticWeights
-from refit_worker.contract.dtypes import SYNTHETIC_DTYPE_NAMES
-from refit_worker.weights import (
-    advance,
-    load_safetensors,
-    synthetic_nbytes,
-    synthetic_shapes,
-    synthetic_state_dict,
-)
+from refit_worker.contract.dtypes import SYNTHETIC_DTYPE_NAMES, WIRE_DTYPE_NAMES
+from refit_worker.contract.synthetic import ITEMSIZE, synthetic_nbytes, synthetic_shapes
+from refit_worker.weights import advance, load_safetensors, synthetic_state_dict
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)  # 0-dim tensors cannot change element size
 
 
 def _equal_bits(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
-    return a.keys() == b.keys() and all(
-        torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a
-    )
+    return a.keys() == b.keys() and all(torch.equal(_bytes(a[k]), _bytes(b[k])) for k in a)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float16", "int8", "float8_e4m3fn"])
@@ -47,6 +44,11 @@ def test_shapes_and_nbytes_agree() -> None:
     assert {k: tuple(v.shape) for k, v in state.items()} == synthetic_shapes(spec)
     assert sum(t.numel() * t.element_size() for t in state.values()) == synthetic_nbytes(spec)
     assert "model.layers.2.mlp.experts.1.down_proj.weight" in state
+
+
+@pytest.mark.parametrize("name", WIRE_DTYPE_NAMES)
+def test_itemsizes_agree_with_torch(name: str) -> None:
+    assert ITEMSIZE[name] == torch.empty((), dtype=dtype_from_name(name)).element_size()
 
 
 def test_unknown_dtype_is_named() -> None:
@@ -79,3 +81,23 @@ def test_safetensors_errors(tmp_path: Path) -> None:
     save_file({"a": torch.zeros(1)}, str(tmp_path / "2.safetensors"))
     with pytest.raises(ValueError, match="more than one file"):
         load_safetensors(SafetensorsWeights(path=str(tmp_path)))
+
+
+def test_a_checkpoint_of_every_wire_dtype_advances(tmp_path: Path) -> None:
+    """Real checkpoints hold integer tensors (positions, counters) and scalars too."""
+    tensors = {
+        "ids": torch.arange(6, dtype=torch.int64).reshape(2, 3),
+        "count": torch.tensor(7, dtype=torch.int32),
+        "mask": torch.tensor([True, False]),
+        "w": torch.ones(3, dtype=torch.float64),
+        "q": torch.zeros(4, dtype=torch.float8_e5m2),
+    }
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    state = load_safetensors(SafetensorsWeights(path=str(tmp_path)))
+    again = load_safetensors(SafetensorsWeights(path=str(tmp_path)))
+    advance(state, 1)
+    advance(again, 1)
+    assert _equal_bits(state, again)  # deterministic
+    for name, before in tensors.items():
+        assert not torch.equal(_bytes(state[name]), _bytes(before)), name
+        assert state[name].dtype == before.dtype and state[name].shape == before.shape

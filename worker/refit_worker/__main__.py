@@ -31,10 +31,12 @@ import torch
 import torch.distributed as dist
 
 from refit_worker.contract.config import ConfigError, SyntheticWeights, WorkerConfig
-from refit_worker.contract.entries import ProgressState
+from refit_worker.contract.entries import ProgressState, Verification
 from refit_worker.contract.exits import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_PREEMPTED
+from refit_worker.contract.progress import ProgressLog
 from refit_worker.session import Preempted, RefitSession, RefitStats, StateDict, Verifier
 from refit_worker.signal_handler import DistributedSignalHandler
+from refit_worker.termination import write_termination_message
 from refit_worker.waits import Backoff, WaitTimeout, poll_until
 from refit_worker.weights import advance, load_weights
 
@@ -73,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         config = WorkerConfig.from_env()
     except ConfigError as exc:
         print(f"refit-worker: {exc}", file=sys.stderr)
+        write_termination_message(f"refit-worker: {exc}")
         return EXIT_BAD_CONFIG
     code = run(config)
     # This rank has stopped; a preemption signal arriving during interpreter teardown
@@ -94,26 +97,30 @@ def run(config: WorkerConfig) -> int:
         config.preemption_signal, pid_dir=config.signal_pid_dir
     ) as handler:
         session = RefitSession(config, stop_requested=lambda: handler.received)
-        done = [config.first_refit]  # refits finished, for the report after an error
+        # What this rank did, for every report, the one after an error included.
+        progress = ProgressLog(config.first_refit, verification=_verification(config))
         try:
             log.info("%s: connecting", who)
             session.connect()
-            asyncio.run(_refits(config, session, handler, done))
+            asyncio.run(_refits(config, session, handler, progress))
             log.info("%s: all %d refits done", who, config.transfer.refits)
             return 0
         except Preempted as exc:
             log.warning("%s: preempted: %s", who, exc)
-            _report(session, "preempted", done[0], str(exc))
+            _report(session, progress, "preempted", str(exc))
             return EXIT_PREEMPTED
         except Exception as exc:
             # A peer that stopped for a preemption breaks our transfer or collective
             # first; the notice (or our own signal) follows within moments.
             if _preemption_follows(session, NOTICE_WAIT_S):
                 log.warning("%s: preempted (after %s: %s)", who, type(exc).__name__, exc)
-                _report(session, "preempted", done[0], f"after {type(exc).__name__}: {exc}")
+                _report(session, progress, "preempted", f"after {type(exc).__name__}: {exc}")
                 return EXIT_PREEMPTED
             log.exception("%s: failed", who)
-            _report(session, "failed", done[0], f"{type(exc).__name__}: {exc}")
+            _report(session, progress, "failed", f"{type(exc).__name__}: {exc}")
+            write_termination_message(
+                f"{type(exc).__name__}: {exc}", config.termination_message_path
+            )
             return EXIT_FAILED
         finally:
             session.close()
@@ -146,24 +153,32 @@ def _join_group(config: WorkerConfig) -> None:
     )
 
 
-def _report(session: RefitSession, state: ProgressState, refits: int, msg: str) -> None:
+def _verification(config: WorkerConfig) -> Verification:
+    """How this rank checks each refit before committing it (policy ranks check none)."""
+    if config.role == "policy":
+        return "none"
+    if isinstance(config.weights, SyntheticWeights):
+        return "bit-exact"  # see _verifier
+    return "checksums" if config.transfer.checksum else "manifest"
+
+
+def _report(session: RefitSession, progress: ProgressLog, state: ProgressState, msg: str) -> None:
     try:
-        session.store.write_progress(
-            session.member, state=state, refits_completed=refits, message=msg[:200]
-        )
+        session.store.write_progress(session.member, **progress.fields(state, msg))
     except Exception:  # the exit code still tells the operator what happened
         log.exception("could not report %s", state)
 
 
 async def _refits(
-    config: WorkerConfig, session: RefitSession, handler: DistributedSignalHandler, done: list[int]
+    config: WorkerConfig,
+    session: RefitSession,
+    handler: DistributedSignalHandler,
+    progress: ProgressLog,
 ) -> None:
     state = load_weights(config.weights)
     first = config.first_refit
     for step in range(1, first + 1):
         advance(state, step)
-    total_bytes = 0
-    last: RefitStats | None = None
     for refit in range(first, config.transfer.refits):
         _stop_at_boundary(config, session, handler)
         # Refit k carries the weights after training step k + 1.
@@ -172,27 +187,13 @@ async def _refits(
             stats = await session.send(state.items(), refit_id=refit)
         else:
             stats = await session.receive(refit_id=refit, verify=_verifier(config, state))
-        total_bytes += stats.bytes
-        last = stats
-        done[0] = refit + 1
+        progress.record(refit, stats.bytes, stats.seconds)
         _log_refit(config, stats)
+        verb = "sent" if config.role == "policy" else "committed"
         session.store.write_progress(
-            session.member,
-            refits_completed=refit + 1,
-            bytes_total=total_bytes,
-            last_refit_seconds=stats.seconds,
-            last_refit_bytes=stats.bytes,
-            message=f"refit {refit} {'sent' if config.role == 'policy' else 'committed'}",
+            session.member, **progress.fields(message=f"refit {refit} {verb}")
         )
-    session.store.write_progress(
-        session.member,
-        state="done",
-        refits_completed=config.transfer.refits,
-        bytes_total=total_bytes,
-        last_refit_seconds=last.seconds if last else 0.0,
-        last_refit_bytes=last.bytes if last else 0,
-        message="all refits done",
-    )
+    session.store.write_progress(session.member, **progress.fields("done", "all refits done"))
 
 
 def _stop_at_boundary(

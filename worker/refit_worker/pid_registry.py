@@ -25,6 +25,7 @@ import json
 import os
 import secrets
 import signal
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,34 @@ def parse_registration(path: Path, text: str) -> Registration:
     return Registration(path, pid, start, signals)
 
 
+#: A registration is ~100 bytes; anything much larger is not one.
+MAX_REGISTRATION_BYTES = 4096
+
+
+def _read_registration_file(path: Path) -> str:
+    """The file's text, refusing what is not a small regular UTF-8 file.
+
+    Non-blocking and no symlinks: a FIFO or a device named ``*.json`` in the shared
+    directory must not hang the preStop hook, nor send it reading elsewhere.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path}: not a regular file")
+        if info.st_size > MAX_REGISTRATION_BYTES:
+            raise ValueError(
+                f"{path}: {info.st_size} bytes, over the {MAX_REGISTRATION_BYTES}-byte limit"
+            )
+        data = os.read(fd, MAX_REGISTRATION_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
 def read_registrations(directory: Path) -> tuple[list[Registration], list[str]]:
     """All registrations in ``directory``, and a problem line for each file that is not one."""
     found: list[Registration] = []
@@ -133,7 +162,7 @@ def read_registrations(directory: Path) -> tuple[list[Registration], list[str]]:
         if path.name.startswith("."):
             continue
         try:
-            found.append(parse_registration(path, path.read_text(encoding="utf-8")))
+            found.append(parse_registration(path, _read_registration_file(path)))
         except FileNotFoundError:
             continue  # its process left between listing and reading
         except (ValueError, OSError) as exc:

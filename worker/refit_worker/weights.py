@@ -23,46 +23,9 @@ import torch
 
 from refit_worker.checkpoint_engines.base import dtype_from_name
 from refit_worker.contract.config import SafetensorsWeights, SyntheticWeights, WeightsSource
+from refit_worker.contract.synthetic import synthetic_shapes
 
 StateDict = dict[str, torch.Tensor]
-
-
-def synthetic_shapes(spec: SyntheticWeights) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of the synthetic model, in a fixed order (a Llama-like layout)."""
-    h, inter = spec.hidden, 2 * spec.hidden
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (spec.vocab, h)}
-    for layer in range(spec.layers):
-        prefix = f"model.layers.{layer}"
-        shapes[f"{prefix}.input_layernorm.weight"] = (h,)
-        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            shapes[f"{prefix}.self_attn.{proj}.weight"] = (h, h)
-        shapes[f"{prefix}.post_attention_layernorm.weight"] = (h,)
-        mlps = (
-            [f"{prefix}.mlp.experts.{e}" for e in range(spec.experts)]
-            if spec.experts
-            else [f"{prefix}.mlp"]
-        )
-        if spec.experts:
-            shapes[f"{prefix}.mlp.gate.weight"] = (spec.experts, h)
-        for mlp in mlps:
-            shapes[f"{mlp}.gate_proj.weight"] = (inter, h)
-            shapes[f"{mlp}.up_proj.weight"] = (inter, h)
-            shapes[f"{mlp}.down_proj.weight"] = (h, inter)
-    shapes["model.norm.weight"] = (h,)
-    shapes["lm_head.weight"] = (spec.vocab, h)
-    return shapes
-
-
-def synthetic_nbytes(spec: SyntheticWeights) -> int:
-    """Total bytes of the synthetic model (without generating it)."""
-    itemsize = torch.empty((), dtype=dtype_from_name(spec.dtype)).element_size()
-    total = 0
-    for shape in synthetic_shapes(spec).values():
-        n = 1
-        for dim in shape:
-            n *= dim
-        total += n * itemsize
-    return total
 
 
 def _tensor_seed(seed: int, name: str) -> int:
@@ -95,12 +58,17 @@ def advance(state: StateDict, refit: int) -> None:
     for tensor in state.values():
         if tensor.dtype == torch.bool:
             tensor.logical_not_()
-        elif tensor.dtype in (torch.int8, torch.float8_e4m3fn):
-            # No arithmetic on fp8 on CPU; a byte-wise rotation still changes every value.
-            raw = tensor.view(torch.uint8)
-            raw.add_(refit % 7 + 1)
-        else:
+        elif tensor.is_floating_point() and tensor.dtype not in _FP8:
             tensor.add_(0.5 * refit)
+        else:
+            # Integers (a float step cannot be cast to them) and fp8 (no CPU arithmetic):
+            # a byte-wise rotation still changes every value, deterministically.
+            if not tensor.is_contiguous():
+                raise ValueError("advance needs contiguous tensors (views of one buffer)")
+            tensor.reshape(-1).view(torch.uint8).add_(refit % 7 + 1)
+
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def load_safetensors(source: SafetensorsWeights) -> StateDict:

@@ -1,10 +1,13 @@
 """``refit run MANIFEST``: validate a RefitJob manifest, run it locally, show progress.
 
 A bad manifest (YAML error, wrong kind, invalid spec, impossible topology) prints the
-specific problem and starts nothing.  Ctrl-C (SIGINT) or SIGTERM stops every worker
-gracefully — the same termination path as a pod deletion — and removes the run's files.
+specific problem and starts nothing.  Ctrl-C (SIGINT), SIGTERM or a closed output pipe
+stops every worker gracefully — the same termination path as a pod deletion — and removes
+the run's files; workers die with this process even when it is killed outright, and the
+next run removes what such a run left.
 
-Exit codes: 0 success, 1 the job failed or timed out, 2 bad manifest, 130 interrupted.
+Exit codes: 0 success, 1 the job failed or timed out, 2 bad manifest or flags, 128+N
+stopped by signal N (130 Ctrl-C, 143 SIGTERM, 141 when the output pipe closed).
 
 Must not import: kopf, kubernetes.
 """
@@ -12,21 +15,29 @@ Must not import: kopf, kubernetes.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
+import os
+import re
+import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
 from refit_operator import names
-from refit_operator.local import view
+from refit_operator.local import sizing, view, workdir
 from refit_operator.local.runner import LocalCluster, RunOptions, run_job
 from refit_operator.models import API_VERSION, InvalidSpecError, RefitJobSpec, parse_spec
 from refit_operator.reconcile import Emit
+from refit_worker.contract.synthetic import synthetic_nbytes
 
-EXIT_FAILED, EXIT_BAD_MANIFEST, EXIT_INTERRUPTED = 1, 2, 130
+EXIT_FAILED, EXIT_BAD_MANIFEST = 1, 2
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class ManifestError(ValueError):
@@ -36,7 +47,11 @@ class ManifestError(ValueError):
 def load_manifest(path: Path) -> tuple[dict[str, Any], RefitJobSpec]:
     """Read and validate a RefitJob manifest exactly as the operator would."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(
+            f"{path}: not a YAML manifest: byte {exc.start} is not UTF-8 text"
+        ) from exc
     except OSError as exc:
         raise ManifestError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     try:
@@ -47,6 +62,7 @@ def load_manifest(path: Path) -> tuple[dict[str, Any], RefitJobSpec]:
     if len(jobs) != 1:
         raise ManifestError(
             f"{path}: expected exactly one object of kind RefitJob, found {len(jobs)}"
+            f" ({_kinds_found(docs)})"
         )
     manifest = jobs[0]
     expected = API_VERSION
@@ -55,8 +71,19 @@ def load_manifest(path: Path) -> tuple[dict[str, Any], RefitJobSpec]:
             f"{path}: apiVersion is {manifest.get('apiVersion')!r}, expected {expected!r}"
         )
     meta = manifest.get("metadata")
-    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+    if not isinstance(meta, dict) or meta.get("name") is None:
         raise ManifestError(f"{path}: metadata.name is required")
+    if not isinstance(meta["name"], str):
+        raise ManifestError(
+            f"{path}: metadata.name must be a string, got {type(meta['name']).__name__}"
+            f" {meta['name']!r} (quote it in YAML)"
+        )
+    namespace = meta.get("namespace", "default")
+    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
+        raise ManifestError(
+            f"{path}: metadata.namespace {namespace!r} must be a DNS-1123 label"
+            " (lowercase letters, digits and '-', at most 63 characters)"
+        )
     try:
         spec = parse_spec(manifest.get("spec"))
     except InvalidSpecError as exc:
@@ -67,6 +94,29 @@ def load_manifest(path: Path) -> tuple[dict[str, Any], RefitJobSpec]:
     return manifest, spec
 
 
+def _kinds_found(docs: list[Any]) -> str:
+    kinds = [str(d.get("kind")) if isinstance(d, dict) else type(d).__name__ for d in docs]
+    if not kinds:
+        return "the file holds no YAML document"
+    return "the file holds: " + ", ".join(kinds)
+
+
+def _seconds(*, allow_zero: bool) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds (argparse turns errors into usage)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            bound = ">= 0" if allow_zero else "> 0"
+            raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number {bound}")
+        return value
+
+    return parse
+
+
 def add_parser(sub: Any) -> None:
     """Register ``refit run`` on the ``refit`` command's subparsers."""
     run = sub.add_parser(
@@ -74,23 +124,29 @@ def add_parser(sub: Any) -> None:
         help="run a RefitJob on this machine (no cluster)",
         description="Run a RefitJob locally: the operator's rendering and reconcile, workers "
         "as local processes, a file-backed rendezvous, real NIXL transfers and real signals.",
+        epilog=f"Exit codes: 0 the job succeeded, {EXIT_FAILED} it failed or timed out, "
+        f"{EXIT_BAD_MANIFEST} bad manifest or arguments (nothing started), 128+N stopped by "
+        f"signal N (Ctrl-C: {128 + signal.SIGINT}, SIGTERM: {128 + signal.SIGTERM}, "
+        f"output pipe closed: {128 + signal.SIGPIPE}).",
     )
     run.add_argument("manifest", type=Path, help="RefitJob YAML, e.g. examples/local.yaml")
     run.add_argument(
         "--drain-after",
-        type=float,
+        type=_seconds(allow_zero=True),
         metavar="SECONDS",
-        help="simulate a node drain on one pod this long after the gang runs",
+        help="simulate a node drain on one pod this long after the gang first runs",
     )
     run.add_argument(
-        "--drain-pod", metavar="POD", help="the pod to drain (default: <job>-rollout-0)"
+        "--drain-pod",
+        metavar="POD",
+        help="the pod to drain with --drain-after (default: <job>-rollout-0)",
     )
     run.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds(allow_zero=False),
         default=3600.0,
         metavar="SECONDS",
-        help="give up after this long (default 3600)",
+        help="stop every worker and give up after this long (default 3600)",
     )
     run.add_argument(
         "--workdir",
@@ -101,51 +157,180 @@ def add_parser(sub: Any) -> None:
     run.add_argument(
         "--plain", action="store_true", help="log lines even on a terminal (no live view)"
     )
+    run.add_argument(
+        "--claim",
+        action="append",
+        default=[],
+        type=_claim,
+        metavar="NAME=DIR",
+        help="serve PersistentVolumeClaim NAME from local directory DIR (repeat); a "
+        "safetensors job needs its weights.safetensors.claimName mapped",
+    )
+    run.add_argument(
+        "--skip-resource-check",
+        action="store_true",
+        help="start even when the job looks too large for this machine",
+    )
     run.set_defaults(func=cmd_run)
+
+
+def _claim(text: str) -> tuple[str, Path]:
+    name, sep, directory = text.partition("=")
+    if not sep or not name or not directory:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=DIR")
+    return name, Path(directory).expanduser().resolve()
+
+
+class _Output:
+    """stdout that survives its reader going away (``refit run ... | head``).
+
+    A closed pipe asks the run to stop (every worker is stopped the usual way) and
+    silences further output instead of raising in the middle of the loop.
+    """
+
+    def __init__(self, out: TextIO, on_closed: Callable[[], None]) -> None:
+        self._out, self._on_closed = out, on_closed
+        self.closed = False
+
+    def write(self, text: str) -> None:
+        if self.closed:
+            return
+        try:
+            self._out.write(text)
+            self._out.flush()
+        except BrokenPipeError:
+            self.closed = True
+            # Python flushes stdout once more at exit; point it at nothing first.
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), self._out.fileno())
+            self._on_closed()
+
+    def line(self, text: str) -> None:
+        self.write(text + "\n")
+
+
+def _check_args(args: argparse.Namespace, job: str, spec: RefitJobSpec) -> str | None:
+    """What is wrong with the flags for this job, or None."""
+    if spec.suspend:
+        return (
+            "spec.suspend is true: a suspended job creates no pods until something sets "
+            "suspend: false, and nothing does in a local run; set it to false to run here"
+        )
+    if args.drain_pod is not None:
+        if args.drain_after is None:
+            return "--drain-pod names the pod to drain; it needs --drain-after SECONDS"
+        pods = [names.pod_name(job, "policy", r) for r in range(spec.policy.replicas)]
+        pods += [names.pod_name(job, "rollout", r) for r in range(spec.rollout.replicas)]
+        if args.drain_pod not in pods:
+            shown = ", ".join(pods[:8]) + (", ..." if len(pods) > 8 else "")
+            return f"--drain-pod {args.drain_pod!r} is not a pod of job {job}: pods are {shown}"
+    return None
+
+
+def _claims(args: argparse.Namespace, spec: RefitJobSpec) -> tuple[dict[str, Path], int | None]:
+    """The claim map, and the size of the model the job streams (None: unknown)."""
+    claims = dict(args.claim)
+    for name, directory in claims.items():
+        if not directory.is_dir():
+            raise ManifestError(f"--claim {name}={directory}: not a directory")
+    source = spec.weights.safetensors
+    if source is None:
+        synthetic = spec.weights.synthetic
+        return claims, synthetic_nbytes(synthetic) if synthetic is not None else None
+    if source.claim_name not in claims:
+        raise ManifestError(
+            f"spec.weights.safetensors.claimName {source.claim_name!r}: a local run has no "
+            f"PersistentVolumeClaims; map it to a directory with --claim "
+            f"{source.claim_name}=DIR"
+        )
+    where = claims[source.claim_name] / source.path
+    files = sorted(where.glob("*.safetensors"))
+    if not files:
+        raise ManifestError(f"no *.safetensors files in {where} (claim {source.claim_name})")
+    return claims, sum(f.stat().st_size for f in files)
+
+
+def _check_resources(args: argparse.Namespace, spec: RefitJobSpec, model: int | None) -> None:
+    if args.skip_resource_check:
+        return
+    verdict, sentence = sizing.judge(
+        sizing.estimate(spec, model), _available_memory(), len(os.sched_getaffinity(0))
+    )
+    if verdict == "refuse":
+        raise ManifestError(sentence)
+    if verdict == "warn":
+        print(f"refit run: warning: {sentence}", file=sys.stderr)
+
+
+def _available_memory() -> int:
+    """MemAvailable from /proc/meminfo, in bytes (what the kernel can give without swap)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def _prepare(
+    args: argparse.Namespace,
+) -> tuple[dict[str, Any], RefitJobSpec, dict[str, Path]]:
+    """The manifest, spec and claim map, with the flags checked; ManifestError if not."""
+    manifest, spec = load_manifest(args.manifest)
+    problem = _check_args(args, str(manifest["metadata"]["name"]), spec)
+    if problem is not None:
+        raise ManifestError(problem)
+    claims, model = _claims(args, spec)
+    _check_resources(args, spec, model)
+    if args.workdir is not None:
+        try:
+            args.workdir = workdir.check_given(args.workdir)
+        except workdir.WorkdirError as exc:
+            raise ManifestError(str(exc)) from exc
+    return manifest, spec, claims
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     try:
-        manifest, spec = load_manifest(args.manifest)
+        manifest, spec, claims = _prepare(args)
     except ManifestError as exc:
         print(f"refit run: {exc}", file=sys.stderr)
-        return EXIT_BAD_MANIFEST
-    if args.drain_after is not None and args.drain_after < 0:
-        print("refit run: --drain-after must be >= 0 seconds", file=sys.stderr)
         return EXIT_BAD_MANIFEST
     job = str(manifest["metadata"]["name"])
     live = out.isatty() and not args.plain
     started = time.monotonic()
-    stop = {"requested": False}
+    stop: dict[str, int] = {}
 
     def request_stop(signum: int, frame: object) -> None:
-        stop["requested"] = True
+        stop.setdefault("signal", signum)
 
+    def pipe_closed() -> None:
+        stop.setdefault("signal", signal.SIGPIPE)
+
+    printer = _Output(out, pipe_closed)
+    for stale in workdir.sweep_stale():
+        printer.line(f"refit run: removed {stale}, left by an earlier run that was killed")
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     drawn = [0]
     last_key: list[object] = [None]
 
     def on_event(event: Emit) -> None:
-        _clear(out, drawn)
-        print(view.event_line(event, time.monotonic() - started), file=out, flush=True)
+        _clear(printer, drawn)
+        printer.line(view.event_line(event, time.monotonic() - started))
 
     def on_tick(status: Any, cluster: LocalCluster) -> None:
         elapsed = time.monotonic() - started
         if live:
-            _clear(out, drawn)
-            lines = view.live_lines(job, spec, status, elapsed)
-            out.write("\n".join(lines) + "\n")
-            out.flush()
+            _clear(printer, drawn)
+            width = shutil.get_terminal_size().columns
+            lines = view.fit(view.live_lines(job, spec, status, elapsed), width)
+            printer.write("\n".join(lines) + "\n")
             drawn[0] = len(lines)
         elif view.status_key(status) != last_key[0]:
             last_key[0] = view.status_key(status)
-            print(view.status_line(job, spec, status, elapsed), file=out, flush=True)
+            printer.line(view.status_line(job, spec, status, elapsed))
 
-    print(
+    printer.line(
         f"refit run: {job}: {spec.policy.replicas} policy -> {spec.rollout.replicas} "
-        f"rollout rank(s), {spec.transfer.refits} refit(s), bucket {spec.transfer.bucket_size}",
-        file=out,
-        flush=True,
+        f"rollout rank(s), {spec.transfer.refits} refit(s), bucket {spec.transfer.bucket_size}"
     )
     try:
         result = run_job(
@@ -156,24 +341,33 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
                 drain_after=args.drain_after,
                 drain_pod=args.drain_pod,
                 timeout=args.timeout,
+                claims=claims,
             ),
             on_tick=on_tick,
             on_event=on_event,
-            should_stop=lambda: stop["requested"],
+            should_stop=lambda: "signal" in stop,
         )
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    _clear(out, drawn)
+    _clear(printer, drawn)
     for line in view.summary(job, spec, result, time.monotonic() - started):
-        print(line, file=out)
+        printer.line(line)
+    if args.drain_after is not None and result.drained is None and not result.interrupted:
+        printer.line(
+            f"refit run: note: nothing was drained: the job ended before --drain-after "
+            f"{args.drain_after:g}s had passed with its gang running"
+        )
     if result.interrupted:
-        print("refit run: interrupted; every worker was stopped", file=out)
-        return EXIT_INTERRUPTED
+        signum = stop.get("signal", signal.SIGINT)
+        printer.line(
+            f"refit run: stopped by {signal.Signals(signum).name}; every worker was stopped"
+        )
+        return 128 + signum
     return 0 if result.succeeded else EXIT_FAILED
 
 
-def _clear(out: TextIO, drawn: list[int]) -> None:
+def _clear(out: _Output, drawn: list[int]) -> None:
     """Erase the live block (cursor up n lines, clear to end of screen)."""
     if drawn[0]:
         out.write(f"\x1b[{drawn[0]}F\x1b[J")

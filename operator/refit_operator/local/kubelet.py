@@ -69,6 +69,8 @@ class _Pod:
     finished: str | None = None
     stopping: threading.Thread | None = None
     conditions: list[dict[str, Any]] = field(default_factory=list)
+    #: The container's termination message, read when it exited (as a kubelet does).
+    message: str = ""
 
     @property
     def name(self) -> str:
@@ -84,8 +86,14 @@ class ProcessKubelet:
         *,
         rewrite_env: EnvRewrite | None = None,
         base_env: Mapping[str, str] | None = None,
+        die_with_parent: bool = False,
+        claims: Mapping[str, Path] | None = None,
     ) -> None:
-        self.workdir = Path(workdir)
+        # Absolute: each pod's process runs with its own directory as cwd.
+        self.workdir = Path(workdir).resolve()
+        self._die_with_parent = die_with_parent
+        #: PersistentVolumeClaim name -> the local directory that serves it.
+        self._claims = dict(claims or {})
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._rewrite = rewrite_env
         # The project's console scripts (refit-worker, refit-signal) live beside this Python.
@@ -121,6 +129,10 @@ class ProcessKubelet:
                         stdin=subprocess.DEVNULL,
                         start_new_session=True,
                         cwd=root,
+                        # Only a prctl and a getppid run in the child: no locks, no imports.
+                        preexec_fn=(  # noqa: PLW1509
+                            _parent_death_kill() if self._die_with_parent else None
+                        ),
                     )
                 except OSError as exc:
                     shutil.rmtree(root, ignore_errors=True)
@@ -224,7 +236,9 @@ class ProcessKubelet:
 
     def _container_env(self, pod: Mapping[str, Any], root: Path) -> dict[str, str]:
         container = pod["spec"]["containers"][0]
-        mounts = _empty_dir_mounts(pod, root)
+        mounts = _volume_mounts(pod, root, self._claims)
+        # As a node bind-mounts a file there: the container's termination message file.
+        mounts[_termination_path(container)] = root / TERMINATION_FILE
         env: dict[str, str] = {}
         for item in container.get("env") or []:
             if "value" in item:
@@ -245,6 +259,7 @@ class ProcessKubelet:
                     "exitCode": code,
                     "finishedAt": pod.finished,
                     "reason": "Completed" if code == 0 else "Error",
+                    **({"message": pod.message} if pod.message else {}),
                 }
             }
         ready = "True" if code is None else "False"
@@ -271,6 +286,7 @@ class ProcessKubelet:
                 # Kubernetes reports a signal death as 128 + signal number.
                 pod.exit_code = 128 - code if code < 0 else code
                 pod.finished = _now()
+                pod.message = _termination_message(pod)
                 self.exit_codes[(pod.name, pod.manifest["metadata"]["uid"])] = pod.exit_code
 
     def _terminate(self, pod: _Pod, grace: float) -> None:
@@ -301,6 +317,34 @@ class ProcessKubelet:
         _kill_group(pod.process)
 
 
+#: The file in a pod's directory that stands for its termination message path.
+TERMINATION_FILE = "termination-log"
+#: What a kubelet keeps: 4096 bytes of the file; of the log, the last 80 lines or 2048 bytes.
+_MESSAGE_BYTES, _LOG_LINES, _LOG_BYTES = 4096, 80, 2048
+
+
+def _termination_path(container: Mapping[str, Any]) -> str:
+    return str(container.get("terminationMessagePath") or "/dev/termination-log").rstrip("/")
+
+
+def _termination_message(pod: _Pod) -> str:
+    """The container's message file or, with FallbackToLogsOnError and a failed exit and no
+    message, the end of its log: what a kubelet reports as ``terminated.message``."""
+    try:
+        text = (pod.root / TERMINATION_FILE).read_bytes()[:_MESSAGE_BYTES]
+    except OSError:
+        text = b""
+    container = pod.manifest["spec"]["containers"][0]
+    fallback = container.get("terminationMessagePolicy") == "FallbackToLogsOnError"
+    if not text.strip() and fallback and pod.exit_code not in (None, 0):
+        try:
+            lines = pod.log_path.read_bytes().splitlines()[-_LOG_LINES:]
+        except OSError:
+            lines = []
+        text = b"\n".join(lines)[-_LOG_BYTES:]
+    return text.decode("utf-8", errors="replace").strip()
+
+
 def _with_uid(manifest: Mapping[str, Any]) -> dict[str, Any]:
     import copy
 
@@ -326,12 +370,26 @@ def _argv(pod: Mapping[str, Any]) -> list[str]:
     return argv
 
 
-def _empty_dir_mounts(pod: Mapping[str, Any], root: Path) -> dict[str, Path]:
-    volumes = {v["name"] for v in pod["spec"].get("volumes") or [] if "emptyDir" in v}
+def _volume_mounts(
+    pod: Mapping[str, Any], root: Path, claims: Mapping[str, Path]
+) -> dict[str, Path]:
+    """Mount path -> local directory: emptyDirs per pod, claims from the node's map."""
+    local_dirs: dict[str, Path] = {}
+    for volume in pod["spec"].get("volumes") or []:
+        if "emptyDir" in volume:
+            local_dirs[volume["name"]] = root / "volumes" / volume["name"]
+        elif "persistentVolumeClaim" in volume:
+            claim = str(volume["persistentVolumeClaim"].get("claimName", ""))
+            if claim not in claims:
+                raise KubeletError(
+                    f"pod {pod['metadata']['name']}: volume {volume['name']!r} needs "
+                    f"PersistentVolumeClaim {claim!r}, which this node does not serve"
+                )
+            local_dirs[volume["name"]] = claims[claim]
     mounts: dict[str, Path] = {}
     for mount in pod["spec"]["containers"][0].get("volumeMounts") or []:
-        if mount["name"] in volumes:
-            local = root / "volumes" / mount["name"]
+        local = local_dirs.get(mount["name"])
+        if local is not None:
             local.mkdir(parents=True, exist_ok=True)
             mounts[str(mount["mountPath"]).rstrip("/")] = local
     root.mkdir(parents=True, exist_ok=True)
@@ -358,6 +416,30 @@ def _field_ref(pod: Mapping[str, Any], value_from: Mapping[str, Any]) -> str:
     if path not in fields:
         raise KubeletError(f"pod {meta['name']}: unsupported downward API field {path!r}")
     return str(fields[path])
+
+
+def _parent_death_kill() -> Callable[[], None]:
+    """A ``preexec_fn`` asking Linux to SIGKILL the child when this process dies.
+
+    Pods run in sessions of their own, so nothing else ends them if the parent is killed
+    outright.  Linux sends it when the thread that started the child ends, so create pods
+    from a thread that lives as long as they do (``refit run``'s main thread does).
+    Resolved before the fork: the child only makes the system call.
+    """
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os._exit(1)
+
+    return arm
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:

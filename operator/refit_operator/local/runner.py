@@ -16,7 +16,6 @@ job's ConfigMaps on one machine.
 from __future__ import annotations
 
 import socket
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -28,16 +27,20 @@ from typing import Any
 from refit_operator import names
 from refit_operator.coordinate import PatchData, merged
 from refit_operator.local.kubelet import KubeletError, ProcessKubelet
+from refit_operator.local.ledger import RefitLedger
+from refit_operator.local.workdir import create_own
 from refit_operator.models import Phase, RefitJobSpec, RefitJobStatus
-from refit_operator.observe import observe
+from refit_operator.observe import Observed, observe
 from refit_operator.reconcile import Create, Decision, Delete, Emit, JobView, reconcile
-from refit_operator.render import JobRef, RenderOptions
-from refit_worker.contract.config import RendezvousConfig, WorkerConfig
-from refit_worker.contract.rendezvous import EntryError, Layout, read_snapshot
+from refit_operator.render import WEIGHTS_DIR, JobRef, RenderOptions
+from refit_worker.contract.config import RendezvousConfig, SafetensorsWeights, WorkerConfig
+from refit_worker.contract.rendezvous import Layout
 from refit_worker.rendezvous.file_store import FileStore
 
 #: How often the loop observes and reconciles.
 TICK_S = 0.2
+#: Lines of a failed pod's log that the summary shows.
+FAILED_LOG_LINES = 12
 
 FINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 
@@ -50,30 +53,17 @@ class RunOptions:
     drain_pod: str | None = None
     #: Give up (and stop everything) after this many seconds.
     timeout: float = 3600.0
-
-
-@dataclass(frozen=True)
-class RefitRecord:
-    """One refit as the rollout ranks reported it."""
-
-    index: int
-    epoch: int
-    #: Bytes all rollout ranks received for it.
-    bytes: int
-    #: Time of the slowest rollout rank.
-    seconds: float
-
-    @property
-    def gbps(self) -> float:
-        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+    #: PersistentVolumeClaim name -> local directory (a safetensors job's weights).
+    claims: Mapping[str, Path] = field(default_factory=dict)
 
 
 @dataclass
 class RunResult:
     status: RefitJobStatus
-    refits: list[RefitRecord] = field(default_factory=list)
-    #: (epoch, refit) -> rollout rank -> (bytes, seconds), as reported.
-    per_rank: dict[tuple[int, int], dict[int, tuple[int, float]]] = field(default_factory=dict)
+    #: Every refit the rollout ranks reported, itemised where they did (see ledger.py).
+    ledger: RefitLedger = field(default_factory=RefitLedger)
+    #: Pod name -> the last lines of its log, for each pod that failed (kept past clean-up).
+    failed_logs: dict[str, str] = field(default_factory=dict)
     events: list[Emit] = field(default_factory=list)
     drained: str | None = None
     interrupted: bool = False
@@ -87,20 +77,36 @@ class RunResult:
 class LocalCluster:
     """The few objects a job owns, held in memory; pods live in the process kubelet."""
 
-    def __init__(self, job: JobRef, spec: RefitJobSpec, workdir: Path) -> None:
+    def __init__(
+        self,
+        job: JobRef,
+        spec: RefitJobSpec,
+        workdir: Path,
+        claims: Mapping[str, Path] | None = None,
+    ) -> None:
         self.job, self.spec = job, spec
         self.workdir = workdir
+        source = spec.weights.safetensors
+        #: Where the weights volume's files are on this machine (a safetensors job).
+        self.weights_dir = (claims or {}).get(source.claim_name) if source else None
         policy, rollout = spec.policy.replicas, spec.rollout.replicas
         self.layout = Layout(policy, rollout, names.rendezvous_shards(policy, rollout))
         self.store_dir = workdir / "rendezvous"
         self.store = FileStore(self.store_dir, self.layout)
-        self.kubelet = ProcessKubelet(workdir, rewrite_env=self._local_env)
+        # Workers die with `refit run` even when it is killed with SIGKILL.
+        self.kubelet = ProcessKubelet(
+            workdir, rewrite_env=self._local_env, die_with_parent=True, claims=claims
+        )
         self.others: dict[tuple[str, str], dict[str, Any]] = {}
         self._ports = LoopbackPorts()
 
     def _local_env(self, pod: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
         return local_env(
-            env, port=self._ports.for_pod(pod), store_dir=self.store_dir, shards=self.layout.shards
+            env,
+            port=self._ports.for_pod(pod),
+            store_dir=self.store_dir,
+            shards=self.layout.shards,
+            weights_dir=self.weights_dir,
         )
 
     def observed_rendezvous(self) -> dict[str, dict[str, str]]:
@@ -142,16 +148,26 @@ class LocalCluster:
 
 
 def local_env(
-    env: Mapping[str, str], *, port: int, store_dir: Path | None = None, shards: int = 1
+    env: Mapping[str, str],
+    *,
+    port: int,
+    store_dir: Path | None = None,
+    shards: int = 1,
+    weights_dir: Path | None = None,
 ) -> dict[str, str]:
     """What one host changes in a rendered pod's env: the role's rendezvous on loopback at
-    ``port`` and, with ``store_dir``, the file-backed store instead of the ConfigMaps."""
+    ``port``; with ``store_dir``, the file-backed store instead of the ConfigMaps; with
+    ``weights_dir``, the weights volume's mount path replaced by that directory."""
     config = WorkerConfig.from_env(env)
     update: dict[str, Any] = {"master_addr": "127.0.0.1", "master_port": port}
     if store_dir is not None:
         update["rendezvous"] = RendezvousConfig(
             store="file", location=str(store_dir), shards=shards
         )
+    weights = config.weights
+    if weights_dir is not None and isinstance(weights, SafetensorsWeights):
+        inside = weights.path.removeprefix(WEIGHTS_DIR).lstrip("/")
+        update["weights"] = weights.model_copy(update={"path": str(weights_dir / inside)})
     return {**env, **config.model_copy(update=update).to_env()}
 
 
@@ -189,14 +205,9 @@ def run_job(
     meta = manifest.get("metadata") or {}
     job = JobRef(str(meta["name"]), str(meta.get("namespace") or "default"), str(uuid.uuid4()))
     own_dir = options.workdir is None
-    workdir = (
-        Path(tempfile.mkdtemp(prefix=f"refit-{job.name}-"))
-        if own_dir
-        else Path(
-            options.workdir  # type: ignore[arg-type]
-        )
-    )
-    cluster = LocalCluster(job, spec, workdir)
+    # Absolute: every pod runs in a directory of its own, so a relative path would miss.
+    workdir = create_own(job.name) if options.workdir is None else options.workdir.resolve()
+    cluster = LocalCluster(job, spec, workdir, options.claims)
     view = JobView(job, int(meta.get("generation") or 1), manifest["spec"], RefitJobStatus())
     result = RunResult(view.status)
     started = time.monotonic()
@@ -211,6 +222,9 @@ def run_job(
             observed = observe(
                 cluster.kubelet.pods(), list(cluster.others.values()), cluster.observed_rendezvous()
             )
+            # Before the decision is applied: a new epoch clears what the old one reported.
+            result.ledger.ingest(merged(observed.rendezvous))
+            _keep_failed_logs(result, cluster, observed)
             decision = reconcile(view, observed, datetime.now(UTC), RenderOptions())
             try:
                 cluster.apply(decision, emit)
@@ -221,7 +235,6 @@ def run_job(
                     update={"phase": Phase.FAILED, "message": str(exc)}
                 )
                 return result
-            _record_refits(result, cluster, decision.status.epoch)
             view = JobView(view.ref, view.generation, view.raw_spec, decision.status)
             result.status = decision.status
             on_tick(decision.status, cluster)
@@ -261,28 +274,8 @@ def run_job(
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _record_refits(result: RunResult, cluster: LocalCluster, epoch: int) -> None:
-    """Per-refit figures from the rollout ranks' own reports (bytes summed, time of the
-    slowest rank); a refit some rank finished between two ticks is filled in once seen."""
-    try:
-        snap = read_snapshot(
-            merged(cluster.observed_rendezvous()),
-            epoch,
-            cluster.layout.policy_world_size,
-            cluster.layout.rollout_world_size,
-        )
-    except EntryError:
-        return  # the reconcile reports a bad entry in the status
-    for (role, rank), entry in snap.progress.items():
-        if role == "rollout" and entry.refits_completed > 0 and entry.last_refit_bytes:
-            key = (epoch, entry.refits_completed - 1)
-            result.per_rank.setdefault(key, {})[rank] = (
-                entry.last_refit_bytes,
-                entry.last_refit_seconds,
-            )
-    result.refits = [
-        RefitRecord(
-            index, ep, sum(b for b, _ in ranks.values()), max(sec for _, sec in ranks.values())
-        )
-        for (ep, index), ranks in sorted(result.per_rank.items(), key=lambda kv: kv[0][::-1])
-    ]
+def _keep_failed_logs(result: RunResult, cluster: LocalCluster, observed: Observed) -> None:
+    """The tail of each failed pod's log, read before the run's files go."""
+    for pod in observed.pods:
+        if pod.failure and pod.name not in result.failed_logs:
+            result.failed_logs[pod.name] = cluster.kubelet.log_tail(pod.name, FAILED_LOG_LINES)

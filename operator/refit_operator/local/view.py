@@ -19,9 +19,31 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GiB"  # pragma: no cover - the loop always returns
 
 
+def human_rate(bytes_per_second: float) -> str:
+    """A rate in the unit that shows its digits: tiny test buckets are not '0.00 GB/s'."""
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bytes_per_second >= scale:
+            return f"{bytes_per_second / scale:.2f} {unit}"
+    return f"{bytes_per_second:.0f} B/s"
+
+
 def gbps(status: RefitJobStatus) -> str:
     rate = status.last_throughput_bytes_per_second
-    return f"{rate / 1e9:.2f} GB/s" if rate else "-"
+    return human_rate(rate) if rate else "-"
+
+
+def fit(lines: list[str], width: int) -> list[str]:
+    """Cut lines to the terminal's width: a wrapped line would not be erased on redraw."""
+    limit = max(width - 1, 8)
+    return [line if len(line) <= limit else line[: limit - 1] + "~" for line in lines]
+
+
+def connection(status: RefitJobStatus) -> str:
+    """Whether the gang's ranks are connected (the barrier is open), or how far along."""
+    cond = next((c for c in status.conditions if c.type == "Connected"), None)
+    if cond is None:
+        return "-"
+    return "connected" if cond.status == "True" else f"connecting ({cond.message})"
 
 
 def live_lines(job: str, spec: RefitJobSpec, status: RefitJobStatus, elapsed: float) -> list[str]:
@@ -34,7 +56,8 @@ def live_lines(job: str, spec: RefitJobSpec, status: RefitJobStatus, elapsed: fl
         f"refit {min(status.refits_completed + 1, refits)}/{refits}  "
         f"done {status.refits_completed}  moved {human_bytes(status.bytes_transferred)}  "
         f"last {gbps(status)}",
-        f"  restarts {status.restarts}  preemptions {status.preemptions}",
+        f"  restarts {status.restarts}  preemptions {status.preemptions}  "
+        f"ranks {connection(status)}",
     ]
 
 
@@ -48,6 +71,7 @@ def status_key(status: RefitJobStatus) -> tuple[object, ...]:
         status.refits_completed,
         status.restarts,
         status.preemptions,
+        connection(status) == "connected",
     )
 
 
@@ -59,8 +83,9 @@ def status_line(job: str, spec: RefitJobSpec, status: RefitJobStatus, elapsed: f
         f"rollout_ready={status.rollout.ready}/{spec.rollout.replicas} "
         f"refits={status.refits_completed}/{spec.transfer.refits} "
         f"bytes={status.bytes_transferred} "
-        f"gbps={(status.last_throughput_bytes_per_second or 0) / 1e9:.3f} "
-        f"restarts={status.restarts} preemptions={status.preemptions}"
+        f"gbps={(status.last_throughput_bytes_per_second or 0) / 1e9:.4g} "
+        f"restarts={status.restarts} preemptions={status.preemptions} "
+        f"connected={'yes' if connection(status) == 'connected' else 'no'}"
     )
 
 
@@ -68,20 +93,26 @@ def event_line(event: Emit, elapsed: float) -> str:
     return f"t={elapsed:.1f}s event type={event.type} reason={event.reason} {event.message}"
 
 
-def verification(spec: RefitJobSpec, result: RunResult) -> str:
-    """What was checked before each commit, in words."""
-    if not result.succeeded:
-        return "incomplete (the job did not succeed)"
-    if spec.weights.synthetic is not None:
-        return (
-            f"bit-exact: every tensor on all {spec.rollout.replicas} rollout rank(s), "
-            "checked against the regenerated weights before each commit"
-        )
-    return "manifest complete on every rollout rank (names, shapes, dtypes) before each commit"
+#: What each reported verification method means, in the summary's words.
+_VERIFIED = {
+    "bit-exact": "bit-exact: every tensor checked against independently regenerated weights",
+    "checksums": "checksums: every tensor's integrity hash matched the sender's",
+    "manifest": "manifest only: every name, shape, dtype and byte accounted for, values unchecked",
+    "none": "none reported: no rollout rank said it checked what it committed",
+}
+
+
+def verification(status: RefitJobStatus) -> str:
+    """How the committed refits were checked, as the rollout ranks reported it (the weakest
+    method any rank applied), never what the spec suggests."""
+    if status.refits_completed == 0:
+        return "nothing committed, nothing verified"
+    return _VERIFIED.get(status.verification, status.verification)
 
 
 def summary(job: str, spec: RefitJobSpec, result: RunResult, elapsed: float) -> list[str]:
-    """The final table."""
+    """The final table: one row per refit the rollout ranks reported; rows add up to the
+    bytes line below them."""
     status = result.status
     verdict = (
         "interrupted"
@@ -91,17 +122,28 @@ def summary(job: str, spec: RefitJobSpec, result: RunResult, elapsed: float) -> 
     lines = [f"RefitJob {job}: {verdict} in {elapsed:.1f}s"]
     if status.message:
         lines.append(f"  message: {status.message}")
-    lines.append(f"  {'refit':>5}  {'epoch':>5}  {'bytes':>10}  {'seconds':>8}  {'GB/s':>6}")
-    for rec in result.refits:
+    rows = result.ledger.rows()
+    if rows:
         lines.append(
-            f"  {rec.index:>5}  {rec.epoch:>5}  {human_bytes(rec.bytes):>10}  "
-            f"{rec.seconds:>8.3f}  {rec.gbps:>6.2f}"
+            f"  {'refit':>5}  {'epoch':>5}  {'bytes':>10}  {'seconds':>8}  {'rate':>11}"
+            "   (seconds: transfer and commit, slowest rollout rank)"
         )
+    for row in rows:
+        rate = human_rate(row.bytes / row.seconds) if row.seconds > 0 else "-"
+        lines.append(
+            f"  {row.label:>5}  {row.epoch:>5}  {human_bytes(row.bytes):>10}  "
+            f"{row.seconds:>8.3f}  {rate:>11}"
+        )
+    if any(not row.itemised for row in rows):
+        lines.append("  * not itemised: refits that finished between two reads of the reports")
     lines += [
         f"  refits {status.refits_completed}/{spec.transfer.refits}  "
         f"bytes {human_bytes(status.bytes_transferred)}  restarts {status.restarts}  "
         f"preemptions {status.preemptions}"
         + (f" (drained {result.drained})" if result.drained else ""),
-        f"  verification: {verification(spec, result)}",
+        f"  verification: {verification(status)}",
     ]
+    for pod, tail in result.failed_logs.items():
+        lines.append(f"  last lines of {pod}'s log:")
+        lines += [f"    | {line}" for line in (tail.splitlines() or ["(empty)"])]
     return lines

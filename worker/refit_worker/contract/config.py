@@ -120,6 +120,10 @@ class RendezvousConfig(_Frozen):
     shards: int = Field(1, ge=1)
 
 
+#: The kubelet's default ``terminationMessagePath``.
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+
+
 class WorkerConfig(_Frozen):
     """Everything a policy or rollout worker needs to know, set per pod by the operator."""
 
@@ -144,6 +148,9 @@ class WorkerConfig(_Frozen):
     preemption_signal: PreemptionSignals = DEFAULT_SIGNALS
     #: Where ``DistributedSignalHandler`` registers for ``refit-signal`` ("" for nowhere).
     signal_pid_dir: str = ""
+    #: Where a failing worker writes why (the container's ``terminationMessagePath``): the
+    #: kubelet puts it into the pod's status, and the operator into the job's.
+    termination_message_path: str = TERMINATION_MESSAGE_PATH
 
     @property
     def world_size(self) -> int:

@@ -21,7 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from refit_worker.contract.roles import Role, check_role
 
-PROTOCOL_VERSION = 1
+#: 2: progress entries carry the recent refits, cumulative seconds and how refits were
+#: verified (1 had only the last refit, so samplers missed refits between two reads).
+PROTOCOL_VERSION = 2
 
 #: Ranks whose entries share one ConfigMap.  Sized so that a full shard 0 (128 ranks at
 #: their metadata and progress limits, plus the barrier of MAX_RANKS ranks and the notice)
@@ -35,7 +37,10 @@ SHARD_BUDGET_BYTES = 1_000_000
 #: Size limits of encoded values, by key kind.  NIXL agent metadata is ~451 bytes raw,
 #: ~600 as base64 in JSON; the rest of the limit leaves room for buffer descriptors.
 MAX_META_BYTES = 5120
-MAX_PROGRESS_BYTES = 512
+MAX_PROGRESS_BYTES = 1024
+#: Refits a progress entry itemises: a reader that samples at least once per this many
+#: refits of a rank sees each of them; one that samples less sees the gap in the totals.
+RECENT_REFITS = 8
 MAX_PREEMPT_BYTES = 1024
 #: Pod uids are 36 characters; local runs may use their own ids up to this length.
 MAX_UID_CHARS = 40
@@ -46,6 +51,11 @@ PREEMPT_KEY = "preempt"
 
 KeyKind: TypeAlias = Literal["meta", "progress", "barrier", "preempt"]
 ProgressState: TypeAlias = Literal["running", "done", "preempted", "failed"]
+#: How a rollout rank checked each refit before committing it, weakest first: nothing,
+#: the manifest (every name, shape and dtype, every byte accounted for), integrity hashes
+#: of every tensor, or every bit against independently regenerated weights.
+Verification: TypeAlias = Literal["none", "manifest", "checksums", "bit-exact"]
+VERIFICATION_ORDER: tuple[Verification, ...] = ("none", "manifest", "checksums", "bit-exact")
 
 _KEY_RE = re.compile(r"(meta|progress)\.(policy|rollout)\.(0|[1-9][0-9]{0,8})")
 _DATA_KEY_RE = re.compile(r"[-._a-zA-Z0-9]+")
@@ -135,15 +145,37 @@ class MetadataEntry(_RankEntry):
         return value
 
 
+class RefitReport(BaseModel):
+    """One refit as a rank reported it: what moved, and how long transfer and commit took."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    refit: int = Field(ge=0)
+    bytes: int = Field(ge=0)
+    seconds: float = Field(ge=0, allow_inf_nan=False)
+
+
 class ProgressEntry(_RankEntry):
-    """A rank's progress in its epoch; rollout ranks count what they committed."""
+    """A rank's progress in its epoch; rollout ranks count what they committed.
+
+    ``refits_completed`` counts from the job's start (a recreated gang resumes there);
+    ``bytes_total`` and ``seconds_total`` cover this epoch's refits, of which ``recent``
+    itemises the last :data:`RECENT_REFITS`.
+    """
 
     state: ProgressState = "running"
+    #: Refits the job had committed when this epoch began (where this gang resumed).
+    first_refit: int = Field(0, ge=0)
     refits_completed: int = Field(0, ge=0)
     bytes_total: int = Field(0, ge=0)
-    last_refit_seconds: float = Field(0.0, ge=0)
-    last_refit_bytes: int = Field(0, ge=0)
+    seconds_total: float = Field(0.0, ge=0, allow_inf_nan=False)
+    recent: tuple[RefitReport, ...] = Field((), max_length=RECENT_REFITS)
+    verification: Verification = "none"
     message: str = Field("", max_length=200)
+
+    @property
+    def last_refit(self) -> RefitReport | None:
+        return self.recent[-1] if self.recent else None
 
 
 class BarrierEntry(_Entry):
@@ -194,10 +226,29 @@ def encode_entry(key: str, entry: Entry) -> str:
     return text
 
 
+class TruncatedValue(str):
+    """The first bytes of a stored value too large to read whole, with its real size.
+
+    A store that caps what it reads (the file store) hands this over, so the size check
+    below quotes the value's real size, not the cap.
+    """
+
+    size: int
+
+    def __new__(cls, head: str, size: int) -> TruncatedValue:
+        value = super().__new__(cls, head)
+        value.size = size
+        return value
+
+
+def _value_size(text: str) -> int:
+    return text.size if isinstance(text, TruncatedValue) else len(text.encode())
+
+
 def decode_entry(key: str, text: str) -> Entry:
     """The entry stored as ``text`` under ``key``; EntryError says what is wrong with it."""
     parsed = parse_known_key(key)
-    _check_size(key, parsed.kind, len(text.encode()))
+    _check_size(key, parsed.kind, _value_size(text))
     try:
         raw: Any = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -25,7 +25,7 @@ nothing that does I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from refit_worker.contract.config import WorkerConfig
@@ -39,8 +39,10 @@ from refit_worker.contract.entries import (
     PREEMPT_KEY,
     PROTOCOL_VERSION,
     RANKS_PER_SHARD,
+    RECENT_REFITS,
     SHARD_BUDGET_BYTES,
     UID_PATTERN,
+    VERIFICATION_ORDER,
     BarrierEntry,
     Entry,
     EntryError,
@@ -50,6 +52,8 @@ from refit_worker.contract.entries import (
     PreemptNotice,
     ProgressEntry,
     ProgressState,
+    RefitReport,
+    Verification,
     decode_entry,
     encode_entry,
     is_valid_data_key,
@@ -71,9 +75,11 @@ __all__ = [
     "PREEMPT_KEY",
     "PROTOCOL_VERSION",
     "RANKS_PER_SHARD",
+    "RECENT_REFITS",
     "ROLES",
     "SHARD_BUDGET_BYTES",
     "UID_PATTERN",
+    "VERIFICATION_ORDER",
     "BarrierEntry",
     "Entry",
     "EntryError",
@@ -85,7 +91,9 @@ __all__ = [
     "ProgressEntry",
     "ProgressState",
     "ProgressSummary",
+    "RefitReport",
     "Snapshot",
+    "Verification",
     "aggregate_progress",
     "barrier_ready",
     "check_role",
@@ -104,6 +112,7 @@ __all__ = [
     "shard_of",
     "shard_of_key",
     "shards_needed",
+    "weakest",
 ]
 
 
@@ -316,7 +325,7 @@ def make_preempt_notice(epoch: int, pod: str, uid: str, reason: str) -> PreemptN
 
 @dataclass(frozen=True, slots=True)
 class ProgressSummary:
-    """What the job's status shows of an epoch's progress."""
+    """What the job's status shows of an epoch's progress, from the ranks' own reports."""
 
     refits_completed: int
     bytes_total: int
@@ -326,6 +335,20 @@ class ProgressSummary:
     ranks_done: int
     ranks_preempted: int
     ranks_failed: int
+    #: The weakest check any rollout rank applied to the refits it committed ("none" when
+    #: none reported one): the job's status never claims more than every rank did.
+    verification: Verification = "none"
+    #: Ranks whose last report says ``done``: their work is on record even once their pod
+    #: is gone (a drained node, a finished pod deleted).
+    done: frozenset[tuple[Role, int]] = frozenset()
+    #: Every rollout rank reported ``done``.
+    rollout_done: bool = False
+
+
+def weakest(methods: Iterable[Verification]) -> Verification:
+    """The least of ``methods`` in :data:`VERIFICATION_ORDER` ("none" for no methods)."""
+    ranks = [VERIFICATION_ORDER.index(m) for m in methods]
+    return VERIFICATION_ORDER[min(ranks)] if ranks else "none"
 
 
 def aggregate_progress(
@@ -334,9 +357,9 @@ def aggregate_progress(
     """Fold per-rank progress of one epoch into the job's numbers.
 
     A refit counts once every rollout rank committed it (the minimum; a silent rank
-    counts 0).  Bytes are what rollout ranks received.  The last refit took as long as
-    its slowest rollout rank, and its throughput is all bytes it moved over that time;
-    a rank already one refit ahead contributes its own latest refit, which moves the
+    counts 0).  Bytes are what rollout ranks received in this epoch.  The last refit took
+    as long as its slowest rollout rank, and its throughput is all bytes it moved over that
+    time; a rank already one refit ahead contributes its own latest refit, which moves the
     same weights, so the figure stays honest.
     """
     rollout = [snap.progress.get(("rollout", r)) for r in range(rollout_world_size)]
@@ -346,9 +369,10 @@ def aggregate_progress(
         if p.rank < (policy_world_size if p.role == "policy" else rollout_world_size)
     ]
     refits = min((p.refits_completed if p is not None else 0) for p in rollout)
-    present = [p for p in rollout if p is not None and p.refits_completed > 0]
-    seconds = max((p.last_refit_seconds for p in present), default=0.0)
-    last_bytes = sum(p.last_refit_bytes for p in present)
+    lasts = [p.last_refit for p in rollout if p is not None and p.last_refit is not None]
+    seconds = max((last.seconds for last in lasts), default=0.0)
+    last_bytes = sum(last.bytes for last in lasts)
+    committing = [p for p in rollout if p is not None and p.recent]
     return ProgressSummary(
         refits_completed=refits,
         bytes_total=sum(p.bytes_total for p in rollout if p is not None),
@@ -358,4 +382,8 @@ def aggregate_progress(
         ranks_done=sum(p.state == "done" for p in reported),
         ranks_preempted=sum(p.state == "preempted" for p in reported),
         ranks_failed=sum(p.state == "failed" for p in reported),
+        # A rank that committed nothing yet checked nothing: it does not lower the method.
+        verification=weakest(p.verification for p in committing) if committing else "none",
+        done=frozenset((p.role, p.rank) for p in reported if p.state == "done"),
+        rollout_done=all(p is not None and p.state == "done" for p in rollout),
     )

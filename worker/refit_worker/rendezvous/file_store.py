@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from refit_worker.contract.entries import TruncatedValue
 from refit_worker.contract.rendezvous import Layout, is_valid_data_key, max_value_bytes
 from refit_worker.rendezvous.store import Check, RendezvousStore, RendezvousTimeout, T
 from refit_worker.waits import Backoff, CancelFlag, poll_until
@@ -86,9 +87,12 @@ class FileStore(RendezvousStore):
             try:
                 with path.open("rb") as src:
                     raw = src.read(_READ_LIMIT + 1)
+                    size = os.fstat(src.fileno()).st_size
             except FileNotFoundError:
                 continue  # removed between listing and reading: as if never listed
-            data[path.name] = raw.decode("utf-8", errors="replace")
+            text = raw.decode("utf-8", errors="replace")
+            # Too large to read whole: the size check must still quote its real size.
+            data[path.name] = TruncatedValue(text, size) if size > _READ_LIMIT else text
         return data
 
     def _wait(

@@ -41,7 +41,9 @@ from refit_worker.contract.rendezvous import (
     PreemptNotice,
     ProgressEntry,
     ProgressState,
+    RefitReport,
     Snapshot,
+    Verification,
     barrier_ready,
     decode_entry,
     encode_entry,
@@ -244,23 +246,28 @@ class RendezvousStore(ABC):
         me: Member,
         *,
         state: ProgressState = "running",
+        first_refit: int = 0,
         refits_completed: int = 0,
         bytes_total: int = 0,
-        last_refit_seconds: float = 0.0,
-        last_refit_bytes: int = 0,
+        seconds_total: float = 0.0,
+        recent: tuple[RefitReport, ...] = (),
+        verification: Verification = "none",
         message: str = "",
     ) -> ProgressEntry:
-        """Report this rank's progress in its epoch (replaces its previous report)."""
+        """Report this rank's progress in its epoch (replaces its previous report); a
+        :class:`~refit_worker.contract.progress.ProgressLog` gives the fields."""
         entry = ProgressEntry(
             epoch=me.epoch,
             uid=me.uid,
             role=me.role,
             rank=me.rank,
             state=state,
+            first_refit=first_refit,
             refits_completed=refits_completed,
             bytes_total=bytes_total,
-            last_refit_seconds=last_refit_seconds,
-            last_refit_bytes=last_refit_bytes,
+            seconds_total=seconds_total,
+            recent=recent,
+            verification=verification,
             message=message,
         )
         self.put_entry(progress_key(me.role, me.rank), entry)

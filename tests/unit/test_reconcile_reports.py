@@ -1,0 +1,267 @@
+"""Success, figures and connection state come from what ranks reported, never from exit
+codes alone.  The pure reconcile only: pods as manifests, the rendezvous as data.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from refit_operator import reconcile as rc
+from refit_operator.models import Phase, RefitJobStatus
+from refit_operator.observe import observe
+from refit_operator.render import JobRef, RenderOptions, render_gang, render_static
+from refit_worker.contract.entries import ProgressState, Verification
+from refit_worker.contract.progress import ProgressLog
+from refit_worker.contract.rendezvous import (
+    BARRIER_KEY,
+    BarrierEntry,
+    MetadataEntry,
+    ProgressEntry,
+    encode_entry,
+    meta_key,
+    progress_key,
+)
+from refit_worker.contract.roles import Role
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+REF = JobRef(name="job", namespace="ns", uid="u-1")
+SPEC: dict[str, Any] = {
+    "image": "img",
+    "policy": {"replicas": 1},
+    "rollout": {"replicas": 2},
+    "transfer": {"refits": 3},
+    "failurePolicy": {"maxRestarts": 2, "backoffSeconds": 10},
+}
+NAMES = ["job-policy-0", "job-rollout-0", "job-rollout-1"]
+RUNNING = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+SUCCEEDED = {"phase": "Succeeded"}
+DRAINED_AFTER_SUCCESS = {
+    "phase": "Succeeded",
+    "conditions": [
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    ],
+}
+
+
+def _uid(name: str, epoch: int) -> str:
+    return f"uid-{name}-{epoch}"
+
+
+def _pods(epoch: int, **status_by_name: dict[str, Any]) -> list[dict[str, Any]]:
+    pods = render_gang(REF, rc.parse_spec(SPEC), epoch, RenderOptions())
+    out = []
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        if status_by_name.get(name) == "gone":
+            continue
+        pod["metadata"]["uid"] = _uid(name, epoch)
+        pod["status"] = status_by_name.get(name, {"phase": "Pending"})
+        out.append(pod)
+    return out
+
+
+def _report(
+    epoch: int,
+    role: Role,
+    rank: int,
+    refits: int,
+    *,
+    state: ProgressState = "running",
+    verification: Verification = "bit-exact",
+    nbytes: int = 100,
+    first: int = 0,
+) -> tuple[str, str]:
+    log = ProgressLog(first, verification=verification if role == "rollout" else "none")
+    for refit in range(first, refits):
+        log.record(refit, nbytes, 0.5)
+    entry = ProgressEntry(
+        epoch=epoch,
+        uid=_uid(f"job-{role}-{rank}", epoch),
+        role=role,
+        rank=rank,
+        **log.fields(state),
+    )
+    return progress_key(role, rank), encode_entry(progress_key(role, rank), entry)
+
+
+def _run(
+    status: RefitJobStatus, pods: list[dict[str, Any]], data: dict[str, str] | None = None
+) -> rc.Decision:
+    job = rc.JobView(ref=REF, generation=1, raw_spec=SPEC, status=status)
+    others = render_static(REF, rc.parse_spec(SPEC))
+    observed = observe(pods, others, {"job-rendezvous": data or {}})
+    return rc.reconcile(job, observed, NOW, RenderOptions())
+
+
+def _done_by_all(epoch: int = 0, refits: int = 3, **kw: Any) -> dict[str, str]:
+    return dict(
+        [
+            _report(epoch, "policy", 0, refits, state="done", **kw),
+            _report(epoch, "rollout", 0, refits, state="done", **kw),
+            _report(epoch, "rollout", 1, refits, state="done", **kw),
+        ]
+    )
+
+
+def test_success_needs_every_refit_reported_and_every_pod_exited_0() -> None:
+    running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
+    done = _run(running, _pods(0, **dict.fromkeys(NAMES, SUCCEEDED)), _done_by_all())
+    s = done.status
+    assert s.phase is Phase.SUCCEEDED and s.completion_time == NOW
+    assert (s.refits_completed, s.bytes_transferred, s.verification) == (3, 600, "bit-exact")
+    assert s.restarts == 0
+
+
+def test_pods_that_exit_0_without_reporting_refits_are_a_failure() -> None:
+    """``command: [/bin/true]``: every pod exits 0 and nothing moved."""
+    running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
+    d = _run(running, _pods(0, **dict.fromkeys(NAMES, SUCCEEDED)))
+    assert d.status.phase is Phase.RESTARTING and d.status.restarts == 1
+    assert "reported 0 of 3 refits committed" in d.status.message
+    assert d.status.refits_completed == 0 and d.status.verification == "none"
+    # maxRestarts later, the job fails for that reason, and never claims a refit.
+    spent = running.model_copy(update={"restarts": 2})
+    final = _run(spent, _pods(0, **dict.fromkeys(NAMES, SUCCEEDED)))
+    assert final.status.phase is Phase.FAILED
+    assert "reported 0 of 3 refits committed" in final.status.message
+    assert final.status.message.endswith("maxRestarts (2) used up")
+
+
+def test_too_few_refits_reported_is_not_success() -> None:
+    running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
+    d = _run(running, _pods(0, **dict.fromkeys(NAMES, SUCCEEDED)), _done_by_all(refits=2))
+    assert d.status.phase is Phase.RESTARTING
+    assert "reported 2 of 3 refits committed" in d.status.message
+    assert d.status.refits_completed == 2  # what did happen still counts
+
+
+def test_a_policy_that_fails_after_the_rollouts_finished_is_no_success() -> None:
+    pods = _pods(
+        0,
+        **{
+            "job-policy-0": {"phase": "Failed", "containerStatuses": []},
+            "job-rollout-0": SUCCEEDED,
+            "job-rollout-1": SUCCEEDED,
+        },
+    )
+    data = _done_by_all()
+    data.update([_report(0, "policy", 0, 3, state="failed")])
+    d = _run(RefitJobStatus(phase=Phase.RUNNING, created_epoch=0), pods, data)
+    assert d.status.phase is Phase.RESTARTING and d.status.restarts == 1
+    assert "job-policy-0 failed" in d.status.message
+
+
+def test_rollouts_done_while_the_policy_still_runs_is_not_yet_success() -> None:
+    pods = _pods(
+        0, **{"job-policy-0": RUNNING, "job-rollout-0": SUCCEEDED, "job-rollout-1": SUCCEEDED}
+    )
+    data = dict(
+        [_report(0, "rollout", 0, 3, state="done"), _report(0, "rollout", 1, 3, state="done")]
+    )
+    d = _run(RefitJobStatus(phase=Phase.RUNNING, created_epoch=0), pods, data)
+    assert d.status.phase is not Phase.SUCCEEDED and d.status.completion_time is None
+    assert d.status.refits_completed == 3
+
+
+def test_a_finished_pod_that_is_drained_or_gone_triggers_no_new_gang() -> None:
+    running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
+    data = dict([_report(0, "rollout", 0, 3, state="done"), _report(0, "rollout", 1, 1)])
+    for rollout0 in (DRAINED_AFTER_SUCCESS, "gone"):
+        pods = _pods(
+            0, **{"job-policy-0": RUNNING, "job-rollout-0": rollout0, "job-rollout-1": RUNNING}
+        )
+        d = _run(running, pods, data)
+        assert (d.status.epoch, d.status.preemptions, d.status.restarts) == (0, 0, 0), rollout0
+        assert d.status.phase is not Phase.RESTARTING
+    # ... and once the others finish, the job succeeds with the gone pod's report.
+    pods = _pods(
+        0, **{"job-policy-0": SUCCEEDED, "job-rollout-0": "gone", "job-rollout-1": SUCCEEDED}
+    )
+    assert _run(running, pods, _done_by_all()).status.phase is Phase.SUCCEEDED
+
+
+def test_a_running_pod_that_goes_missing_is_still_a_preemption() -> None:
+    running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
+    pods = _pods(0, **{"job-policy-0": RUNNING, "job-rollout-0": "gone", "job-rollout-1": RUNNING})
+    d = _run(running, pods, dict([_report(0, "rollout", 0, 1)]))
+    assert d.status.preemptions == 1 and "job-rollout-0: PodMissing" in d.status.message
+
+
+@pytest.mark.parametrize(
+    ("methods", "shown"),
+    [
+        (("bit-exact", "bit-exact"), "bit-exact"),
+        (("bit-exact", "checksums"), "checksums"),
+        (("checksums", "manifest"), "manifest"),
+        (("manifest", "none"), "none"),
+    ],
+)
+def test_status_shows_the_weakest_verification_any_rank_reported(
+    methods: tuple[Verification, Verification], shown: str
+) -> None:
+    data = dict(
+        [
+            _report(0, "rollout", 0, 1, verification=methods[0]),
+            _report(0, "rollout", 1, 1, verification=methods[1]),
+        ]
+    )
+    pods = _pods(0, **dict.fromkeys(NAMES, RUNNING))
+    d = _run(RefitJobStatus(phase=Phase.RUNNING, created_epoch=0), pods, data)
+    assert d.status.verification == shown
+
+
+def _published(epoch: int, names: list[str]) -> dict[str, str]:
+    out = {}
+    for name in names:
+        role, rank = name.split("-")[1], int(name.split("-")[2])
+        key = meta_key(role, rank)  # type: ignore[arg-type]
+        entry = MetadataEntry(
+            epoch=epoch, uid=_uid(name, epoch), role=role, rank=rank, agent='{"a": 1}'
+        )
+        out[key] = encode_entry(key, entry)
+    return out
+
+
+def test_connected_says_how_many_ranks_published_until_the_barrier_opens() -> None:
+    running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
+    pods = _pods(0, **dict.fromkeys(NAMES, RUNNING))
+    partial = _run(running, pods, _published(0, NAMES[:2]))
+    connected = next(c for c in partial.status.conditions if c.type == "Connected")
+    assert (connected.status, connected.reason) == ("False", "WaitingForRanks")
+    assert connected.message == "2 of 3 ranks published"
+    full = _run(running, pods, _published(0, NAMES))
+    connected = next(c for c in full.status.conditions if c.type == "Connected")
+    assert (connected.status, connected.reason) == ("True", "BarrierOpen")
+
+
+def test_a_forged_barrier_is_removed_until_every_rank_published() -> None:
+    running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
+    pods = _pods(0, **dict.fromkeys(NAMES, RUNNING))
+    forged = BarrierEntry(epoch=0, policy_uids=("x",), rollout_uids=("y", "z"))
+    data = {**_published(0, NAMES[:1]), BARRIER_KEY: encode_entry(BARRIER_KEY, forged)}
+    d = _run(running, pods, data)
+    (patch,) = [a for a in d.actions if isinstance(a, rc.PatchData)]
+    assert patch.data == {BARRIER_KEY: None}
+    flag = next(c for c in d.status.conditions if c.type == "RendezvousReadable")
+    assert "did not write; removed" in flag.message
+
+
+def test_reports_that_land_after_a_restart_are_still_counted() -> None:
+    """The stopped gang's last report can arrive after the restart decision."""
+    restarting = RefitJobStatus(
+        phase=Phase.RESTARTING,
+        epoch=1,
+        refits_completed=1,
+        bytes_transferred=200,
+        bytes_before_epoch=200,
+        previous_epoch_bytes=200,
+    )
+    late = dict([_report(0, "rollout", 0, 2), _report(0, "rollout", 1, 2)])
+    d = _run(restarting, [], late)
+    assert (d.status.bytes_transferred, d.status.refits_completed) == (400, 2)
+    assert d.status.bytes_before_epoch == 400
+    again = _run(d.status, [], late)  # read twice, counted once
+    assert again.status.bytes_transferred == 400

@@ -1,0 +1,202 @@
+"""``refit`` and ``refit run`` refusing bad input before anything starts.
+
+Real: the command's own argument parsing and manifest loading, on files in tmp_path.
+Nothing here starts a worker: every case ends before the runner.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from refit_operator.cli import main
+from refit_operator.local import view, workdir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _local(tmp_path: Path, **spec: object) -> Path:
+    doc = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
+    doc["spec"].update(spec)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``refit ARGV``; it must exit 2 (argparse or the command) and say why on stderr."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's usage errors
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    assert "Traceback" not in captured.err
+    return captured.err
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--drain-after", "nan"], "'nan': must be a finite number >= 0"),
+        (["--drain-after", "inf"], "'inf': must be a finite number >= 0"),
+        (["--drain-after", "-1"], "'-1': must be a finite number >= 0"),
+        (["--timeout", "0"], "'0': must be a finite number > 0"),
+        (["--timeout", "-1"], "'-1': must be a finite number > 0"),
+        (["--timeout", "soon"], "'soon' is not a number of seconds"),
+        (["--drain-after", "1", "--drain-pod", "nope"], "--drain-pod 'nope' is not a pod"),
+        (["--drain-pod", "local-demo-rollout-0"], "needs --drain-after"),
+    ],
+)
+def test_bad_flags_are_refused_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], expected: str
+) -> None:
+    err = _refused(["run", str(_local(tmp_path)), *flags], capsys)
+    assert expected in err
+
+
+def test_a_bad_drain_pod_lists_the_real_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = _refused(["run", str(_local(tmp_path)), "--drain-after", "1", "--drain-pod", "x"], capsys)
+    assert "local-demo-policy-0" in err and "local-demo-rollout-1" in err
+
+
+def test_suspended_job_is_refused_not_waited_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = _refused(["run", str(_local(tmp_path, suspend=True))], capsys)
+    assert "spec.suspend is true" in err
+
+
+def test_workdir_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    err = _refused(["run", str(_local(tmp_path)), "--workdir", str(blocker)], capsys)
+    assert "exists and is not a directory" in err
+
+
+def test_binary_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "model.bin"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    err = _refused(["run", str(path)], capsys)
+    assert "not a YAML manifest: byte" in err and "not UTF-8" in err
+
+
+def test_wrong_kind_names_what_it_found(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("apiVersion: refit.dev/v1alpha1\nkind: RefitJobs\nmetadata: {name: x}\n")
+    err = _refused(["run", str(path)], capsys)
+    assert "found 0 (the file holds: RefitJobs)" in err
+
+
+def test_numeric_name_says_it_must_be_a_string(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "apiVersion: refit.dev/v1alpha1\nkind: RefitJob\nmetadata: {name: 12345}\n"
+        "spec: {image: i}\n"
+    )
+    err = _refused(["run", str(path)], capsys)
+    assert "metadata.name must be a string, got int 12345" in err
+
+
+def test_bad_namespace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "apiVersion: refit.dev/v1alpha1\nkind: RefitJob\n"
+        "metadata: {name: x, namespace: 'Bad NS!'}\nspec: {image: i}\n"
+    )
+    err = _refused(["run", str(path)], capsys)
+    assert "metadata.namespace 'Bad NS!' must be a DNS-1123 label" in err
+
+
+def test_operator_without_credentials_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    err = _refused(["operator"], capsys)
+    assert err.startswith("refit operator: cannot find the Kubernetes API")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_help_names_every_command_without_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out
+    for command in ("run", "operator", "crd"):
+        assert f"    {command} " in out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == "refit 0.1.0"
+
+
+@pytest.mark.parametrize(
+    ("rate", "shown"),
+    [(5.4e9, "5.40 GB/s"), (3.2e6, "3.20 MB/s"), (4.5e3, "4.50 kB/s"), (12, "12 B/s")],
+)
+def test_small_rates_keep_their_digits(rate: float, shown: str) -> None:
+    assert view.human_rate(rate) == shown
+
+
+def test_live_lines_fit_a_narrow_terminal() -> None:
+    lines = ["x" * 100, "short"]
+    fitted = view.fit(lines, 40)
+    assert [len(line) for line in fitted] == [39, 5]
+    assert fitted[0].endswith("~")
+
+
+def test_sweep_removes_only_dirs_of_dead_owners(tmp_path: Path) -> None:
+    mine = workdir.create_own("job", tmp_path)  # owned by this live process
+    dead = tmp_path / "refit-job-dead"
+    dead.mkdir()
+    (dead / workdir.OWNER_FILE).write_text("999999999 12345\n")  # no such pid
+    recycled = tmp_path / "refit-job-recycled"
+    recycled.mkdir()
+    # This very pid, but another start time: the pid was reused, the owner is gone.
+    (recycled / workdir.OWNER_FILE).write_text(f"{os.getpid()} 1\n")
+    foreign = tmp_path / "refit-not-ours"
+    foreign.mkdir()  # no marker: not made by refit run, never touched
+    removed = workdir.sweep_stale(tmp_path)
+    assert sorted(removed) == sorted([dead, recycled])
+    assert mine.exists() and foreign.exists()
+    assert not dead.exists() and not recycled.exists()
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"weights": {"synthetic": {"hidden": 1_000_000}}}, "more than this machine's"),
+        ({"rollout": {"replicas": 100}}, "102 worker processes"),
+    ],
+)
+def test_a_job_too_large_for_the_machine_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: dict[str, object], expected: str
+) -> None:
+    err = _refused(["run", str(_local(tmp_path, **spec))], capsys)
+    assert expected in err and "--skip-resource-check" in err
+
+
+def test_safetensors_needs_its_claim_mapped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = _local(tmp_path, weights={"safetensors": {"claimName": "ckpt", "path": "m"}})
+    err = _refused(["run", str(job)], capsys)
+    assert "claimName 'ckpt': a local run has no PersistentVolumeClaims" in err
+    assert "--claim ckpt=DIR" in err
+    err = _refused(["run", str(job), "--claim", f"ckpt={tmp_path}"], capsys)
+    assert f"no *.safetensors files in {tmp_path / 'm'}" in err
+    err = _refused(["run", str(job), "--claim", f"ckpt={tmp_path / 'nope'}"], capsys)
+    assert "not a directory" in err
+    err = _refused(["run", str(job), "--claim", "ckpt"], capsys)
+    assert "expected NAME=DIR" in err

@@ -1,0 +1,49 @@
+"""``refit run``'s sizing: pure estimates judged against a machine passed in."""
+
+from __future__ import annotations
+
+import pytest
+
+from refit_operator.local.sizing import WORKER_FLOOR_BYTES, estimate, judge
+from refit_operator.models import parse_spec
+
+GIB = 1 << 30
+
+
+def test_estimate_counts_the_floor_weights_and_buffers() -> None:
+    spec = parse_spec({"image": "i", "policy": {"replicas": 2}, "transfer": {"bucketSize": "1Mi"}})
+    est = estimate(spec, model_bytes=100 << 20)
+    policy = 2 * (WORKER_FLOOR_BYTES + (100 << 20) + (2 << 20))
+    rollout = WORKER_FLOOR_BYTES + 3 * (100 << 20) + (2 << 20)
+    assert est.processes == 3
+    assert est.total_bytes == policy + rollout
+
+
+def test_custom_commands_count_processes_but_not_memory() -> None:
+    spec = parse_spec(
+        {
+            "image": "i",
+            "policy": {"command": ["/bin/true"]},
+            "rollout": {"command": ["/bin/true"]},
+        }
+    )
+    est = estimate(spec, model_bytes=50 * GIB)
+    assert (est.processes, est.total_bytes) == (2, 0)
+
+
+@pytest.mark.parametrize(
+    ("available", "cores", "verdict"),
+    [(24 * GIB, 2, "ok"), (3 * GIB, 2, "warn"), (GIB, 2, "refuse")],
+)
+def test_judge_by_available_memory(available: int, cores: int, verdict: str) -> None:
+    spec = parse_spec({"image": "i", "policy": {"replicas": 1}})
+    got, sentence = judge(estimate(spec, model_bytes=100 << 20), available, cores)
+    assert got == verdict
+    assert "worker processes" in sentence
+
+
+def test_judge_refuses_more_processes_than_the_cores_can_start() -> None:
+    spec = parse_spec({"image": "i", "policy": {"command": ["x"]}, "rollout": {"replicas": 40}})
+    got, sentence = judge(estimate(spec, None), 1000 * GIB, 2)
+    assert got == "refuse"
+    assert "41 worker processes on 2 cores" in sentence

@@ -1,0 +1,70 @@
+"""A rank's running account of its refits, turned into its progress report.
+
+The demo worker and :class:`~refit_worker.session.RefitSession` keep one
+:class:`ProgressLog` per rank and publish :meth:`ProgressLog.fields` under the rank's
+``progress.<role>.<rank>`` key after every refit, so the operator's status, ``refit run``'s
+table and the metrics read the same figures whoever wrote the rank's code.
+
+Must not import: anything but the standard library, pydantic and ``refit_worker.contract``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from refit_worker.contract.entries import (
+    RECENT_REFITS,
+    ProgressState,
+    RefitReport,
+    Verification,
+)
+
+
+@dataclass
+class ProgressLog:
+    """Counts from ``first_refit`` (refits committed in earlier epochs) onwards."""
+
+    first_refit: int = 0
+    verification: Verification = "none"
+    refits_completed: int = field(init=False)
+    bytes_total: int = 0
+    seconds_total: float = 0.0
+    recent: deque[RefitReport] = field(default_factory=lambda: deque(maxlen=RECENT_REFITS))
+
+    def __post_init__(self) -> None:
+        if self.first_refit < 0:
+            raise ValueError(f"first_refit must be >= 0, got {self.first_refit}")
+        self.refits_completed = self.first_refit
+
+    def record(
+        self, refit: int, nbytes: int, seconds: float, verification: Verification | None = None
+    ) -> RefitReport:
+        """Account for refit ``refit`` (the next one in order), moved and committed."""
+        if refit != self.refits_completed:
+            raise ValueError(
+                f"refit {refit} reported after {self.refits_completed} refits: refits are "
+                "reported once each, in order"
+            )
+        report = RefitReport(refit=refit, bytes=nbytes, seconds=max(seconds, 0.0))
+        self.recent.append(report)
+        self.refits_completed = refit + 1
+        self.bytes_total += nbytes
+        self.seconds_total += report.seconds
+        if verification is not None:
+            self.verification = verification
+        return report
+
+    def fields(self, state: ProgressState = "running", message: str = "") -> dict[str, Any]:
+        """Keyword arguments for ``RendezvousStore.write_progress``."""
+        return {
+            "state": state,
+            "first_refit": self.first_refit,
+            "refits_completed": self.refits_completed,
+            "bytes_total": self.bytes_total,
+            "seconds_total": self.seconds_total,
+            "recent": tuple(self.recent),
+            "verification": self.verification,
+            "message": message[:200],
+        }
