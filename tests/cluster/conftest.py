@@ -1,0 +1,119 @@
+"""The cluster tier: a real control plane (built by ``build.sh``, or reused from its cache)
+and two process nodes, shared by the whole session; each module installs the chart and
+runs the operator it needs.
+
+Real: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, helm, kubectl, the
+operator process, the workers (NIXL, gloo, signals).  Played: the kubelet (the process
+node, ``node.py``), the pod network (loopback).  A missing Go toolchain or a failed build
+fails the session's first test with the build's own message: this tier never skips.
+
+A failed test gets the tail of every component's log and each node's last errors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.binaries import ensure_tools
+from tests.chart_tools import Helm
+from tests.cluster.controlplane import ControlPlane, build
+from tests.cluster.node import PodNetwork, ProcessNode
+from tests.cluster.rest import Rest
+from tests.cluster.support import Cluster, Install, Kubectl, install_chart, uninstall_chart
+
+NODE_NAMES = ("node-a", "node-b")
+_TIMES: dict[str, float] = {}
+_SESSION: dict[str, Any] = {}
+_RECORDS: list[tuple[str, str]] = []
+
+
+def record(what: str, line: str) -> None:
+    """A figure a scenario measured, printed in the session's summary (quotable)."""
+    _RECORDS.append((what, line))
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    started = time.monotonic()
+    built = build()
+    _TIMES["build"] = built.seconds
+    _TIMES["build_cached"] = float("cached:" in built.output)
+    started = time.monotonic()
+    with ControlPlane(built.bin_dir, tmp_path_factory.mktemp("control-plane")) as plane:
+        _TIMES["start"] = time.monotonic() - started
+        _TIMES["tier_started"] = time.monotonic()
+        yield plane
+    _TIMES["tier"] = time.monotonic() - _TIMES["tier_started"]
+
+
+@pytest.fixture(scope="session")
+def cluster(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    tools = ensure_tools()
+    workdir = tmp_path_factory.mktemp("cluster")
+    rest = Rest(control_plane.server, control_plane.token, control_plane.ca_file)
+    helm = Helm(tools.helm, workdir / "helm-home")
+    helm.env["KUBECONFIG"] = str(control_plane.kubeconfig_path)
+    network = PodNetwork()
+    cluster = Cluster(
+        plane=control_plane,
+        rest=rest,
+        kubectl=Kubectl(tools.kubectl, control_plane.kubeconfig_path),
+        helm=helm,
+        network=network,
+        workdir=workdir,
+    )
+    try:
+        for name in NODE_NAMES:
+            cluster.nodes[name] = ProcessNode(name, rest, workdir / name, network).start()
+        _SESSION["cluster"] = cluster
+        yield cluster
+    finally:
+        _SESSION.pop("cluster", None)
+        for node in cluster.nodes.values():
+            node.stop()
+
+
+@pytest.fixture(scope="module")
+def install(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
+    """The chart installed with helm and the operator running on its ServiceAccount's
+    token, for one module (one operator at a time: kopf peering is off)."""
+    installed = install_chart(cluster, "refit", tmp_path_factory.mktemp("install"))
+    _SESSION["operator"] = installed  # type: ignore[assignment]
+    try:
+        yield installed
+    finally:
+        _SESSION.pop("operator", None)
+        uninstall_chart(cluster, installed)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    report = yield
+    cluster = _SESSION.get("cluster")
+    if cluster is not None and report.failed and "cluster" in Path(str(item.fspath)).parts:  # type: ignore[attr-defined]
+        report.sections.append(("control plane and nodes", cluster.diagnostics()))  # type: ignore[attr-defined]
+        installed = _SESSION.get("operator")
+        if installed is not None:
+            report.sections.append(("operator log", installed.operator.tail(60)))  # type: ignore[attr-defined]
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if "build" not in _TIMES:
+        return
+    how = "reused from the cache" if _TIMES.get("build_cached") else "built"
+    line = (
+        f"cluster tier: control plane {how} in {_TIMES['build']:.1f} s, "
+        f"started in {_TIMES.get('start', 0.0):.1f} s"
+    )
+    if "tier" in _TIMES:
+        line += f", tests ran {_TIMES['tier']:.1f} s against it"
+    terminalreporter.write_line(line)
+    for what, text in _RECORDS:
+        terminalreporter.write_line(f"cluster tier: {what}: {text}")
