@@ -249,7 +249,9 @@ class ControlPlane:
             "--use-service-account-credentials=true",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--leader-elect=false",
-            "--controllers=*",
+            # Every controller but the EndpointSlice ones: the process nodes' pod IPs are
+            # loopback, which an EndpointSlice may not hold (no DNS here; see node.py).
+            "--controllers=*,-endpointslice-controller,-endpointslice-mirroring-controller",
             "--feature-gates=ContainerStopSignals=true",
         ]
 
