@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from tests.binaries import ensure_tools
 from tests.chart_tools import Helm
+from tests.cluster import records
 from tests.cluster.controlplane import ControlPlane, build
 from tests.cluster.node import PodNetwork, ProcessNode
 from tests.cluster.rest import Rest
@@ -28,12 +29,6 @@ from tests.cluster.support import Cluster, Install, Kubectl, install_chart, unin
 NODE_NAMES = ("node-a", "node-b")
 _TIMES: dict[str, float] = {}
 _SESSION: dict[str, Any] = {}
-_RECORDS: list[tuple[str, str]] = []
-
-
-def record(what: str, line: str) -> None:
-    """A figure a scenario measured, printed in the session's summary (quotable)."""
-    _RECORDS.append((what, line))
 
 
 @pytest.fixture(scope="session")
@@ -115,5 +110,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if "tier" in _TIMES:
         line += f", tests ran {_TIMES['tier']:.1f} s against it"
     terminalreporter.write_line(line)
-    for what, text in _RECORDS:
+    for what, text in records.LINES:
         terminalreporter.write_line(f"cluster tier: {what}: {text}")

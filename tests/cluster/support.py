@@ -36,8 +36,11 @@ BACKOFF = Backoff(first=0.05, cap=0.5)
 
 
 def wait(check: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
-    """Poll ``check`` until it answers; fail naming ``what`` after ``timeout`` seconds."""
-    return poll_until(check, timeout=timeout, what=what, backoff=BACKOFF, error=AssertionError)
+    """Poll ``check`` until it returns something truthy (an empty list is not an answer);
+    fail naming ``what`` after ``timeout`` seconds."""
+    return poll_until(
+        lambda: check() or None, timeout=timeout, what=what, backoff=BACKOFF, error=AssertionError
+    )
 
 
 @dataclass

@@ -1,0 +1,139 @@
+"""``kubectl drain`` mid-refit on the real control plane, two process nodes.
+
+First with a PodDisruptionBudget that allows no disruption: the eviction API refuses
+(HTTP 429), the drain gives up, and the job carries on untouched (no preemption).  Then
+without it: the eviction API marks the pods ``DisruptionTarget`` and deletes them with
+their grace period, the workers stop together at a bucket boundary (exit 83), the operator
+counts a preemption, kube-scheduler places the next epoch on the node left, and every
+refit is committed bit-exact.  The figures are printed at the end of the session.
+
+Real: the eviction API, kube-controller-manager's disruption controller, kube-scheduler,
+kubectl drain (no ``--force``), the operator, the workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.cluster import records
+from tests.cluster.support import Cluster, Install, example, wait
+
+NS = "drain"
+JOB = "drain-demo"
+REFITS = 30
+
+
+def _job() -> dict[str, Any]:
+    job = example("local", metadata={"name": JOB, "namespace": NS})
+    job["spec"]["transfer"]["refits"] = REFITS
+    return job
+
+
+def _pdb() -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "no-disruption", "namespace": NS},
+        # minAvailable as a number: the disruption controller cannot scale a RefitJob, so
+        # maxUnavailable or a percentage would leave the budget unsynced (SyncFailed).
+        "spec": {"minAvailable": 4, "selector": {"matchLabels": {"refit.dev/job": JOB}}},
+    }
+
+
+def test_drain_mid_refit_moves_the_gang_to_the_other_node(
+    cluster: Cluster, install: Install
+) -> None:
+    cluster.namespace(NS)
+    cluster.kubectl.apply(_pdb())
+    cluster.kubectl.apply(_job())
+    wait(
+        lambda: cluster.job_status(NS, JOB).get("refitsCompleted", 0) >= 1,
+        "the first refit",
+        timeout=180,
+    )
+    wait(
+        lambda: (
+            (
+                cluster.rest.find(
+                    f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/no-disruption"
+                )
+                or {}
+            )
+            .get("status", {})
+            .get("disruptionsAllowed", -1)
+            == 0
+            and (
+                cluster.rest.find(
+                    f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/no-disruption"
+                )
+                or {}
+            )["status"].get("currentHealthy")
+            == 4
+        ),
+        "the disruption controller to count the gang under the PDB",
+        timeout=60,
+    )
+    epoch0 = {p["metadata"]["uid"]: p for p in cluster.pods(NS, f"refit.dev/job={JOB}")}
+    victim = next(iter(epoch0.values()))["spec"]["nodeName"]
+    other = next(n for n in cluster.nodes if n != victim)
+    try:
+        # A PDB that allows no disruption: the eviction is refused, the drain times out.
+        blocked = cluster.kubectl.run(
+            "drain", victim, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=10s"
+        )
+        assert blocked.returncode != 0
+        assert "disruption budget" in blocked.stderr + blocked.stdout, blocked.stderr
+        status = cluster.job_status(NS, JOB)
+        assert status["preemptions"] == 0 and status["phase"] == "Running", status
+        assert {p["metadata"]["uid"] for p in cluster.pods(NS, f"refit.dev/job={JOB}")} == set(
+            epoch0
+        )
+
+        cluster.kubectl.ok("delete", "pdb", "no-disruption", "-n", NS)
+        done_before = cluster.job_status(NS, JOB)["refitsCompleted"]
+        assert done_before < REFITS, "the job finished before the drain; raise REFITS"
+        cluster.kubectl.ok(
+            "drain",
+            victim,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=120s",
+            timeout=150,
+        )
+        status = wait(
+            lambda: (
+                (s := cluster.job_status(NS, JOB)).get("phase") in ("Succeeded", "Failed") and s
+            ),
+            "the job to finish after the drain",
+            timeout=300,
+        )
+    finally:
+        cluster.kubectl.ok("uncordon", victim)
+    assert status["phase"] == "Succeeded", status
+    assert status["preemptions"] >= 1 and status["restarts"] == 0, status
+    assert status["refitsCompleted"] == REFITS
+    codes = cluster.exit_codes()
+    # The evicted pods carried the eviction's condition when their node deleted them.
+    evicted = [u for u, p in epoch0.items() if p["spec"]["nodeName"] == victim]
+    for uid in evicted:
+        conditions = {c["type"]: c for c in cluster.nodes[victim].final_conditions[uid]}
+        assert conditions["DisruptionTarget"]["reason"] == "EvictionByEvictionAPI"
+    # Every rank of epoch 0 stopped on its own at a safe point (83), none was killed (137)
+    # or failed (1).
+    old = {p["metadata"]["name"]: codes[(p["metadata"]["name"], u)] for u, p in epoch0.items()}
+    assert set(old.values()) == {83}, old
+    final = cluster.pods(NS, f"refit.dev/job={JOB},refit.dev/epoch={status['epoch']}")
+    assert len(final) == 4
+    assert {p["spec"]["nodeName"] for p in final} == {other}
+    # Exit 0: every rollout rank checked every tensor bit for bit before each commit.
+    assert [codes[(p["metadata"]["name"], p["metadata"]["uid"])] for p in final] == [0] * 4
+    nodes0 = sorted({p["spec"]["nodeName"] for p in epoch0.values()})
+    records.record(
+        "drain scenario",
+        f"refits {status['refitsCompleted']}/{REFITS} (bit-exact: every rank exited 0), "
+        f"{done_before} done before the drain of {victim}; preemptions {status['preemptions']}, "
+        f"restarts {status['restarts']}, epochs 0..{status['epoch']}; nodes used: epoch 0 "
+        f"{nodes0}, epoch {status['epoch']} [{other}]; epoch-0 exit codes {sorted(old.items())}; "
+        f"PDB minAvailable=4 of 4: drain refused, 0 preemptions",
+    )
+    cluster.kubectl.ok("delete", "rj", JOB, "-n", NS, "--wait=true", "--timeout=120s")
