@@ -1,6 +1,8 @@
-"""The operator's lifecycle against the real API: a restart of the operator process
-mid-job and a spec edit mid-job leave no duplicate children and lose no status; deleting
-the RefitJob cascades to every child through kube-controller-manager's garbage collector.
+"""The operator's lifecycle against the real API: restarts of the operator process mid-job
+and a spec edit mid-job leave no duplicate children and lose no status; deleting the
+RefitJob cascades to every child through kube-controller-manager's garbage collector;
+workers that fail use up ``maxRestarts`` and fail the job; a suspended job keeps its rest
+and resumes in a new epoch.
 
 A watcher thread polls the job's children for the whole job and keeps every uid it ever
 saw, so a child created twice (a second pod of one name, a second ConfigMap) shows up even
@@ -12,7 +14,9 @@ kube-controller-manager's garbage collector, the workers.
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -90,12 +94,19 @@ def test_operator_restart_mid_job_no_duplicates_no_lost_status(
     job["spec"]["transfer"]["refits"] = 12
     with ChildWatch(cluster, "restart").running() as watch:
         cluster.kubectl.apply(job)
+        # 1: down as soon as the gang exists, before the barrier: the ranks start, publish
+        # and wait for a barrier nobody writes until the operator is back.
+        wait(lambda: len(cluster.pods(NS, "refit.dev/job=restart")) == 4, "the gang", 30)
+        assert install.operator.stop() == 0  # SIGTERM: kopf stops cleanly
+        time.sleep(3)
+        install.operator.start()
+        # 2: down again while refits run.
         wait(
             lambda: cluster.job_status(NS, "restart").get("refitsCompleted", 0) >= 2,
-            "two refits before the restart",
+            "two refits before the second restart",
             timeout=180,
         )
-        assert install.operator.stop() == 0  # SIGTERM: kopf stops cleanly
+        assert install.operator.stop() == 0
         before = cluster.job_status(NS, "restart")
         install.operator.start()
         status = _finished(cluster, "restart")
@@ -165,3 +176,61 @@ def test_spec_edit_mid_job_then_delete_cascades_through_the_gc(
         f"the garbage collector to delete {sorted(owned)}",
         timeout=120,
     )
+
+
+def test_failing_workers_restart_until_max_restarts_then_fail(
+    cluster: Cluster, install: Install
+) -> None:
+    cluster.namespace(NS)
+    job = example("local", metadata={"name": "fails", "namespace": NS})
+    job["spec"]["policy"]["command"] = [sys.executable, "-c", "import sys; sys.exit(1)"]
+    job["spec"]["failurePolicy"] = {"maxRestarts": 1, "backoffSeconds": 1}
+    cluster.kubectl.apply(job)
+    status = _finished(cluster, "fails")
+    assert status["phase"] == "Failed", status
+    assert (status["restarts"], status["preemptions"], status["epoch"]) == (1, 0, 1)
+    assert "failed: exit code 1; maxRestarts (1) used up" in status["message"]
+    wait(
+        lambda: all(
+            p["status"]["phase"] in ("Succeeded", "Failed")
+            for p in cluster.pods(NS, "refit.dev/job=fails")
+        ),
+        "the failed gang's pods to stop",
+        timeout=60,
+    )
+    reasons = [
+        e["reason"]
+        for e in cluster.kubectl.json("get", "events", "-n", NS)["items"]
+        if e["involvedObject"]["name"] == "fails"
+    ]
+    assert "Failed" in reasons, reasons
+    cluster.kubectl.ok("delete", "rj", "fails", "-n", NS, "--wait=true", "--timeout=120s")
+
+
+def test_suspend_mid_job_keeps_the_rest_and_resumes_in_a_new_epoch(
+    cluster: Cluster, install: Install
+) -> None:
+    cluster.namespace(NS)
+    job = example("local", metadata={"name": "pause", "namespace": NS})
+    job["spec"]["transfer"]["refits"] = 12
+    cluster.kubectl.apply(job)
+    wait(
+        lambda: cluster.job_status(NS, "pause").get("refitsCompleted", 0) >= 1,
+        "a refit before the suspend",
+        timeout=180,
+    )
+    cluster.kubectl.ok(
+        "patch", "rj", "pause", "-n", NS, "--type=merge", "-p", '{"spec":{"suspend":true}}'
+    )
+    cluster.kubectl.ok(
+        "wait", "rj/pause", "-n", NS, "--for=jsonpath={.status.phase}=Suspended", "--timeout=60s"
+    )
+    wait(lambda: not cluster.pods(NS, "refit.dev/job=pause"), "the pods deleted on suspend", 60)
+    assert cluster.rest.find(f"/api/v1/namespaces/{NS}/configmaps/pause-rendezvous")
+    cluster.kubectl.ok(
+        "patch", "rj", "pause", "-n", NS, "--type=merge", "-p", '{"spec":{"suspend":false}}'
+    )
+    status = _finished(cluster, "pause")
+    assert status["phase"] == "Succeeded" and status["refitsCompleted"] == 12, status
+    assert (status["restarts"], status["preemptions"]) == (0, 0) and status["epoch"] >= 1
+    cluster.kubectl.ok("delete", "rj", "pause", "-n", NS, "--wait=true", "--timeout=120s")

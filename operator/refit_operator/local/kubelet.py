@@ -1,11 +1,12 @@
 """A process kubelet: runs rendered pod manifests as local processes.
 
-One piece of code plays kubelet for ``refit run`` (no cluster) and for the end-to-end test
-harness (API emulator): it starts a pod's first container ``command + args`` with the
-container's env, reports the pod's status in Kubernetes form (phase, Ready condition,
-``containerStatuses[].state.terminated.exitCode``), and terminates pods the way a kubelet
-does — the ``preStop`` exec hook first, then the container's stop signal
-(``lifecycle.stopSignal`` or SIGTERM), then SIGKILL once the grace period is spent.
+One piece of code plays kubelet for ``refit run`` (no cluster) and for the process nodes
+of the cluster test tier (``tests/cluster/node.py``, a real apiserver): it starts a pod's
+first container ``command + args`` with the container's env, reports the pod's status in
+Kubernetes form (phase, Ready condition, ``containerStatuses[].state.terminated.exitCode``),
+and terminates pods the way a kubelet does — the ``preStop`` exec hook first, then the
+container's stop signal (``lifecycle.stopSignal`` or SIGTERM), then SIGKILL once the grace
+period is spent.
 
 What a node would provide is emulated minimally and said so: ``emptyDir`` volumes are
 per-pod temporary directories (env values under a mount path are rewritten to point
