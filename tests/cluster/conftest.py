@@ -21,20 +21,44 @@ import pytest
 from tests.binaries import ensure_tools
 from tests.chart_tools import Helm
 from tests.cluster import records
-from tests.cluster.controlplane import ControlPlane, build
+from tests.cluster.controlplane import ControlPlane, ControlPlaneError, build
 from tests.cluster.node import PodNetwork, ProcessNode
 from tests.cluster.rest import Rest
 from tests.cluster.support import Cluster, Install, Kubectl, install_chart, uninstall_chart
 
+HERE = Path(__file__).resolve().parent
 NODE_NAMES = ("node-a", "node-b")
 _TIMES: dict[str, float] = {}
 _SESSION: dict[str, Any] = {}
 
 
+def _in_tier(item: pytest.Item) -> bool:
+    return HERE in item.path.parents
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build (or find cached) the control plane once collection says the tier will run:
+    here, not in the fixture, so a cold build's minutes are not charged to the first
+    test's timeout.  A failure is kept and raised by the fixture, failing every test."""
+    if not any(_in_tier(item) for item in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            "cluster tier: building or reusing the control plane (tests/cluster/build.sh; "
+            "the first build takes several minutes)"
+        )
+    try:
+        _SESSION["build"] = build()
+    except ControlPlaneError as exc:
+        _SESSION["build_error"] = exc
+
+
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    started = time.monotonic()
-    built = build()
+    if "build_error" in _SESSION:
+        raise _SESSION["build_error"]
+    built = _SESSION.get("build") or build()
     _TIMES["build"] = built.seconds
     _TIMES["build_cached"] = float("cached:" in built.output)
     started = time.monotonic()
@@ -91,7 +115,7 @@ def install(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
     report = yield
     cluster = _SESSION.get("cluster")
-    if cluster is not None and report.failed and "cluster" in Path(str(item.fspath)).parts:  # type: ignore[attr-defined]
+    if cluster is not None and report.failed and _in_tier(item):  # type: ignore[attr-defined]
         report.sections.append(("control plane and nodes", cluster.diagnostics()))  # type: ignore[attr-defined]
         installed = _SESSION.get("operator")
         if installed is not None:

@@ -14,7 +14,7 @@ signed with an RSA key made by ``openssl`` here; the controller manager holds th
 key (token controller, per-controller credentials) and the apiserver's self-signed serving
 certificate as the cluster's root CA (the ``kube-root-ca.crt`` ConfigMaps).
 
-Must not import: the operator, the worker, kopf (plain stdlib, plus yaml).
+Must not import: the operator, kopf (stdlib, yaml, and the worker's bounded waits).
 """
 
 from __future__ import annotations
@@ -31,11 +31,13 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from refit_worker.waits import Backoff, WaitTimeout, poll_until
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"
@@ -282,15 +284,15 @@ class ControlPlane:
             )
         self._components.append(_Component(name, process, log))
 
-    def _wait_http(self, name: str, url: str, ok: object) -> None:
+    def _wait_http(self, name: str, url: str, ok: Callable[[str], bool]) -> None:
         """Poll ``url`` until ``ok(body)``; fail naming the component, URL and last answer."""
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE  # a health probe; clients verify (kubeconfig)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        last = "no answer yet"
         component = next(c for c in self._components if c.name == name)
-        while time.monotonic() < deadline:
+        last = ["no answer yet"]
+
+        def answered() -> bool:
             if component.process.poll() is not None:
                 raise ControlPlaneError(
                     f"{name} exited with {component.process.returncode} before {url} "
@@ -302,16 +304,21 @@ class ControlPlane:
             try:
                 with urllib.request.urlopen(request, timeout=5, context=context) as response:
                     body = response.read().decode(errors="replace").strip()
-                if ok(body):  # type: ignore[operator]
-                    return
-                last = f"HTTP {response.status}: {body[:200]}"
             except (urllib.error.URLError, OSError) as exc:
-                last = str(exc)
-            time.sleep(0.2)
-        raise ControlPlaneError(
-            f"{name} was not ready at {url} within {READY_TIMEOUT_S} s (last: {last})\n"
-            f"{self.failure_report()}"
-        )
+                last[0] = str(exc)
+                return False
+            last[0] = f"HTTP {response.status}: {body[:200]}"
+            return ok(body)
+
+        try:
+            poll_until(
+                answered,
+                timeout=READY_TIMEOUT_S,
+                what=f"{name} to answer {url}",
+                backoff=Backoff(first=0.05, cap=0.5),
+            )
+        except WaitTimeout as exc:
+            raise ControlPlaneError(f"{exc} (last: {last[0]})\n{self.failure_report()}") from None
 
     # -- stop and report ---------------------------------------------------------------
 
