@@ -40,6 +40,11 @@ def _pdb() -> dict[str, Any]:
     }
 
 
+def _budget(cluster: Cluster) -> dict[str, Any]:
+    found = cluster.rest.find(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/no-disruption")
+    return dict((found or {}).get("status") or {})
+
+
 def test_drain_mid_refit_moves_the_gang_to_the_other_node(
     cluster: Cluster, install: Install
 ) -> None:
@@ -47,31 +52,12 @@ def test_drain_mid_refit_moves_the_gang_to_the_other_node(
     cluster.kubectl.apply(_pdb())
     cluster.kubectl.apply(_job())
     wait(
-        lambda: cluster.job_status(NS, JOB).get("refitsCompleted", 0) >= 1,
-        "the first refit",
-        timeout=180,
-    )
-    wait(
         lambda: (
-            (
-                cluster.rest.find(
-                    f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/no-disruption"
-                )
-                or {}
-            )
-            .get("status", {})
-            .get("disruptionsAllowed", -1)
-            == 0
-            and (
-                cluster.rest.find(
-                    f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/no-disruption"
-                )
-                or {}
-            )["status"].get("currentHealthy")
-            == 4
+            _budget(cluster).get("currentHealthy") == 4
+            and _budget(cluster).get("disruptionsAllowed") == 0
         ),
-        "the disruption controller to count the gang under the PDB",
-        timeout=60,
+        "the disruption controller to count the running gang under the PDB",
+        timeout=120,
     )
     epoch0 = {p["metadata"]["uid"]: p for p in cluster.pods(NS, f"refit.dev/job={JOB}")}
     victim = next(iter(epoch0.values()))["spec"]["nodeName"]
@@ -79,17 +65,20 @@ def test_drain_mid_refit_moves_the_gang_to_the_other_node(
     try:
         # A PDB that allows no disruption: the eviction is refused, the drain times out.
         blocked = cluster.kubectl.run(
-            "drain", victim, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=10s"
+            "drain", victim, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=5s"
         )
         assert blocked.returncode != 0
         assert "disruption budget" in blocked.stderr + blocked.stdout, blocked.stderr
-        status = cluster.job_status(NS, JOB)
-        assert status["preemptions"] == 0 and status["phase"] == "Running", status
-        assert {p["metadata"]["uid"] for p in cluster.pods(NS, f"refit.dev/job={JOB}")} == set(
-            epoch0
-        )
+        assert cluster.job_status(NS, JOB)["preemptions"] == 0
+        now = {p["metadata"]["uid"] for p in cluster.pods(NS, f"refit.dev/job={JOB}")}
+        assert now == set(epoch0), "a pod went although the budget allowed no disruption"
 
         cluster.kubectl.ok("delete", "pdb", "no-disruption", "-n", NS)
+        wait(
+            lambda: cluster.job_status(NS, JOB).get("refitsCompleted", 0) >= 1,
+            "the first refit",
+            timeout=180,
+        )
         done_before = cluster.job_status(NS, JOB)["refitsCompleted"]
         assert done_before < REFITS, "the job finished before the drain; raise REFITS"
         cluster.kubectl.ok(
