@@ -236,10 +236,10 @@ class OperatorProcess:
         return [line for line in self.text().splitlines() if "403" in line and "orbidden" in line]
 
 
-def chart_values(path: Path) -> Path:
+def chart_values(path: Path, **values: Any) -> Path:
     """Values for the tests' install: the Deployment's pod must not run on a process node
     (the operator runs as a local process instead), so it selects a label no node has."""
-    values = {"nodeSelector": {"refit.dev/operator-runs-outside-the-cluster": "true"}}
+    values = {"nodeSelector": {"refit.dev/operator-runs-outside-the-cluster": "true"}, **values}
     path.write_text(yaml.safe_dump(values))
     return path
 
@@ -252,8 +252,11 @@ class Install:
     kubeconfig: Path
 
 
-def install_chart(cluster: Cluster, release: str, workdir: Path) -> Install:
-    """``helm install`` the chart, then start the operator on its ServiceAccount token."""
+def install_chart(
+    cluster: Cluster, release: str, workdir: Path, watch_namespaces: tuple[str, ...] = ()
+) -> Install:
+    """``helm install`` the chart, then start the operator on its ServiceAccount token,
+    with the arguments the chart's Deployment gives it (``--namespace`` per watched one)."""
     workdir.mkdir(parents=True, exist_ok=True)
     done = cluster.helm.run(
         "install",
@@ -263,14 +266,15 @@ def install_chart(cluster: Cluster, release: str, workdir: Path) -> Install:
         OPERATOR_NAMESPACE,
         "--create-namespace",
         "--values",
-        str(chart_values(workdir / "values.yaml")),
+        str(chart_values(workdir / "values.yaml", watchNamespaces=list(watch_namespaces))),
         "--wait=false",
     )
     if done.returncode != 0:
         raise AssertionError(f"helm install failed ({done.returncode}):\n{done.stderr}")
     account = f"{release}-refit-operator"
     config = sa_kubeconfig(cluster, account, OPERATOR_NAMESPACE, workdir / "operator.kubeconfig")
-    operator = OperatorProcess(config, workdir / "operator.log")
+    args = [f"--namespace={ns}" for ns in watch_namespaces]
+    operator = OperatorProcess(config, workdir / "operator.log", *args)
     operator.start()
     return Install(release, OPERATOR_NAMESPACE, operator, config)
 

@@ -87,6 +87,43 @@ def test_install_run_a_job_on_the_chart_rbac_then_uninstall_leaves_nothing(
     )
 
 
+def test_namespaced_install_runs_a_job_on_its_roles_alone(cluster: Cluster, tmp_path: Path) -> None:
+    """``watchNamespaces``: a Role per watched namespace and only CRD reads cluster-wide;
+    the operator on that account reconciles a job there and meets no 403."""
+    team = cluster.namespace("team-a")
+    install = install_chart(cluster, "scoped", tmp_path, watch_namespaces=(team,))
+    try:
+        kinds = cluster.kubectl.ok(
+            "get",
+            "clusterroles,roles",
+            "-A",
+            "-l",
+            "app.kubernetes.io/instance=scoped",
+            "-o",
+            "name",
+        )
+        assert sorted(kinds.split()) == [
+            "clusterrole.rbac.authorization.k8s.io/scoped-refit-operator",
+            "role.rbac.authorization.k8s.io/scoped-refit-operator",
+        ]
+        job = example("local", metadata={"name": "scoped-job", "namespace": team})
+        job["spec"]["transfer"]["refits"] = 1
+        cluster.kubectl.apply(job)
+        cluster.kubectl.ok(
+            "wait", "--for=condition=Complete", "rj/scoped-job", "-n", team, "--timeout=300s"
+        )
+        assert install.operator.forbidden() == [], install.operator.forbidden()
+        denied = cluster.kubectl.run(
+            "auth", "can-i", "create", "pods", "-n", "default", kubeconfig=install.kubeconfig
+        )
+        assert denied.stdout.strip() == "no"
+        cluster.kubectl.ok(
+            "delete", "rj", "scoped-job", "-n", team, "--wait=true", "--timeout=120s"
+        )
+    finally:
+        uninstall_chart(cluster, install)
+
+
 def _without(role: dict[str, Any], resource: str, verb: str) -> dict[str, Any]:
     rules = []
     for rule in role["rules"]:
