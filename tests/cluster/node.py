@@ -17,8 +17,9 @@ ports shared by every node.  A pod with a projected service-account token (what 
 ServiceAccount admission plugin adds) gets a token from the TokenRequest API, bound to the
 pod, and a per-pod kubeconfig in ``KUBECONFIG``: processes cannot see a file at
 ``/var/run/secrets/kubernetes.io/serviceaccount`` of their own, so the standard fallback
-of the clients (``KUBECONFIG``) carries it instead, and ``KUBERNETES_SERVICE_*`` are never
-set so the in-cluster loader cannot pick up anything else.
+of the clients (``KUBECONFIG``) carries it instead; ``KUBERNETES_SERVICE_*`` and the test's
+own ``KUBECONFIG`` are never passed on, and ``HOME`` is the node's, so no pod can fall back
+on the test user's credentials.
 
 Differences from a kubelet, on purpose: one container per pod, no images (``command`` is
 run as is), processes run as the test's user (``runAsUser`` is not applied), pod names are
@@ -90,6 +91,10 @@ class ProcessNode:
         self.capacity = dict(capacity or DEFAULT_CAPACITY)
         self.labels, self.taints = dict(labels or {}), list(taints or [])
         env = {k: v for k, v in os.environ.items() if k not in _HOST_ONLY_ENV}
+        # A home of the node's own, as a container has: the test user's ~/.kube/config
+        # must not be a pod's fallback credentials.
+        env["HOME"] = str(self.workdir / "home")
+        (self.workdir / "home").mkdir(parents=True, exist_ok=True)
         self.kubelet = ProcessKubelet(self.workdir, rewrite_env=self._pod_env, base_env=env)
         #: pod name -> uid of the pod whose process runs (or ran) here under that name.
         self.running: dict[str, str] = {}
