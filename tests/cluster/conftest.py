@@ -62,11 +62,15 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     _TIMES["build"] = built.seconds
     _TIMES["build_cached"] = float("cached:" in built.output)
     started = time.monotonic()
-    with ControlPlane(built.bin_dir, tmp_path_factory.mktemp("control-plane")) as plane:
+    plane = ControlPlane(built.bin_dir, tmp_path_factory.mktemp("control-plane"))
+    _SESSION["plane"] = plane
+    try:
+        plane.start()
         _TIMES["start"] = time.monotonic() - started
         _TIMES["tier_started"] = time.monotonic()
         yield plane
-    _TIMES["tier"] = time.monotonic() - _TIMES["tier_started"]
+    finally:
+        _shutdown()
 
 
 @pytest.fixture(scope="session")
@@ -87,15 +91,45 @@ def cluster(
         network=network,
         workdir=workdir,
     )
+    _SESSION["cluster"] = cluster
     try:
         for name in NODE_NAMES:
             cluster.nodes[name] = ProcessNode(name, rest, workdir / name, network).start()
-        _SESSION["cluster"] = cluster
         yield cluster
     finally:
-        _SESSION.pop("cluster", None)
+        _shutdown()
+
+
+def _shutdown() -> None:
+    """Stop the nodes' pods, then the control plane (idempotent)."""
+    cluster = _SESSION.pop("cluster", None)
+    if cluster is not None:
         for node in cluster.nodes.values():
             node.stop()
+    plane = _SESSION.pop("plane", None)
+    if plane is not None:
+        plane.stop()
+        _SESSION["down"] = True
+        if "tier_started" in _TIMES:
+            _TIMES["tier"] = time.monotonic() - _TIMES["tier_started"]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the tier's last test (its module fixtures already torn down), stop the
+    control plane and the nodes, so the tiers that run next have the machine to themselves.
+    The session-scoped fixtures stay cached but dead; :func:`_alive` guards against use."""
+    if _in_tier(item) and (nextitem is None or not _in_tier(nextitem)):
+        _shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _alive() -> None:
+    if _SESSION.get("down"):
+        raise RuntimeError(
+            "the control plane was stopped after the cluster tier's last test; run the "
+            "cluster tests together (they are one folder, collected in order)"
+        )
 
 
 @pytest.fixture(scope="module")

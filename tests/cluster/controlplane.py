@@ -323,14 +323,13 @@ class ControlPlane:
     # -- stop and report ---------------------------------------------------------------
 
     def stop(self) -> None:
-        """SIGTERM each component (newest first), SIGKILL what outlives the timeout."""
+        """SIGTERM each component, newest first, waiting for each before the next (the
+        apiserver's shutdown still talks to etcd); SIGKILL one that outlives the timeout."""
         for component in reversed(self._components):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(component.process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for component in reversed(self._components):
             try:
-                component.process.wait(max(0.1, deadline - time.monotonic()))
+                component.process.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(component.process.pid, signal.SIGKILL)
