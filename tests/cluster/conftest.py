@@ -137,7 +137,7 @@ def install(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
     """The chart installed with helm and the operator running on its ServiceAccount's
     token, for one module (one operator at a time: kopf peering is off)."""
     installed = install_chart(cluster, "refit", tmp_path_factory.mktemp("install"))
-    _SESSION["operator"] = installed  # type: ignore[assignment]
+    _SESSION["operator"] = installed
     try:
         yield installed
     finally:

@@ -66,7 +66,8 @@ class PodNetwork:
         labels = pod["metadata"].get("labels") or {}
         if names.LABEL_JOB not in labels:
             return env  # not a RefitJob pod: nothing to rewrite
-        owner = next(iter(pod["metadata"].get("ownerReferences") or []), {}).get("uid", "")
+        owners: list[dict[str, Any]] = pod["metadata"].get("ownerReferences") or [{}]
+        owner = owners[0].get("uid", "")
         key = (str(pod["metadata"]["namespace"]), f"{labels[names.LABEL_JOB]}/{owner}")
         with self._lock:
             ports = self._ports.setdefault(key, LoopbackPorts())

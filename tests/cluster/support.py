@@ -14,10 +14,10 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 from tests.binaries import REPO_ROOT
@@ -28,14 +28,13 @@ from tests.cluster.rest import Rest
 
 from refit_worker.waits import Backoff, poll_until
 
-T = TypeVar("T")
 KUBECTL_TIMEOUT_S = 120.0
 OPERATOR_NAMESPACE = "refit-system"
 EXAMPLES = REPO_ROOT / "examples"
 BACKOFF = Backoff(first=0.05, cap=0.5)
 
 
-def wait(check: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
+def wait(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
     """Poll ``check`` until it returns something truthy (an empty list is not an answer);
     fail naming ``what`` after ``timeout`` seconds."""
     return poll_until(
@@ -83,7 +82,7 @@ class Kubectl:
     def json(self, *args: str, **kw: Any) -> Any:
         return json.loads(self.ok(*args, "-o", "json", **kw))
 
-    def apply(self, objects: list[Mapping[str, Any]] | Mapping[str, Any], *args: str) -> str:
+    def apply(self, objects: Sequence[Mapping[str, Any]] | Mapping[str, Any], *args: str) -> str:
         docs = [objects] if isinstance(objects, Mapping) else objects
         return self.ok("apply", "-f", "-", *args, stdin=yaml.safe_dump_all([dict(d) for d in docs]))
 

@@ -79,11 +79,12 @@ class ChildWatch:
 
 
 def _finished(cluster: Cluster, job: str) -> dict[str, Any]:
-    return wait(
+    status: dict[str, Any] = wait(
         lambda: (s := cluster.job_status(NS, job)).get("phase") in ("Succeeded", "Failed") and s,
         f"job {job} to finish",
         timeout=300,
     )
+    return status
 
 
 def test_operator_restart_mid_job_no_duplicates_no_lost_status(
