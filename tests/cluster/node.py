@@ -99,8 +99,8 @@ class ProcessNode:
         self.kubelet = ProcessKubelet(self.workdir, rewrite_env=self._pod_env, base_env=env)
         #: pod name -> uid of the pod whose process runs (or ran) here under that name.
         self.running: dict[str, str] = {}
-        #: (namespace, name, uid) of every pod this node started, in order.
-        self.started: list[tuple[str, str, str]] = []
+        #: (namespace, name, uid, labels) of every pod this node started, in order.
+        self.started: list[tuple[str, str, str, dict[str, str]]] = []
         #: uid -> per-pod kubeconfig (service-account token), for tests that act as the pod.
         self.kubeconfigs: dict[str, Path] = {}
         #: uid -> the pod's conditions as last seen before the node deleted it for good.
@@ -215,7 +215,9 @@ class ProcessNode:
             return
         self.running[meta["name"]] = meta["uid"]
         self._start_times[meta["uid"]] = objects.now()
-        self.started.append((meta["namespace"], meta["name"], meta["uid"]))
+        self.started.append(
+            (meta["namespace"], meta["name"], meta["uid"], dict(meta.get("labels") or {}))
+        )
 
     def _report(self, pod: dict[str, Any], local: dict[str, Any]) -> None:
         status = objects.pod_status(pod, local)

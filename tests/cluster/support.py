@@ -106,11 +106,28 @@ class Cluster:
             out.update(node.exit_codes)
         return out
 
-    def node_of(self, uid: str) -> str | None:
-        for node in self.nodes.values():
-            if any(u == uid for _ns, _n, u in node.started):
-                return node.name
-        return None
+    def gang(self, namespace: str, job: str, epoch: int) -> dict[tuple[str, str], str]:
+        """(pod name, uid) -> node, for every pod of ``job``'s ``epoch`` a node started
+        (the pods may be gone from the API since)."""
+        return {
+            (name, uid): node.name
+            for node in self.nodes.values()
+            for ns, name, uid, labels in node.started
+            if ns == namespace
+            and labels.get("refit.dev/job") == job
+            and labels.get("refit.dev/epoch") == str(epoch)
+        }
+
+    def gang_exit_codes(self, namespace: str, job: str, epoch: int) -> dict[str, int]:
+        """Pod name -> exit code of every rank of ``job``'s ``epoch``, once all ended."""
+        pods = self.gang(namespace, job, epoch)
+        assert pods, f"no node ran a pod of {namespace}/{job} epoch {epoch}"
+        codes = wait(
+            lambda: all(p in self.exit_codes() for p in pods) and self.exit_codes(),
+            f"every rank of {job} epoch {epoch} to exit",
+            timeout=60,
+        )
+        return {name: codes[(name, uid)] for name, uid in pods}
 
     def pod_kubeconfig(self, uid: str) -> Path:
         for node in self.nodes.values():
@@ -299,3 +316,13 @@ def example(name: str, **changes: Any) -> dict[str, Any]:
 
 def elapsed(since: float) -> float:
     return round(time.monotonic() - since, 1)
+
+
+def assert_bit_exact(codes: Mapping[str, int], ranks: int) -> None:
+    """Every rollout rank exited 0: each checked every tensor bit for bit before it
+    committed each refit (a mismatch exits 1).  A policy rank exits 0, or 83 when it was
+    still winding down as the job turned Succeeded and the operator stopped it."""
+    assert len(codes) == ranks, codes
+    for name, code in codes.items():
+        allowed = {0} if "-rollout-" in name else {0, 83}
+        assert code in allowed, f"{name} exited {code}: {dict(codes)}"

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tests.cluster.support import Cluster, Install, example, wait
+from tests.cluster.support import Cluster, Install, assert_bit_exact, example, wait
 
 NS = "lifecycle"
 KINDS = {
@@ -159,14 +159,9 @@ def test_spec_edit_mid_job_then_delete_cascades_through_the_gc(
     assert watch.refits == sorted(watch.refits), "refitsCompleted went backwards"
     pods = watch.uids("pods")
     assert all(len(uids) <= 2 for uids in pods.values()), pods  # one per epoch at most
-    final = [p for p in children["pods"] if p["metadata"]["labels"]["refit.dev/epoch"] == "1"]
-    assert sorted(p["metadata"]["name"] for p in final) == [
-        "edit-policy-0",
-        "edit-policy-1",
-        "edit-rollout-0",
-    ]
-    codes = cluster.exit_codes()
-    assert [codes[(p["metadata"]["name"], p["metadata"]["uid"])] for p in final] == [0, 0, 0]
+    final = cluster.gang_exit_codes(NS, "edit", 1)
+    assert sorted(final) == ["edit-policy-0", "edit-policy-1", "edit-rollout-0"]
+    assert_bit_exact(final, ranks=3)
 
     # Delete the job: the garbage collector removes every child it owned.
     owned = {(k, o["metadata"]["name"]) for k, items in children.items() for o in items}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 import yaml
-from tests.cluster.support import EXAMPLES, Cluster, Install, example, wait
+from tests.cluster.support import EXAMPLES, Cluster, Install, assert_bit_exact, example, wait
 
 NS = "demo"
 
@@ -29,14 +29,9 @@ def test_apply_example_then_wait_complete_bit_exact(cluster: Cluster, install: I
     assert status["phase"] == "Succeeded", status
     assert status["refitsCompleted"] == 3 and status["bytesTransferred"] > 0
     assert (status["restarts"], status["preemptions"]) == (0, 0)
-    pods = cluster.pods(NS, f"refit.dev/job={name}")
-    assert len(pods) == 4
-    # Every rank exited 0: each rollout rank checked every tensor bit for bit before it
-    # committed each refit (a mismatch exits 1 and fails the job).
-    codes = cluster.exit_codes()
-    assert [codes[(p["metadata"]["name"], p["metadata"]["uid"])] for p in pods] == [0] * 4
+    assert_bit_exact(cluster.gang_exit_codes(NS, name, 0), ranks=4)
     # Placed by kube-scheduler onto the process nodes (the operator sets no nodeName).
-    assert {p["spec"]["nodeName"] for p in pods} <= set(cluster.nodes)
+    assert set(cluster.gang(NS, name, 0).values()) <= set(cluster.nodes)
     table = cluster.kubectl.ok("get", "rj", "-n", NS)
     header, row = table.splitlines()[:2]
     assert header.split() == ["NAME", "PHASE", "POLICY", "ROLLOUT", "REFITS", "AGE"]

@@ -31,7 +31,8 @@ def test_worker_token_reaches_its_own_configmap_only(cluster: Cluster, install: 
     other["spec"]["suspend"] = True  # its ConfigMap and RBAC exist, no pods run
     cluster.kubectl.apply([own, other])
     cluster.kubectl.ok("wait", "--for=condition=Complete", "rj/own", "-n", NS, "--timeout=300s")
-    pod = next(p for p in cluster.pods(NS, "refit.dev/job=own"))
+    # A rollout rank: Succeeded pods stay (their bound tokens with them) after the job ends.
+    pod = cluster.pods(NS, "refit.dev/job=own,refit.dev/role=rollout")[0]
     config = yaml.safe_load(cluster.pod_kubeconfig(pod["metadata"]["uid"]).read_text())
     token = config["users"][0]["user"]["token"]
     as_pod = Rest(cluster.plane.server, token, cluster.plane.ca_file)
