@@ -258,7 +258,10 @@ async def _store_backoff() -> list[float]:
 
 def api_faults() -> list[str]:
     gaps = asyncio.run(_store_backoff())
-    tests = ["tests/reliability/test_api_faults.py", "tests/reliability/test_operator_restart.py"]
+    tests = [
+        "tests/reliability/test_api_faults.py",
+        "tests/cluster/test_lifecycle.py::test_operator_restart_mid_job_no_duplicates_no_lost_status",
+    ]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=0", *tests],
         cwd=ROOT,
@@ -282,8 +285,8 @@ def api_faults() -> list[str]:
         "rendezvous under 409s, 500s, 410 Gone watches and 0.3 s answers; the operator "
         "under failed pod creates, status conflicts, 500s on patches and lists, expired "
         "watches and 0.2 s answers, checked to create each child once; "
-        "`test_operator_restart.py`: the kopf task cancelled and restarted twice "
-        "mid-job) in this run:",
+        "`tests/cluster/test_lifecycle.py`: the operator process stopped with SIGTERM "
+        "and started again twice mid-job, on the real control plane) in this run:",
         "",
         "```",
         *summary,

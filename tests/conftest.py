@@ -1,7 +1,8 @@
 """Test tiers by folder: ``unit/`` (pure), ``integration/`` (API emulator + kopf in-loop),
-``e2e/`` (real processes, real NIXL, real signals); ``reliability/`` (fault injection on
-real processes) counts as e2e.  Each test gets its tier's marker, so
-``-m unit`` selects the fast tier; CI runs all of them.
+``e2e/`` (real processes, real NIXL, real signals), ``cluster/`` (a real Kubernetes
+control plane built from source, process nodes, the operator as a process);
+``reliability/`` (fault injection on real processes) counts as e2e.  Each test gets its
+tier's marker, so ``-m unit`` selects the fast tier; CI runs all of them.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-_TIERS = ("unit", "integration", "e2e")
+_TIERS = ("unit", "integration", "e2e", "cluster")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

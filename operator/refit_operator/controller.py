@@ -2,9 +2,11 @@
 apply its actions, write the status.  One coalescing loop per job serialises the work.
 
 Order of effects: creates go first (they are idempotent, and the status records them only
-once they succeeded); then the status is written, conditional on the resourceVersion read;
-then deletes, rendezvous clearing and Events.  So a lost status write can never make a
-failure look like a preemption on the next round.
+once they succeeded), in dependency waves (:func:`creation_waves`: a RoleBinding only once
+its Role exists, pods only once their ServiceAccount and RoleBinding do); then the status
+is written, conditional on the resourceVersion read; then deletes, rendezvous clearing and
+Events.  So a lost status write can never make a failure look like a preemption on the
+next round.
 
 Must not import: kopf (the handlers wrap this; a local runner could drive it too).
 """
@@ -162,7 +164,8 @@ class Controller:
             view, observe(pods, others, rendezvous), self._clock(), self._options
         )
         creates = [a.obj for a in decision.actions if isinstance(a, reconcile.Create)]
-        await _bounded([self._api.create(obj) for obj in creates])
+        for wave in creation_waves(creates):
+            await _bounded([self._api.create(obj) for obj in wave])
         await self._api.merge_patch(
             API_VERSION,
             KIND,
@@ -199,6 +202,23 @@ class Controller:
                 await self._api.post_event(job, action.type, action.reason, action.message)
             except kube.ApiError as exc:  # an Event is a courtesy; its loss must not stall
                 log.warning("could not post event %s: %s", action.reason, exc)
+
+
+#: Kinds a create depends on, by wave: the apiserver looks each up while admitting the next.
+#: A RoleBinding's escalation check reads its Role (404 while that Role is still being
+#: created); a Pod's ServiceAccount admission reads its ServiceAccount.
+_WAVE_OF_KIND = {"ServiceAccount": 0, "Role": 0, "RoleBinding": 1, "Pod": 2}
+_DEFAULT_WAVE = 0
+
+
+def creation_waves(objs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """``objs`` grouped into waves to create one after another, in dependency order:
+    ServiceAccounts, Roles, Services and ConfigMaps first, RoleBindings next, Pods last.
+    Within a wave the order is kept; empty waves are left out."""
+    waves: dict[int, list[dict[str, Any]]] = {}
+    for obj in objs:
+        waves.setdefault(_WAVE_OF_KIND.get(str(obj.get("kind")), _DEFAULT_WAVE), []).append(obj)
+    return [waves[index] for index in sorted(waves)]
 
 
 async def _bounded(calls: list[Coroutine[Any, Any, Any]]) -> None:

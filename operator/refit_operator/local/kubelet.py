@@ -1,15 +1,17 @@
 """A process kubelet: runs rendered pod manifests as local processes.
 
-One piece of code plays kubelet for ``refit run`` (no cluster) and for the end-to-end test
-harness (API emulator): it starts a pod's first container ``command + args`` with the
-container's env, reports the pod's status in Kubernetes form (phase, Ready condition,
-``containerStatuses[].state.terminated.exitCode``), and terminates pods the way a kubelet
-does — the ``preStop`` exec hook first, then the container's stop signal
-(``lifecycle.stopSignal`` or SIGTERM), then SIGKILL once the grace period is spent.
+One piece of code plays kubelet for ``refit run`` (no cluster) and for the process nodes
+of the cluster test tier (``tests/cluster/node.py``, a real apiserver): it starts a pod's
+first container ``command + args`` with the container's env, reports the pod's status in
+Kubernetes form (phase, Ready condition, ``containerStatuses[].state.terminated.exitCode``),
+and terminates pods the way a kubelet does — the ``preStop`` exec hook first, then the
+container's stop signal (``lifecycle.stopSignal`` or SIGTERM), then SIGKILL once the grace
+period is spent.
 
 What a node would provide is emulated minimally and said so: ``emptyDir`` volumes are
 per-pod temporary directories (env values under a mount path are rewritten to point
-there), the downward API fills ``metadata.name/namespace/uid``, and a caller-supplied
+there), the downward API fills ``metadata.name/namespace/uid``, ``spec.nodeName``,
+``spec.serviceAccountName`` and the (loopback) pod and host IPs, and a caller-supplied
 ``rewrite_env`` hook plays cluster networking (one host, so Service names and ports are
 mapped to loopback and free ports).
 
@@ -406,12 +408,17 @@ def _remap(value: str, mounts: Mapping[str, Path]) -> str:
 def _field_ref(pod: Mapping[str, Any], value_from: Mapping[str, Any]) -> str:
     path = str((value_from.get("fieldRef") or {}).get("fieldPath", ""))
     meta = pod["metadata"]
+    spec = pod.get("spec") or {}
+    # One host: every pod and node address is loopback.  A pod bound by a scheduler
+    # names its node; a pod of `refit run` has none, and runs on "localhost".
     fields = {
         "metadata.name": meta["name"],
         "metadata.namespace": meta["namespace"],
         "metadata.uid": meta["uid"],
-        "spec.nodeName": "localhost",
+        "spec.nodeName": spec.get("nodeName") or "localhost",
+        "spec.serviceAccountName": spec.get("serviceAccountName") or "default",
         "status.podIP": "127.0.0.1",
+        "status.hostIP": "127.0.0.1",
     }
     if path not in fields:
         raise KubeletError(f"pod {meta['name']}: unsupported downward API field {path!r}")

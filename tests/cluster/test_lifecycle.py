@@ -1,0 +1,232 @@
+"""The operator's lifecycle against the real API: restarts of the operator process mid-job
+and a spec edit mid-job leave no duplicate children and lose no status; deleting the
+RefitJob cascades to every child through kube-controller-manager's garbage collector;
+workers that fail use up ``maxRestarts`` and fail the job; a suspended job keeps its rest
+and resumes in a new epoch.
+
+A watcher thread polls the job's children for the whole job and keeps every uid it ever
+saw, so a child created twice (a second pod of one name, a second ConfigMap) shows up even
+if it was deleted again before the end.
+
+Real: the operator process (stopped with SIGTERM and started again, as a Deployment would),
+kube-controller-manager's garbage collector, the workers.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from tests.cluster.support import Cluster, Install, assert_bit_exact, example, wait
+
+NS = "lifecycle"
+KINDS = {
+    "pods": "/api/v1/namespaces/{ns}/pods",
+    "configmaps": "/api/v1/namespaces/{ns}/configmaps",
+    "services": "/api/v1/namespaces/{ns}/services",
+    "serviceaccounts": "/api/v1/namespaces/{ns}/serviceaccounts",
+    "roles": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+    "rolebindings": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+}
+
+
+class ChildWatch:
+    """Every (kind, name, uid) of a job's children seen, and the job's refit counts."""
+
+    def __init__(self, cluster: Cluster, job: str) -> None:
+        self.cluster, self.job = cluster, job
+        self.seen: set[tuple[str, str, str]] = set()
+        self.refits: list[int] = []
+        self._stop = threading.Event()
+
+    def children(self) -> dict[str, list[dict[str, Any]]]:
+        out = {}
+        for kind, path in KINDS.items():
+            listed = self.cluster.rest.get(
+                path.format(ns=NS), labelSelector=f"refit.dev/job={self.job}"
+            )
+            out[kind] = listed["items"]
+        return out
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.2):
+            for kind, items in self.children().items():
+                self.seen |= {(kind, o["metadata"]["name"], o["metadata"]["uid"]) for o in items}
+            refits = self.cluster.job_status(NS, self.job).get("refitsCompleted")
+            if refits is not None:
+                self.refits.append(int(refits))
+
+    @contextmanager
+    def running(self) -> Iterator[ChildWatch]:
+        thread = threading.Thread(target=self._poll, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            thread.join(10)
+
+    def uids(self, kind: str) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for k, name, uid in self.seen:
+            if k == kind:
+                out.setdefault(name, set()).add(uid)
+        return out
+
+
+def _finished(cluster: Cluster, job: str) -> dict[str, Any]:
+    status: dict[str, Any] = wait(
+        lambda: (s := cluster.job_status(NS, job)).get("phase") in ("Succeeded", "Failed") and s,
+        f"job {job} to finish",
+        timeout=300,
+    )
+    return status
+
+
+def test_operator_restart_mid_job_no_duplicates_no_lost_status(
+    cluster: Cluster, install: Install
+) -> None:
+    cluster.namespace(NS)
+    job = example("local", metadata={"name": "restart", "namespace": NS})
+    job["spec"]["transfer"]["refits"] = 12
+    with ChildWatch(cluster, "restart").running() as watch:
+        cluster.kubectl.apply(job)
+        # 1: down as soon as the gang exists, before the barrier: the ranks start, publish
+        # and wait for a barrier nobody writes until the operator is back.
+        wait(lambda: len(cluster.pods(NS, "refit.dev/job=restart")) == 4, "the gang", 30)
+        assert install.operator.stop() == 0  # SIGTERM: kopf stops cleanly
+        time.sleep(3)
+        install.operator.start()
+        # 2: down again while refits run.
+        wait(
+            lambda: cluster.job_status(NS, "restart").get("refitsCompleted", 0) >= 2,
+            "two refits before the second restart",
+            timeout=180,
+        )
+        assert install.operator.stop() == 0
+        before = cluster.job_status(NS, "restart")
+        install.operator.start()
+        status = _finished(cluster, "restart")
+    assert status["phase"] == "Succeeded", status
+    assert (
+        status["refitsCompleted"] == 12 and status["refitsCompleted"] >= before["refitsCompleted"]
+    )
+    assert (status["epoch"], status["restarts"], status["preemptions"]) == (0, 0, 0)
+    assert watch.refits == sorted(watch.refits), "refitsCompleted went backwards"
+    # One object per child name, each with one uid for the whole job.
+    for kind in KINDS:
+        assert all(len(uids) == 1 for uids in watch.uids(kind).values()), (kind, watch.uids(kind))
+    assert len(watch.uids("pods")) == 4
+    assert set(watch.uids("configmaps")) == {"restart-rendezvous"}
+    assert install.operator.forbidden() == []
+
+
+def test_spec_edit_mid_job_then_delete_cascades_through_the_gc(
+    cluster: Cluster, install: Install
+) -> None:
+    cluster.namespace(NS)
+    job = example("local", metadata={"name": "edit", "namespace": NS})
+    job["spec"]["transfer"]["refits"] = 12
+    with ChildWatch(cluster, "edit").running() as watch:
+        cluster.kubectl.apply(job)
+        wait(
+            lambda: cluster.job_status(NS, "edit").get("refitsCompleted", 0) >= 2,
+            "two refits before the edit",
+            timeout=180,
+        )
+        cluster.kubectl.ok(
+            "patch",
+            "rj",
+            "edit",
+            "-n",
+            NS,
+            "--type=merge",
+            "-p",
+            '{"spec":{"rollout":{"replicas":1}}}',
+        )
+        status = _finished(cluster, "edit")
+        children = watch.children()
+    assert status["phase"] == "Succeeded", status
+    assert status["refitsCompleted"] == 12, status
+    # A spec change recreates the gang in a new epoch; it is neither a failure nor a
+    # preemption.
+    assert (status["epoch"], status["restarts"], status["preemptions"]) == (1, 0, 0)
+    assert status["observedGeneration"] == 2 and status["rollout"]["total"] == 1
+    assert watch.refits == sorted(watch.refits), "refitsCompleted went backwards"
+    pods = watch.uids("pods")
+    assert all(len(uids) <= 2 for uids in pods.values()), pods  # one per epoch at most
+    final = cluster.gang_exit_codes(NS, "edit", 1)
+    assert sorted(final) == ["edit-policy-0", "edit-policy-1", "edit-rollout-0"]
+    assert_bit_exact(final, ranks=3)
+
+    # Delete the job: the garbage collector removes every child it owned.
+    owned = {(k, o["metadata"]["name"]) for k, items in children.items() for o in items}
+    assert {k for k, _ in owned} == set(KINDS)
+    cluster.kubectl.ok("delete", "rj", "edit", "-n", NS, "--wait=true", "--timeout=120s")
+    wait(
+        lambda: not any(watch.children().values()),
+        f"the garbage collector to delete {sorted(owned)}",
+        timeout=120,
+    )
+
+
+def test_failing_workers_restart_until_max_restarts_then_fail(
+    cluster: Cluster, install: Install
+) -> None:
+    cluster.namespace(NS)
+    job = example("local", metadata={"name": "fails", "namespace": NS})
+    job["spec"]["policy"]["command"] = [sys.executable, "-c", "import sys; sys.exit(1)"]
+    job["spec"]["failurePolicy"] = {"maxRestarts": 1, "backoffSeconds": 1}
+    cluster.kubectl.apply(job)
+    status = _finished(cluster, "fails")
+    assert status["phase"] == "Failed", status
+    assert (status["restarts"], status["preemptions"], status["epoch"]) == (1, 0, 1)
+    assert "failed: exit code 1; maxRestarts (1) used up" in status["message"]
+    wait(
+        lambda: all(
+            p["status"]["phase"] in ("Succeeded", "Failed")
+            for p in cluster.pods(NS, "refit.dev/job=fails")
+        ),
+        "the failed gang's pods to stop",
+        timeout=60,
+    )
+    reasons = [
+        e["reason"]
+        for e in cluster.kubectl.json("get", "events", "-n", NS)["items"]
+        if e["involvedObject"]["name"] == "fails"
+    ]
+    assert "Failed" in reasons, reasons
+    cluster.kubectl.ok("delete", "rj", "fails", "-n", NS, "--wait=true", "--timeout=120s")
+
+
+def test_suspend_mid_job_keeps_the_rest_and_resumes_in_a_new_epoch(
+    cluster: Cluster, install: Install
+) -> None:
+    cluster.namespace(NS)
+    job = example("local", metadata={"name": "pause", "namespace": NS})
+    job["spec"]["transfer"]["refits"] = 12
+    cluster.kubectl.apply(job)
+    wait(
+        lambda: cluster.job_status(NS, "pause").get("refitsCompleted", 0) >= 1,
+        "a refit before the suspend",
+        timeout=180,
+    )
+    cluster.kubectl.ok(
+        "patch", "rj", "pause", "-n", NS, "--type=merge", "-p", '{"spec":{"suspend":true}}'
+    )
+    cluster.kubectl.ok(
+        "wait", "rj/pause", "-n", NS, "--for=jsonpath={.status.phase}=Suspended", "--timeout=60s"
+    )
+    wait(lambda: not cluster.pods(NS, "refit.dev/job=pause"), "the pods deleted on suspend", 60)
+    assert cluster.rest.find(f"/api/v1/namespaces/{NS}/configmaps/pause-rendezvous")
+    cluster.kubectl.ok(
+        "patch", "rj", "pause", "-n", NS, "--type=merge", "-p", '{"spec":{"suspend":false}}'
+    )
+    status = _finished(cluster, "pause")
+    assert status["phase"] == "Succeeded" and status["refitsCompleted"] == 12, status
+    assert (status["restarts"], status["preemptions"]) == (0, 0) and status["epoch"] >= 1
+    cluster.kubectl.ok("delete", "rj", "pause", "-n", NS, "--wait=true", "--timeout=120s")

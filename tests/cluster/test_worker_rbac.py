@@ -1,0 +1,65 @@
+"""RBAC for real: a worker pod's ServiceAccount token (requested by its node through the
+TokenRequest API, bound to the pod) reads and patches its own job's rendezvous ConfigMap
+and nothing else; the apiserver answers 403 to everything beyond.
+
+Real: the apiserver's authentication of bound service-account tokens and its RBAC
+authorizer, the per-job Role and RoleBinding the operator created, the worker that ran.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from tests.cluster.rest import ApiError, Rest
+from tests.cluster.support import Cluster, Install, example
+
+NS = "rbac"
+
+
+def _expect_403(call: object, what: str) -> None:
+    with pytest.raises(ApiError) as info:
+        call()  # type: ignore[operator]
+    assert info.value.status == 403, f"{what}: {info.value}"
+    assert "forbidden" in info.value.message, info.value.message
+
+
+def test_worker_token_reaches_its_own_configmap_only(cluster: Cluster, install: Install) -> None:
+    cluster.namespace(NS)
+    own = example("local", metadata={"name": "own", "namespace": NS})
+    own["spec"]["transfer"]["refits"] = 1
+    other = example("local", metadata={"name": "other", "namespace": NS})
+    other["spec"]["suspend"] = True  # its ConfigMap and RBAC exist, no pods run
+    cluster.kubectl.apply([own, other])
+    cluster.kubectl.ok("wait", "--for=condition=Complete", "rj/own", "-n", NS, "--timeout=300s")
+    # A rollout rank: Succeeded pods stay (their bound tokens with them) after the job ends.
+    pod = cluster.pods(NS, "refit.dev/job=own,refit.dev/role=rollout")[0]
+    config = yaml.safe_load(cluster.pod_kubeconfig(pod["metadata"]["uid"]).read_text())
+    token = config["users"][0]["user"]["token"]
+    as_pod = Rest(cluster.plane.server, token, cluster.plane.ca_file)
+    review = as_pod.post(
+        "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+    )
+    info = review["status"]["userInfo"]
+    assert info["username"] == f"system:serviceaccount:{NS}:own-worker"
+    assert info["extra"]["authentication.kubernetes.io/pod-uid"] == [pod["metadata"]["uid"]]
+
+    maps = f"/api/v1/namespaces/{NS}/configmaps"
+    assert as_pod.get(f"{maps}/own-rendezvous")["metadata"]["name"] == "own-rendezvous"
+    patched = as_pod.patch(f"{maps}/own-rendezvous", {"data": {"rbac-test": "1"}})
+    assert patched["data"]["rbac-test"] == "1"
+    _expect_403(lambda: as_pod.get(f"{maps}/other-rendezvous"), "another job's ConfigMap")
+    _expect_403(
+        lambda: as_pod.patch(f"{maps}/other-rendezvous", {"data": {"x": "1"}}),
+        "patching another job's ConfigMap",
+    )
+    _expect_403(lambda: as_pod.get(maps), "listing ConfigMaps")
+    _expect_403(lambda: as_pod.delete(f"{maps}/own-rendezvous"), "deleting its own ConfigMap")
+    _expect_403(lambda: as_pod.get(f"/api/v1/namespaces/{NS}/secrets"), "Secrets")
+    _expect_403(lambda: as_pod.get(f"/api/v1/namespaces/{NS}/pods"), "pods")
+    _expect_403(lambda: as_pod.get("/apis/refit.dev/v1alpha1/refitjobs"), "RefitJobs")
+    # kubectl agrees, through the pod's own kubeconfig.
+    kubeconfig = cluster.pod_kubeconfig(pod["metadata"]["uid"])
+    can = cluster.kubectl.run("auth", "can-i", "get", "secrets", "-n", NS, kubeconfig=kubeconfig)
+    assert can.stdout.strip() == "no"
+    cluster.kubectl.ok("delete", "rj", "own", "other", "-n", NS, "--wait=true", "--timeout=120s")
