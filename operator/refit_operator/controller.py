@@ -16,16 +16,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from refit_operator import kube, names, reconcile
 from refit_operator.coordinate import PatchData
+from refit_operator.decision import Action, Decision
 from refit_operator.models import API_VERSION, KIND, parse_status
 from refit_operator.observe import observe
-from refit_operator.reconcile import Action
 from refit_operator.render import JobRef, RenderOptions
+from refit_operator.writes import WriteError
 
 log = logging.getLogger(__name__)
 
@@ -155,41 +156,100 @@ class Controller:
             if o["kind"] == "ConfigMap"
         }
         view = reconcile.JobView(
-            ref=JobRef(name=name, namespace=namespace, uid=uid),
+            ref=JobRef(
+                name=name,
+                namespace=namespace,
+                uid=uid,
+                pod_labels=names.propagated_labels(meta.get("labels") or {}),
+            ),
             generation=int(meta.get("generation", 1)),
             raw_spec=job.get("spec"),
             status=parse_status(job.get("status")),
         )
-        decision = reconcile.reconcile(
-            view, observe(pods, others, rendezvous), self._clock(), self._options
-        )
+        observed = observe(pods, others, rendezvous)
+        decision = reconcile.reconcile(view, observed, self._clock(), self._options)
+        if decision.hands_off:
+            return None  # another controller's job (spec.managedBy): not even its status
+        errors: list[WriteError] = []
         creates = [a.obj for a in decision.actions if isinstance(a, reconcile.Create)]
         for wave in creation_waves(creates):
-            await _bounded([self._api.create(obj) for obj in wave])
-        await self._api.merge_patch(
+            errors += await _bounded([self._create(obj) for obj in wave])
+            if errors:
+                break  # the next waves need this one (a Pod its ServiceAccount)
+        decision = reconcile.after_writes(view, observed, decision, errors, self._clock())
+        version = await self._write_status(job, decision, meta["resourceVersion"])
+        # Patches and Events keep their order; deletes of many pods go out together.
+        later: list[WriteError] = []
+        deletes = [a for a in decision.actions if isinstance(a, reconcile.Delete)]
+        for action in decision.actions:
+            if not isinstance(action, reconcile.Delete):
+                later += await _bounded([self._apply_after(job, action)])
+            elif action is deletes[0]:
+                later += await _bounded([self._apply_after(job, a) for a in deletes])
+        if later:
+            # Refused deletes or gate lifts: said in the status too, then tried again.
+            view = replace(view, status=decision.status)
+            done = replace(decision, actions=())
+            amended = reconcile.after_writes(view, observed, done, later, self._clock())
+            await self._write_status(job, amended, version)
+            for event in amended.actions:
+                if isinstance(event, reconcile.Emit):
+                    await self._apply_after(job, event)
+            return amended.requeue_after
+        return decision.requeue_after
+
+    async def _write_status(self, job: dict[str, Any], decision: Decision, version: str) -> str:
+        """The status, conditional on ``version``; returns the job's new resourceVersion."""
+        meta = job["metadata"]
+        written = await self._api.merge_patch(
             API_VERSION,
             KIND,
-            namespace,
-            name,
+            meta["namespace"],
+            meta["name"],
             {
-                "metadata": {"resourceVersion": meta["resourceVersion"]},
+                "metadata": {"resourceVersion": version},
                 "status": decision.status.model_dump(mode="json", by_alias=True),
             },
             subresource="status",
         )
-        # Patches and Events keep their order; deletes of many pods go out together.
-        deletes = [a for a in decision.actions if isinstance(a, reconcile.Delete)]
-        for action in decision.actions:
-            if not isinstance(action, reconcile.Delete):
-                await self._apply_after(job, action)
-            elif action is deletes[0]:
-                await _bounded([self._apply_after(job, a) for a in deletes])
-        return decision.requeue_after
+        return str(((written or {}).get("metadata") or {}).get("resourceVersion", version))
 
-    async def _apply_after(self, job: dict[str, Any], action: Action) -> None:
+    async def _create(self, obj: dict[str, Any]) -> WriteError | None:
+        try:
+            await self._api.create(obj)
+        except kube.ConflictError:
+            raise
+        except kube.ApiError as exc:
+            return _refused("create", obj["kind"], obj["metadata"]["name"], exc)
+        return None
+
+    async def _apply_after(self, job: dict[str, Any], action: Action) -> WriteError | None:
         namespace = job["metadata"]["namespace"]
         if isinstance(action, reconcile.Delete):
-            await self._api.delete(action.api_version, action.kind, namespace, action.name)
+            try:
+                await self._api.delete(action.api_version, action.kind, namespace, action.name)
+            except kube.ApiError as exc:
+                if action.kind == "PodGroup" and exc.status == 404:
+                    return None  # no PodGroup API installed: nothing to delete
+                return _refused("delete", action.kind, action.name, exc)
+        elif isinstance(action, reconcile.LiftGate):
+            gates = [{"name": g} for g in action.gates] or None
+            patch = {
+                "metadata": {"resourceVersion": action.resource_version},
+                "spec": {"schedulingGates": gates},
+            }
+            try:
+                await self._api.merge_patch("v1", "Pod", namespace, action.name, patch)
+            except kube.ConflictError:
+                return None  # the pod changed since it was read: the next round sees it
+            except kube.ApiError as exc:
+                if exc.status == 404:
+                    return None
+                return _refused("patch", "Pod", action.name, exc)
+        elif isinstance(action, reconcile.DeleteJob):
+            meta = job["metadata"]
+            log.info("deleting %s/%s: its ttlSecondsAfterFinished ran out", namespace, meta["name"])
+            await self._api.delete(API_VERSION, KIND, namespace, meta["name"])
         elif isinstance(action, PatchData):
             patch = {"data": dict(action.data)}
             try:
@@ -202,12 +262,18 @@ class Controller:
                 await self._api.post_event(job, action.type, action.reason, action.message)
             except kube.ApiError as exc:  # an Event is a courtesy; its loss must not stall
                 log.warning("could not post event %s: %s", action.reason, exc)
+        return None
+
+
+def _refused(verb: str, kind: str, name: str, exc: kube.ApiError) -> WriteError:
+    log.warning("%s %s %s refused: HTTP %s %s", verb, kind, name, exc.status, exc.message)
+    return WriteError(verb, kind, name, exc.status, exc.reason, exc.message)
 
 
 #: Kinds a create depends on, by wave: the apiserver looks each up while admitting the next.
 #: A RoleBinding's escalation check reads its Role (404 while that Role is still being
 #: created); a Pod's ServiceAccount admission reads its ServiceAccount.
-_WAVE_OF_KIND = {"ServiceAccount": 0, "Role": 0, "RoleBinding": 1, "Pod": 2}
+_WAVE_OF_KIND = {"ServiceAccount": 0, "Role": 0, "RoleBinding": 1, "PodGroup": 1, "Pod": 2}
 _DEFAULT_WAVE = 0
 
 
@@ -221,18 +287,25 @@ def creation_waves(objs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return [waves[index] for index in sorted(waves)]
 
 
-async def _bounded(calls: list[Coroutine[Any, Any, Any]]) -> None:
-    """Run API calls concurrently, at most PARALLEL_CALLS at a time; re-raise the first error."""
+async def _bounded(
+    calls: list[Coroutine[Any, Any, WriteError | None]],
+) -> list[WriteError]:
+    """Run API calls concurrently, at most PARALLEL_CALLS at a time.  Returns the writes the
+    apiserver refused; re-raises any other error once every call has ended."""
     gate = asyncio.Semaphore(PARALLEL_CALLS)
 
-    async def one(call: Coroutine[Any, Any, Any]) -> None:
+    async def one(call: Coroutine[Any, Any, WriteError | None]) -> WriteError | None:
         async with gate:
-            await call
+            return await call
 
     results = await asyncio.gather(*(one(c) for c in calls), return_exceptions=True)
-    for result in results:  # every call has ended; now report the first failure
+    refused: list[WriteError] = []
+    for result in results:
         if isinstance(result, BaseException):
             raise result
+        if result is not None:
+            refused.append(result)
+    return refused
 
 
 def _owned(objs: list[dict[str, Any]], uid: str) -> list[dict[str, Any]]:

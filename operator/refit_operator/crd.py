@@ -2,7 +2,9 @@
 
 pydantic's JSON Schema is turned into a Kubernetes *structural* schema: references inlined,
 ``Optional`` as ``nullable``, free-form objects marked ``x-kubernetes-preserve-unknown-fields``,
-titles dropped.  An unexpected JSON Schema construct is an error here rather than a CRD the
+titles dropped; integer-or-string nodes (quantities) and the embedded upstream
+PodTemplateSpec (``podtemplate.py``: list-map keys, map types) pass through as they are.
+An unexpected JSON Schema construct is an error here rather than a CRD the
 apiserver would refuse.  The output is deterministic (sorted keys), so a test can compare the
 checked-in ``crds/refitjob.yaml`` with it.
 
@@ -37,9 +39,20 @@ _KEEP = frozenset(
         "minItems",
         "maxItems",
         "x-kubernetes-validations",
+        # List and map semantics of the embedded upstream PodTemplateSpec.
+        "x-kubernetes-list-type",
+        "x-kubernetes-list-map-keys",
+        "x-kubernetes-map-type",
+        "nullable",
+        "x-kubernetes-preserve-unknown-fields",
     }
 )
+#: The one union a structural schema allows: integer or string (quantities, ports).
+INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
 _DROP = frozenset({"title"})
+
+
+_INT_OR_STRING_KEYS = frozenset({"x-kubernetes-int-or-string", "anyOf"})
 
 
 class SchemaError(ValueError):
@@ -52,6 +65,10 @@ def structural(schema: dict[str, Any], defs: dict[str, Any], where: str = "") ->
     if "$ref" in node:
         target = node.pop("$ref").rsplit("/", 1)[-1]
         node = {**defs[target], **node}
+    if node.get("x-kubernetes-int-or-string"):
+        if node.get("anyOf") != INT_OR_STRING:
+            raise SchemaError(f"{where}: int-or-string must be anyOf integer, string")
+        return {k: v for k, v in node.items() if k in _KEEP or k in _INT_OR_STRING_KEYS}
     if "anyOf" in node:
         options = [o for o in node.pop("anyOf") if o != {"type": "null"}]
         if len(options) != 1:
@@ -79,7 +96,7 @@ def structural(schema: dict[str, Any], defs: dict[str, Any], where: str = "") ->
             elif isinstance(value, dict):
                 out[key] = structural(value, defs, f"{where}{{}}")
             # False: structural schemas prune unknown fields already
-        elif key in _KEEP or key in ("nullable", "x-kubernetes-preserve-unknown-fields"):
+        elif key in _KEEP:
             out[key] = value
         elif key == "$defs":
             continue

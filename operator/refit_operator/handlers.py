@@ -20,7 +20,7 @@ import kopf
 
 from refit_operator import kube, names
 from refit_operator.controller import Controller
-from refit_operator.models import GROUP, PLURAL, VERSION
+from refit_operator.models import GROUP, PLURAL, VERSION, managed_elsewhere
 from refit_operator.render import RenderOptions
 from refit_operator.settings import OperatorConfig, make_settings
 
@@ -66,6 +66,11 @@ def build_registry(
     job = (GROUP, VERSION, PLURAL)
     owned_children = {names.LABEL_JOB: kopf.PRESENT}
 
+    def ours(spec: Mapping[str, Any], **_: Any) -> bool:
+        # A job another controller manages (spec.managedBy) gets no handler, so no
+        # finalizer, annotation or status from this operator either.
+        return not managed_elsewhere(spec)
+
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
         # The same credentials as our own client, so kopf and kube.py see one cluster.
@@ -91,20 +96,24 @@ def build_registry(
         if holder.controller is not None:
             await holder.controller.close()
 
-    @kopf.on.resume(*job, registry=registry)
-    @kopf.on.create(*job, registry=registry)
-    @kopf.on.update(*job, registry=registry)
+    @kopf.on.resume(*job, when=ours, registry=registry)
+    @kopf.on.create(*job, when=ours, registry=registry)
+    @kopf.on.update(*job, when=ours, registry=registry)
     async def job_changed(*, namespace: str | None, name: str, **_: Any) -> None:
         async with _mapped():
             await holder.get().reconcile(_ns(namespace), name)
 
     @kopf.timer(
-        *job, interval=config.resync_seconds, initial_delay=config.resync_seconds, registry=registry
+        *job,
+        interval=config.resync_seconds,
+        initial_delay=config.resync_seconds,
+        when=ours,
+        registry=registry,
     )
     async def job_resync(*, namespace: str | None, name: str, **_: Any) -> None:
         await holder.get().nudge(_ns(namespace), name)
 
-    @kopf.on.delete(*job, registry=registry)
+    @kopf.on.delete(*job, when=ours, registry=registry)
     async def job_deleted(*, namespace: str | None, name: str, **_: Any) -> None:
         async with _mapped():
             await holder.get().delete_pods(_ns(namespace), name)

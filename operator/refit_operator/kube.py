@@ -33,6 +33,9 @@ PLURALS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     (models.API_VERSION, models.KIND): models.PLURAL,
+    # A gang's PodGroup, for Volcano or the scheduler-plugins coscheduling plugin.
+    ("scheduling.volcano.sh/v1beta1", "PodGroup"): "podgroups",
+    ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): "podgroups",
 }
 
 #: Non-pod children, listed by the job label on every reconcile.
@@ -48,15 +51,29 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 class ApiError(Exception):
-    """The API answered with an error status."""
+    """The API answered with an error status: the code, the apiserver's ``Status.reason``
+    (``Forbidden``, ``Invalid``, ...) and its message, word for word."""
 
-    def __init__(self, status: int, method: str, path: str, message: str) -> None:
+    def __init__(self, status: int, method: str, path: str, message: str, reason: str = "") -> None:
         super().__init__(f"{method} {path} -> HTTP {status}: {message}")
         self.status = status
+        self.reason = reason
+        self.message = message
 
 
 class ConflictError(ApiError):
     """HTTP 409: the object changed since it was read (or already exists)."""
+
+
+def _status_of(text: str) -> tuple[str, str]:
+    """(message, reason) of an error answer: a ``Status`` object, or any other text."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text, ""
+    if not isinstance(body, dict):
+        return text, ""
+    return str(body.get("message", text)), str(body.get("reason") or "")
 
 
 def collection_path(api_version: str, kind: str, namespace: str) -> str:
@@ -176,12 +193,9 @@ class Kube:
         ) as response:
             text = await response.text()
             if response.status >= 400:
-                try:
-                    message = str(json.loads(text).get("message", text))
-                except (ValueError, AttributeError):
-                    message = text
+                message, reason = _status_of(text)
                 error = ConflictError if response.status == 409 else ApiError
-                raise error(response.status, method, path, message)
+                raise error(response.status, method, path, message, reason)
             return json.loads(text) if text else None
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:

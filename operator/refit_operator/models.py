@@ -17,16 +17,28 @@ from __future__ import annotations
 
 import re
 import signal as _signal
-from datetime import datetime
-from enum import StrEnum
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from refit_operator.podtemplate import summarise
 from refit_operator.quantity import QuantityError, parse_quantity
+from refit_operator.roles import (
+    ENV_NAME_PATTERN,
+    RESOURCE_QUANTITY_PATTERN,
+    GangSpec,
+    RoleSpec,
+)
+from refit_operator.status import (
+    Condition,
+    Phase,
+    RefitJobStatus,
+    RoleStatus,
+    parse_status,
+)
+from refit_operator.wire import WIRE, Wire
 from refit_worker.contract.config import SyntheticWeights, TransferKnobs
-from refit_worker.contract.env import ENV_PREFIX
 from refit_worker.contract.rendezvous import MAX_RANKS
 from refit_worker.contract.signals import (
     KUBELET_STOP_SIGNALS,
@@ -40,88 +52,42 @@ VERSION = "v1alpha1"
 KIND = "RefitJob"
 PLURAL = "refitjobs"
 API_VERSION = f"{GROUP}/{VERSION}"
+#: ``spec.managedBy`` of the jobs this operator reconciles (unset means the same).
+MANAGER_NAME = f"{GROUP}/refit-operator"
+#: A domain-prefixed path, as JobSet's and Job's ``managedBy`` (``kueue.x-k8s.io/multikueue``).
+MANAGED_BY_PATTERN = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[-a-zA-Z0-9_.]+$"
+)
+
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "VERSION",
+    "Condition",
+    "GangSpec",
+    "InvalidSpecError",
+    "Phase",
+    "RefitJobSpec",
+    "RefitJobStatus",
+    "RoleSpec",
+    "RoleStatus",
+    "managed_elsewhere",
+    "parse_spec",
+    "parse_status",
+]
 
 #: A whole number of bytes above 0 with an optional suffix: what the CRD accepts for
 #: bucketSize, and (with the validator's clearer messages) what the model accepts.
 BUCKET_SIZE_PATTERN = r"^[0-9]*[1-9][0-9]*(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 
 
-#: Every wire model's config.  No inf/nan: JSON, and so the API server, cannot carry them.
-_WIRE = ConfigDict(
-    extra="forbid",
-    frozen=True,
-    alias_generator=to_camel,
-    populate_by_name=True,
-    allow_inf_nan=False,
-)
-
-
-class _Wire(BaseModel):
-    model_config = _WIRE
-
-
-#: A non-negative Kubernetes quantity as the API server reads one ('500m', '8Gi', '1e3'):
-#: '8 GB' or 'lots' is refused when the job is applied, not when its pods are created.
-RESOURCE_QUANTITY_PATTERN = (
-    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-    r"(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-)
-ResourceQuantity = Annotated[str, Field(pattern=RESOURCE_QUANTITY_PATTERN, max_length=64)]
-ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 #: DNS-1123 subdomain: what names a PersistentVolumeClaim.
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
-class EnvVar(_Wire):
-    """An extra environment variable for the worker container."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": f"!self.name.startsWith('{ENV_PREFIX}')",
-                    "message": f"env names starting {ENV_PREFIX} are reserved"
-                    " for the worker config",
-                }
-            ]
-        }
-    )
-
-    name: str = Field(pattern=ENV_NAME_PATTERN, max_length=253)
-    value: str = ""
-
-    @field_validator("name")
-    @classmethod
-    def _not_reserved(cls, name: str) -> str:
-        if name.startswith(ENV_PREFIX):
-            raise ValueError(
-                f"env name {name!r} is reserved: {ENV_PREFIX}* carries the worker config"
-            )
-        return name
-
-
-class Resources(_Wire):
-    """Container resources; values are Kubernetes quantities."""
-
-    requests: dict[str, ResourceQuantity] = Field(default_factory=dict)
-    limits: dict[str, ResourceQuantity] = Field(default_factory=dict)
-
-
-class RoleSpec(_Wire):
-    """Pods of one role (policy or rollout)."""
-
-    replicas: int = Field(1, ge=1, le=4096, description="Ranks in this role.")
-    resources: Resources = Field(default_factory=Resources)
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    affinity: dict[str, Any] = Field(default_factory=dict)
-    env: list[EnvVar] = Field(default_factory=list)
-    command: list[str] = Field(default_factory=list, description="Overrides refit-worker.")
-    args: list[str] = Field(default_factory=list)
-    service_account_name: str = Field("", description="Empty: the per-job account.")
-
-
-class SafetensorsVolume(_Wire):
+class SafetensorsVolume(Wire):
     """A directory of ``*.safetensors`` files on a PersistentVolumeClaim."""
 
     claim_name: str = Field(
@@ -154,7 +120,7 @@ class SafetensorsVolume(_Wire):
         return value
 
 
-class WeightsSpec(_Wire):
+class WeightsSpec(Wire):
     """What to stream: exactly one of ``synthetic`` and ``safetensors``."""
 
     model_config = ConfigDict(
@@ -183,7 +149,7 @@ class TransferSpec(TransferKnobs):
     # The knobs are the worker's own (TransferKnobs, in the contract; the docstring above
     # is the CRD's description); the bucket size is a Kubernetes quantity here and bytes in
     # the worker's TransferConfig.
-    model_config = _WIRE
+    model_config = WIRE
 
     bucket_size: str = Field(
         "64Mi",
@@ -222,7 +188,7 @@ class TransferSpec(TransferKnobs):
 Injection = Literal["auto", "stopSignal", "preStop"]
 
 
-class PreemptionSpec(_Wire):
+class PreemptionSpec(Wire):
     """Which signal announces a preemption, and how the pod gets it."""
 
     model_config = ConfigDict(
@@ -273,7 +239,7 @@ class PreemptionSpec(_Wire):
         return self.parsed_signal.name
 
 
-class FailurePolicy(_Wire):
+class FailurePolicy(Wire):
     """Restarts after real failures; preemptions never use these up."""
 
     max_restarts: int = Field(3, ge=0)
@@ -281,7 +247,7 @@ class FailurePolicy(_Wire):
     max_backoff_seconds: float = Field(300.0, ge=0)
 
 
-class RefitJobSpec(_Wire):
+class RefitJobSpec(Wire):
     """The desired state of a RefitJob."""
 
     model_config = ConfigDict(
@@ -293,7 +259,13 @@ class RefitJobSpec(_Wire):
                     f" <= {MAX_RANKS}",
                     "message": f"policy.replicas + rollout.replicas must be at most {MAX_RANKS},"
                     " the most ranks one rendezvous serves",
-                }
+                },
+                {
+                    # A transition rule: checked on updates only.
+                    "rule": "has(self.managedBy) == has(oldSelf.managedBy)"
+                    " && (!has(self.managedBy) || self.managedBy == oldSelf.managedBy)",
+                    "message": "managedBy is immutable",
+                },
             ]
         }
     )
@@ -307,9 +279,33 @@ class RefitJobSpec(_Wire):
     preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
     create_service_account: bool = Field(
-        True, description="Create a per-job ServiceAccount allowed only its rendezvous."
+        True,
+        description="Pods whose template names no serviceAccountName run as a per-job"
+        " ServiceAccount allowed only its rendezvous.",
     )
-    suspend: bool = False
+    suspend: bool = Field(
+        False, description="True: no pods run (and none are created); Kueue admits by clearing it."
+    )
+    managed_by: str | None = Field(
+        None,
+        max_length=63,
+        pattern=MANAGED_BY_PATTERN,
+        description=f"The controller that reconciles this job; unset or {MANAGER_NAME!r}:"
+        " this operator, which leaves any other value alone (e.g. kueue.x-k8s.io/multikueue).",
+    )
+    gang: GangSpec = Field(default_factory=GangSpec)
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Delete the job, and so its children, this long after it ends."
+    )
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, description="Fail the job once it has run this long (suspended time aside)."
+    )
+    start_deadline_seconds: int = Field(
+        1800,
+        ge=1,
+        description="Fail an epoch whose pods are not all Ready this long after its first pod"
+        " was created; the message says why (ImagePullBackOff, Unschedulable, ...).",
+    )
 
     @model_validator(mode="after")
     def _rendezvous_fits(self) -> RefitJobSpec:
@@ -320,69 +316,6 @@ class RefitJobSpec(_Wire):
                 " the most ranks one rendezvous serves"
             )
         return self
-
-
-class Phase(StrEnum):
-    PENDING = "Pending"
-    RUNNING = "Running"
-    RESTARTING = "Restarting"
-    SUSPENDED = "Suspended"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-
-
-class _Status(BaseModel):
-    # Status tolerates unknown keys: other writers (kubectl, older operators) may add some.
-    model_config = ConfigDict(
-        extra="ignore", frozen=True, alias_generator=to_camel, populate_by_name=True
-    )
-
-
-class Condition(_Status):
-    """A Kubernetes-style condition."""
-
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str = ""
-    message: str = ""
-    last_transition_time: datetime
-
-
-class RoleStatus(_Status):
-    ready: int = 0
-    total: int = 0
-
-
-class RefitJobStatus(_Status):
-    """The observed state of a RefitJob, written only by the operator."""
-
-    phase: Phase = Phase.PENDING
-    message: str = ""
-    conditions: list[Condition] = Field(default_factory=list)
-    observed_generation: int = 0
-    epoch: int = 0
-    #: The epoch whose pods have been created (None: not yet for the current epoch).
-    created_epoch: int | None = None
-    #: Not before this time is the gang of the current epoch (re)created.
-    restart_at: datetime | None = None
-    policy: RoleStatus = Field(default_factory=RoleStatus)
-    rollout: RoleStatus = Field(default_factory=RoleStatus)
-    restarts: int = 0
-    preemptions: int = 0
-    refits_completed: int = 0
-    #: Bytes rollout ranks received, over all epochs.
-    bytes_transferred: int = 0
-    #: Bytes of the epochs before the current one (the epoch's own bytes come on top).
-    bytes_before_epoch: int = 0
-    #: Of those, the bytes the previous epoch's ranks reported: reports that land after the
-    #: gang stopped are added until its rendezvous is cleared.
-    previous_epoch_bytes: int = 0
-    #: How every committed refit was checked, as the rollout ranks reported: "bit-exact",
-    #: "checksums", "manifest" or "none" (the weakest any rank applied).
-    verification: str = "none"
-    last_throughput_bytes_per_second: float | None = None
-    start_time: datetime | None = None
-    completion_time: datetime | None = None
 
 
 class InvalidSpecError(ValueError):
@@ -400,16 +333,6 @@ def parse_spec(raw: Any) -> RefitJobSpec:
         raise InvalidSpecError(_describe(exc)) from exc
 
 
-def parse_status(raw: Any) -> RefitJobStatus:
-    """Read a stored status; an unreadable one counts as empty (the operator rewrites it)."""
-    if not isinstance(raw, dict):
-        return RefitJobStatus()
-    try:
-        return RefitJobStatus.model_validate(raw)
-    except ValidationError:
-        return RefitJobStatus()
-
-
 #: Patterns said in words: a regex in an error message helps nobody.
 _PATTERN_WORDS = {
     RESOURCE_QUANTITY_PATTERN: "must be a Kubernetes quantity such as 500m, 8Gi or 2",
@@ -418,10 +341,20 @@ _PATTERN_WORDS = {
 }
 
 
+def managed_elsewhere(raw_spec: Any) -> bool:
+    """Whether another controller reconciles this job (``spec.managedBy``), read from the
+    raw spec: such a job is left alone, valid or not."""
+    managed_by = raw_spec.get("managedBy") if isinstance(raw_spec, Mapping) else None
+    return managed_by not in (None, MANAGER_NAME)
+
+
 def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
         where = "spec" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
+        if err["type"] == "pod_template":
+            parts.append(summarise([where + p for p in (err.get("ctx") or {})["problems"]]))
+            continue
         got = err.get("input")
         shown = f" (got {got!r})" if err["type"] != "missing" and not isinstance(got, dict) else ""
         message = err["msg"]

@@ -6,6 +6,7 @@ Pure; must not import kopf or kubernetes.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from refit_worker.contract.rendezvous import configmap_name, shards_needed
 from refit_worker.contract.roles import Role
@@ -51,6 +52,15 @@ def worker_account_name(job: str) -> str:
 def master_addr(job: str, role: Role, namespace: str) -> str:
     """Rank 0 of a role, reached through the role's headless Service."""
     return f"{pod_name(job, role, 0)}.{service_name(job, role)}.{namespace}.svc"
+
+
+#: Labels of a RefitJob its pods carry too: Kueue reads the queue and priority from pods
+#: (its plain-Pod integration) as well as from jobs.
+PROPAGATED_LABEL_PREFIXES = ("kueue.x-k8s.io/",)
+
+
+def propagated_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    return {k: str(v) for k, v in labels.items() if k.startswith(PROPAGATED_LABEL_PREFIXES)}
 
 
 def job_labels(job: str) -> dict[str, str]:

@@ -32,6 +32,12 @@ class ObservedPod:
     disruption: str | None
     #: Why it failed on its own (None: it did not).
     failure: str | None
+    #: Why it is not running yet (a container waiting state, Unschedulable with the
+    #: scheduler's message, a scheduling gate), or None.
+    waiting: str | None = None
+    #: Its scheduling gates (the gang's is lifted once every pod of the epoch exists).
+    gates: tuple[str, ...] = ()
+    resource_version: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,27 @@ def _last_line(message: str) -> str:
     return lines[-1][:MESSAGE_CHARS] if lines else ""
 
 
+def _waiting(status: Mapping[str, Any], gates: tuple[str, ...]) -> str | None:
+    """Why a pod is not running yet, the most specific reason first."""
+    statuses = [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]
+    for cs in statuses:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") and waiting["reason"] != "PodInitializing":
+            message = _last_line(str(waiting.get("message") or ""))
+            return f"{waiting['reason']}" + (f": {message}" if message else "")
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            reason = condition.get("reason") or "NotScheduled"
+            message = _last_line(str(condition.get("message") or ""))
+            return f"{reason}: {message}" if message else str(reason)
+    if gates:
+        return f"SchedulingGated: {', '.join(gates)}"
+    return None
+
+
 def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
     """Classify a pod manifest: ready, disrupted (preempted) or failed, and why."""
     meta = pod.get("metadata") or {}
@@ -98,6 +125,9 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         detail = status.get("reason") or (f"exit code {codes[0]}" if codes else "no exit code")
         why = _last_line(next((str(t["message"]) for t in terminated if t.get("message")), ""))
         failure = f"pod {meta.get('name')} failed: {detail}" + (f": {why}" if why else "")
+    gates = tuple(
+        str(g.get("name", "")) for g in (pod.get("spec") or {}).get("schedulingGates") or []
+    )
     return ObservedPod(
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
@@ -110,6 +140,9 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         deleting=bool(meta.get("deletionTimestamp")),
         disruption=disruption,
         failure=failure,
+        waiting=None if phase != "Pending" else _waiting(status, gates),
+        gates=gates,
+        resource_version=str(meta.get("resourceVersion", "")),
     )
 
 

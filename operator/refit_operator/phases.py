@@ -41,6 +41,7 @@ class PhaseFacts:
     invalid: bool = False
     retry_invalid: bool = False  # the spec changed since it was found invalid
     restarts_exhausted: bool = False
+    deadline_exceeded: bool = False  # activeDeadlineSeconds ran out
     suspended: bool = False
     all_rollouts_done: bool = False
     gang_disrupted: bool = False  # a pod of the current epoch failed or was preempted
@@ -54,7 +55,7 @@ def next_phase(facts: PhaseFacts) -> Phase:
         return Phase.SUCCEEDED
     if facts.current is Phase.FAILED and not facts.retry_invalid:
         return Phase.FAILED
-    if facts.invalid or facts.restarts_exhausted:
+    if facts.invalid or facts.restarts_exhausted or facts.deadline_exceeded:
         return Phase.FAILED
     if facts.suspended:
         return Phase.SUSPENDED
@@ -69,3 +70,12 @@ def next_phase(facts: PhaseFacts) -> Phase:
 
 def is_legal(old: Phase, new: Phase) -> bool:
     return old == new or new in TRANSITIONS[old]
+
+
+def checked_next_phase(facts: PhaseFacts) -> Phase:
+    """:func:`next_phase`, refusing a move the table does not allow (a bug in the rules,
+    not in the input)."""
+    new = next_phase(facts)
+    if not is_legal(facts.current, new):
+        raise RuntimeError(f"illegal phase move {facts.current} -> {new}")
+    return new

@@ -4,90 +4,73 @@ Gang semantics: if any pod of the current epoch fails or is disrupted (Disruptio
 eviction, deletion, a preempted exit), every pod stops, the epoch goes up, the rendezvous is
 cleared, and after a backoff the gang is recreated under the same pod names, once the old
 pods are gone.  Failures use up ``maxRestarts``; preemptions are counted apart and do not.
+An epoch whose pods are not all Ready within ``startDeadlineSeconds`` fails the same way.
+
+Gang admission (``gang.py``): with scheduling gates, the gate comes off every pod of the
+epoch at once, once all of them exist.  A suspended job creates nothing; a job another
+controller manages (``spec.managedBy``) is left alone.
 
 The rendezvous data arrives in ``Observed.rendezvous``: the barrier is opened and progress
 read there (``coordinate.py``); between epochs the map is cleared before the new gang starts.
+What the ranks reported becomes the status in ``progress.py``.
 
 Must not import: kopf, kubernetes (the local runner drives this without an API).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, Literal, TypeAlias
+from typing import Literal
 
 from refit_operator import conditions as cond
 from refit_operator import coordinate as rdv
-from refit_operator import names, render
+from refit_operator import gang, lifecycle, names, progress, render
 from refit_operator.coordinate import PatchData
+from refit_operator.decision import (
+    Action,
+    Create,
+    Decision,
+    Delete,
+    DeleteJob,
+    Emit,
+    JobView,
+    LiftGate,
+    Round,
+)
 from refit_operator.models import (
     InvalidSpecError,
     Phase,
     RefitJobSpec,
     RefitJobStatus,
-    RoleStatus,
+    managed_elsewhere,
     parse_spec,
 )
 from refit_operator.observe import Observed, ObservedPod
-from refit_operator.phases import PhaseFacts, is_legal, next_phase
-from refit_worker.contract.rendezvous import ProgressSummary
+from refit_operator.phases import PhaseFacts, checked_next_phase
+from refit_operator.refusals import after_writes, expire, refuse
 from refit_worker.contract.roles import ROLES
 
 #: How soon to look again while old pods are still going away.
 POLL_DELETING_S = 1.0
+#: Reasons of the Failed condition that a new generation of the spec may fix.
+SPEC_REASONS = frozenset({"InvalidSpec", "TemplateConflict", "ChildRejected"})
 
-
-@dataclass(frozen=True)
-class Create:
-    obj: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Delete:
-    api_version: str
-    kind: str
-    name: str
-
-
-@dataclass(frozen=True)
-class Emit:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-Action: TypeAlias = Create | Delete | PatchData | Emit
-
-
-@dataclass(frozen=True)
-class JobView:
-    ref: render.JobRef
-    generation: int
-    raw_spec: Any
-    status: RefitJobStatus
-
-
-@dataclass(frozen=True)
-class Decision:
-    actions: tuple[Action, ...]
-    status: RefitJobStatus
-    requeue_after: float | None = None
-
-
-@dataclass
-class _Round:
-    """Mutable scratch of one reconcile round."""
-
-    status: RefitJobStatus
-    actions: list[Action] = field(default_factory=list)
-    requeue: float | None = None
-
-    def update(self, **changes: Any) -> None:
-        self.status = self.status.model_copy(update=changes)
-
-    def later(self, seconds: float) -> None:
-        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
+__all__ = [
+    "Action",
+    "Create",
+    "Decision",
+    "Delete",
+    "DeleteJob",
+    "Emit",
+    "JobView",
+    "LiftGate",
+    "PatchData",
+    "after_writes",
+    "parse_spec",
+    "reconcile",
+    "refuse",
+]
 
 
 def reconcile(
@@ -98,60 +81,44 @@ def reconcile(
     Every phase comes from the phase table (:func:`~refit_operator.phases.next_phase`), the
     invalid-spec path and the retry after a fix included.
     """
+    if managed_elsewhere(job.raw_spec):
+        return Decision((), job.status, hands_off=True)
     old = job.status.phase
+    reason = "InvalidSpec"
     try:
         spec = parse_spec(job.raw_spec)
         problems = names.name_problems(job.ref.name, spec.policy.replicas, spec.rollout.replicas)
+        if not problems:
+            reason = "TemplateConflict"
+            problems = render.template_conflicts(job.ref, spec, options)
         if problems:
             raise InvalidSpecError("; ".join(problems))
     except InvalidSpecError as exc:
-        new = _next_phase(PhaseFacts(current=old, invalid=True))
-        return _invalid(job, observed, str(exc), now, new)
-    rnd = _Round(job.status)
+        new = checked_next_phase(PhaseFacts(current=old, invalid=True))
+        return refuse(job, observed, str(exc), now=now, new=new, reason=reason)
+    rnd = Round(job.status, job.generation, now)
     # A spec found invalid, then changed: start over as a new job would, in a new epoch.
     retry = _is_invalid(job.status) and job.status.observed_generation != job.generation
     if retry:
-        rnd.update(message="", created_epoch=None, epoch=rnd.status.epoch + 1)
+        rnd.update(
+            message="",
+            created_epoch=None,
+            epoch=rnd.status.epoch + 1,
+            epoch_start_time=None,
+            completion_time=None,
+        )
     facts = _act(
         job=job, spec=spec, observed=observed, now=now, options=options, rnd=rnd, retry=retry
     )
-    new = _next_phase(replace(facts, current=old, retry_invalid=retry))
-    _finish(rnd=rnd, job=job, spec=spec, observed=observed, old=old, new=new, now=now)
+    new = checked_next_phase(replace(facts, current=old, retry_invalid=retry))
+    _finish(rnd=rnd, job=job, spec=spec, observed=observed, old=old, new=new)
+    expire(rnd, job.raw_spec, new)
     return Decision(tuple(rnd.actions), rnd.status, rnd.requeue)
-
-
-def _next_phase(facts: PhaseFacts) -> Phase:
-    new = next_phase(facts)
-    if not is_legal(facts.current, new):  # a bug in the rules, not in the input
-        raise RuntimeError(f"illegal phase move {facts.current} -> {new}")
-    return new
 
 
 def _is_invalid(status: RefitJobStatus) -> bool:
     failed = cond.get_condition(status.conditions, cond.FAILED)
-    return status.phase is Phase.FAILED and failed is not None and failed.reason == "InvalidSpec"
-
-
-def _invalid(job: JobView, observed: Observed, message: str, now: datetime, new: Phase) -> Decision:
-    st = job.status
-    if new is not Phase.FAILED:
-        # Only a Succeeded job stays put (the table keeps it final): its pods are gone and
-        # nothing is created again, so an invalid edit has nothing to act on.
-        return Decision((), st.model_copy(update={"observed_generation": job.generation}))
-    actions: list[Action] = [Delete("v1", "Pod", p.name) for p in observed.pods if not p.deleting]
-    if st.phase is not Phase.FAILED or st.message != message:
-        actions.append(Emit("Warning", "InvalidSpec", message))
-    status = st.model_copy(
-        update={
-            "phase": new,
-            "message": message,
-            "observed_generation": job.generation,
-            "conditions": cond.set_condition(
-                st.conditions, cond.FAILED, "True", reason="InvalidSpec", message=message, now=now
-            ),
-        }
-    )
-    return Decision(tuple(actions), status)
+    return status.phase is Phase.FAILED and failed is not None and failed.reason in SPEC_REASONS
 
 
 def _replicas(spec: RefitJobSpec, role: str) -> int:
@@ -166,7 +133,7 @@ def _expected(job: JobView, spec: RefitJobSpec) -> set[str]:
     }
 
 
-def _delete_pods(rnd: _Round, pods: list[ObservedPod]) -> None:
+def _delete_pods(rnd: Round, pods: list[ObservedPod]) -> None:
     rnd.actions.extend(Delete("v1", "Pod", p.name) for p in pods if not p.deleting)
 
 
@@ -182,7 +149,7 @@ def _act(
     observed: Observed,
     now: datetime,
     options: render.RenderOptions,
-    rnd: _Round,
+    rnd: Round,
     retry: bool = False,
 ) -> PhaseFacts:
     st = rnd.status
@@ -190,22 +157,31 @@ def _act(
     if st.phase is Phase.SUCCEEDED or (st.phase is Phase.FAILED and not retry):
         _delete_pods(rnd, [p for p in pods if p.phase not in ("Succeeded", "Failed")])
         return PhaseFacts(current=st.phase)
+    if spec.suspend:
+        return _suspend(rnd, job, spec, pods)
+    over = lifecycle.past(st.start_time, spec.active_deadline_seconds, now)
+    if over is not None:
+        _delete_pods(rnd, pods)
+        rnd.failed_reason = "DeadlineExceeded"
+        limit = spec.active_deadline_seconds
+        rnd.update(
+            message=f"the job ran past activeDeadlineSeconds ({limit} s)", completion_time=now
+        )
+        return PhaseFacts(current=st.phase, deadline_exceeded=True)
     for obj in render.render_static(job.ref, spec):
         if (obj["kind"], obj["metadata"]["name"]) not in observed.others:
             rnd.actions.append(Create(obj))
-    if spec.suspend:
-        if st.phase is not Phase.SUSPENDED:
-            # A new epoch on resume keeps the suspended gang's rendezvous entries stale.
-            rnd.update(epoch=st.epoch + 1, created_epoch=None, restart_at=None)
-        _delete_pods(rnd, pods)
-        return PhaseFacts(current=st.phase, suspended=True)
+    left = lifecycle.until(st.start_time, spec.active_deadline_seconds, now)
+    if left is not None:
+        rnd.later(left)
     current = [p for p in pods if p.epoch == st.epoch]
     stale = [p for p in pods if p.epoch != st.epoch]
     created = st.created_epoch == st.epoch
     coord = _read_rendezvous(job, spec, observed, current, st.epoch) if created else None
     if coord is not None:
-        _record(rnd, coord, now, spec.policy.replicas + spec.rollout.replicas)
-    progress = coord.progress if coord is not None else None
+        total = spec.policy.replicas + spec.rollout.replicas
+        rnd.status = progress.record(rnd.status, coord, total, now=now, generation=job.generation)
+    summary = coord.progress if coord is not None else None
     want = render.spec_hash(spec)
     if any(p.spec_hash != want for p in current):
         # Pods of another spec (world size, image...) need a new gang; neither a failure nor
@@ -213,17 +189,29 @@ def _act(
         return _restart_gang(
             job=job, spec=spec, pods=pods, failures=[], disruptions=[], now=now, rnd=rnd
         )
-    finished, short = _finished(job, spec, current, progress) if created else (False, None)
+    finished, short = (
+        progress.finished(job.ref.name, spec, current, summary)
+        if created
+        else (
+            False,
+            None,
+        )
+    )
     if finished and short is None:
         rnd.update(completion_time=now)
         _delete_pods(rnd, [p for p in pods if p.phase not in ("Succeeded", "Failed")])
         return PhaseFacts(current=st.phase, all_rollouts_done=True)
     # A rank that reported done has finished its part: its pod may go (a drained node).
-    done = {names.pod_name(job.ref.name, r, k) for r, k in (progress.done if progress else ())}
-    missing = sorted(_expected(job, spec) - {p.name for p in current} - done) if created else []
+    done = {names.pod_name(job.ref.name, r, k) for r, k in (summary.done if summary else ())}
+    absent = sorted(_expected(job, spec) - {p.name for p in current} - done)
+    missing = absent if created else []
     failures = [p.failure for p in current if p.failure] + ([short] if short else [])
     disruptions = [f"{p.name}: {p.disruption}" for p in current if p.disruption]
     disruptions += [f"{name}: PodMissing" for name in missing]
+    late = _late(rnd, spec, current, absent)
+    if late is not None and not failures:
+        failures.append(late)
+        rnd.failed_reason = "StartDeadlineExceeded"
     if failures or disruptions:
         return _restart_gang(
             job=job,
@@ -237,55 +225,115 @@ def _act(
         )
     _delete_pods(rnd, stale)
     if not created:
-        _fold_previous_epoch(rnd, spec, observed)
-        if stale:
-            rnd.later(POLL_DELETING_S)
-            return PhaseFacts(current=st.phase, waiting_for_gang=st.epoch > 0)
-        stale_data = rdv.clear(observed.rendezvous)
-        if stale_data:  # old pods are gone: drop their entries before new ones arrive
-            rnd.actions.extend(stale_data)
-            rnd.later(POLL_DELETING_S)
-            return PhaseFacts(current=st.phase, waiting_for_gang=st.epoch > 0)
-        if st.restart_at is not None and now < st.restart_at:
-            rnd.later((st.restart_at - now).total_seconds())
-            return PhaseFacts(current=st.phase, waiting_for_gang=True)
-        gang = render.render_gang(job.ref, spec, st.epoch, options, rnd.status.refits_completed)
-        rnd.actions.extend(Create(p) for p in gang)
-        rnd.update(created_epoch=st.epoch, restart_at=None, start_time=st.start_time or now)
-        return PhaseFacts(current=st.phase)
+        return _create_gang(
+            job=job,
+            spec=spec,
+            observed=observed,
+            stale=stale,
+            current=current,
+            options=options,
+            rnd=rnd,
+        )
     assert coord is not None  # created: the rendezvous was read above
     rnd.actions.extend(coord.patches)
+    _lift_gates(rnd, spec, current)
     all_ready = all(p.ready or p.phase == "Succeeded" for p in current)
+    if all_ready:
+        rnd.update(ready_epoch=st.epoch)
     return PhaseFacts(current=st.phase, all_ready=all_ready)
 
 
-def _finished(
-    job: JobView, spec: RefitJobSpec, current: list[ObservedPod], progress: ProgressSummary | None
-) -> tuple[bool, str | None]:
-    """Whether the gang's work is over, and why it fell short if it did.
+def _suspend(rnd: Round, job: JobView, spec: RefitJobSpec, pods: list[ObservedPod]) -> PhaseFacts:
+    """Stop the gang; create nothing (what exists from before stays)."""
+    st = rnd.status
+    if st.phase is not Phase.SUSPENDED:
+        # A new epoch on resume keeps the suspended gang's rendezvous entries stale; the
+        # active deadline starts again on resume, as a Job's does.
+        _drop_pod_group(rnd, job, spec, st.epoch)
+        rnd.update(
+            epoch=st.epoch + 1,
+            created_epoch=None,
+            restart_at=None,
+            epoch_start_time=None,
+            start_time=None,
+        )
+    _delete_pods(rnd, pods)
+    return PhaseFacts(current=st.phase, suspended=True)
 
-    Over when every rank's pod exited 0, or went away after its rank reported done.  The
-    job succeeded only if, on top of that, every rollout rank reported every refit
-    committed: exit codes alone say nothing about refits (``/bin/true`` exits 0).
-    """
-    by_name = {p.name: p for p in current}
-    done = progress.done if progress is not None else frozenset()
-    for role in ROLES:
-        for rank in range(_replicas(spec, role)):
-            pod = by_name.get(names.pod_name(job.ref.name, role, rank))
-            if pod is not None and pod.phase == "Succeeded":
-                continue
-            if (pod is None or pod.deleting) and (role, rank) in done:
-                continue
-            return False, None
-    want = spec.transfer.refits
-    got = progress.refits_completed if progress is not None else 0
-    if progress is not None and progress.rollout_done and got >= want:
-        return True, None
-    return True, (
-        f"every pod exited 0, but the rollout ranks reported {got} of {want} refits "
-        "committed (workers report each refit to the rendezvous; RefitSession does)"
+
+def _late(
+    rnd: Round, spec: RefitJobSpec, current: list[ObservedPod], absent: list[str]
+) -> str | None:
+    """The start-deadline failure of the epoch, if its time is up; else None (and the
+    Pending message says what the pods wait for)."""
+    st = rnd.status
+    if st.ready_epoch == st.epoch or st.epoch_start_time is None:
+        return None
+    late = lifecycle.late_pods(current, absent)
+    rnd.waiting = lifecycle.waiting_summary(late)
+    deadline = spec.start_deadline_seconds
+    if not late:
+        return None
+    if lifecycle.past(st.epoch_start_time, deadline, rnd.now) is None:
+        left = lifecycle.until(st.epoch_start_time, deadline, rnd.now)
+        if left is not None:
+            rnd.later(left)
+        return None
+    return lifecycle.start_failure(st.epoch, deadline, late)
+
+
+def _create_gang(
+    *,
+    job: JobView,
+    spec: RefitJobSpec,
+    observed: Observed,
+    stale: list[ObservedPod],
+    current: list[ObservedPod],
+    options: render.RenderOptions,
+    rnd: Round,
+) -> PhaseFacts:
+    """Create the epoch's gang once the old one and its rendezvous entries are gone."""
+    st = rnd.status
+    rnd.status = progress.fold_previous_epoch(rnd.status, spec, observed)
+    if stale:
+        rnd.later(POLL_DELETING_S)
+        return PhaseFacts(current=st.phase, waiting_for_gang=st.epoch > 0)
+    # Some of the epoch's pods exist already (a create failed last round): their entries
+    # are this epoch's, and clearing went before their creation.
+    stale_data = () if current else rdv.clear(observed.rendezvous)
+    if stale_data:  # old pods are gone: drop their entries before new ones arrive
+        rnd.actions.extend(stale_data)
+        rnd.later(POLL_DELETING_S)
+        return PhaseFacts(current=st.phase, waiting_for_gang=st.epoch > 0)
+    if st.restart_at is not None and rnd.now < st.restart_at:
+        rnd.later((st.restart_at - rnd.now).total_seconds())
+        return PhaseFacts(current=st.phase, waiting_for_gang=True)
+    gang_objs = render.render_gang(job.ref, spec, st.epoch, options, rnd.status.refits_completed)
+    rnd.actions.extend(Create(p) for p in gang_objs)
+    rnd.update(
+        created_epoch=st.epoch,
+        restart_at=None,
+        start_time=st.start_time or rnd.now,
+        epoch_start_time=st.epoch_start_time or rnd.now,
     )
+    rnd.later(float(spec.start_deadline_seconds))
+    return PhaseFacts(current=st.phase)
+
+
+def _lift_gates(rnd: Round, spec: RefitJobSpec, current: list[ObservedPod]) -> None:
+    """Every pod of the epoch exists: take the gang's gate off all of them together."""
+    if spec.gang.admission != "SchedulingGates":
+        return
+    for pod in current:
+        if gang.GATE in pod.gates and not pod.deleting:
+            keep = tuple(g for g in pod.gates if g != gang.GATE)
+            rnd.actions.append(LiftGate(pod.name, keep, pod.resource_version))
+
+
+def _drop_pod_group(rnd: Round, job: JobView, spec: RefitJobSpec, epoch: int) -> None:
+    api = gang.pod_group_api(spec.gang)
+    if api is not None:
+        rnd.actions.append(Delete(api, "PodGroup", gang.pod_group_name(job.ref.name, epoch)))
 
 
 def _read_rendezvous(
@@ -301,57 +349,6 @@ def _read_rendezvous(
     )
 
 
-def _record(rnd: _Round, coord: rdv.Coordination, now: datetime, total: int) -> None:
-    """Conditions and figures from the ranks' own reports (never from exit codes)."""
-    st = rnd.status
-    ok: cond.Truth = "False" if coord.problem else "True"
-    reason = "InvalidEntry" if coord.problem else "Readable"
-    conds = cond.set_condition(
-        st.conditions, cond.RENDEZVOUS, ok, reason=reason, message=coord.problem or "", now=now
-    )
-    connected: cond.Truth = "True" if coord.barrier_open else "False"
-    conds = cond.set_condition(
-        conds,
-        cond.CONNECTED,
-        connected,
-        reason="BarrierOpen" if coord.barrier_open else "WaitingForRanks",
-        message="" if coord.barrier_open else f"{coord.published} of {total} ranks published",
-        now=now,
-    )
-    rnd.update(conditions=conds)
-    p = coord.progress
-    if p is not None:
-        rnd.update(
-            refits_completed=max(st.refits_completed, p.refits_completed),
-            bytes_transferred=st.bytes_before_epoch + p.bytes_total,
-            verification=p.verification if p.refits_completed else st.verification,
-            last_throughput_bytes_per_second=(
-                p.last_refit_gbps * 1e9
-                if p.last_refit_gbps > 0
-                else st.last_throughput_bytes_per_second
-            ),
-        )
-
-
-def _fold_previous_epoch(rnd: _Round, spec: RefitJobSpec, observed: Observed) -> None:
-    """Add what the stopped gang reported after the restart decision (its last refit's
-    report can land after it), until its rendezvous entries are cleared."""
-    st = rnd.status
-    if st.epoch == 0:
-        return
-    world = (spec.policy.replicas, spec.rollout.replicas)
-    old = rdv.progress_of(observed.rendezvous, epoch=st.epoch - 1, world=world)
-    if old is None or old.bytes_total <= st.previous_epoch_bytes:
-        return
-    extra = old.bytes_total - st.previous_epoch_bytes
-    rnd.update(
-        bytes_before_epoch=st.bytes_before_epoch + extra,
-        bytes_transferred=st.bytes_transferred + extra,
-        previous_epoch_bytes=old.bytes_total,
-        refits_completed=max(st.refits_completed, old.refits_completed),
-    )
-
-
 def _restart_gang(
     *,
     job: JobView,
@@ -361,7 +358,7 @@ def _restart_gang(
     failures: list[str],
     disruptions: list[str],
     now: datetime,
-    rnd: _Round,
+    rnd: Round,
 ) -> PhaseFacts:
     st = rnd.status
     if notice_from is not None and disruptions and not failures:
@@ -376,6 +373,7 @@ def _restart_gang(
         if notice is not None:
             rnd.actions.append(notice)
     _delete_pods(rnd, pods)
+    _drop_pod_group(rnd, job, spec, st.epoch)
     if failures and st.restarts >= spec.failure_policy.max_restarts:
         message = f"{failures[0]}; maxRestarts ({spec.failure_policy.max_restarts}) used up"
         rnd.update(message=message, completion_time=now)
@@ -397,60 +395,48 @@ def _restart_gang(
         bytes_before_epoch=rnd.status.bytes_transferred,
         previous_epoch_bytes=rnd.status.bytes_transferred - st.bytes_before_epoch,
         created_epoch=None,
+        epoch_start_time=None,
         restart_at=now + timedelta(seconds=delay),
         message=message,
     )
+    rnd.condition(cond.RESTARTING, "True", reason, message)
     rnd.actions.append(Emit("Warning", reason, message))
     rnd.later(max(delay, POLL_DELETING_S))
     return PhaseFacts(current=st.phase, gang_disrupted=True)
 
 
-def _role_status(
-    spec: RefitJobSpec, pods: tuple[ObservedPod, ...], epoch: int, role: str
-) -> RoleStatus:
-    ready = sum(1 for p in pods if p.epoch == epoch and p.role == role and p.ready)
-    return RoleStatus(ready=ready, total=_replicas(spec, role))
-
-
 def _finish(
     *,
-    rnd: _Round,
+    rnd: Round,
     job: JobView,
     spec: RefitJobSpec,
     observed: Observed,
     old: Phase,
     new: Phase,
-    now: datetime,
 ) -> None:
     st = rnd.status
-    ready: cond.Truth = "True" if new is Phase.RUNNING else "False"
-    suspended: cond.Truth = "True" if new is Phase.SUSPENDED else "False"
-    conds = cond.set_condition(
-        st.conditions, cond.READY, ready, reason=new.value, message="", now=now
-    )
-    conds = cond.set_condition(
-        conds, cond.SUSPENDED, suspended, reason=new.value, message="", now=now
-    )
+    rnd.condition(cond.READY, "True" if new is Phase.RUNNING else "False", new.value)
+    rnd.condition(cond.SUSPENDED, "True" if new is Phase.SUSPENDED else "False", new.value)
+    if new is not Phase.RESTARTING:
+        rnd.condition(cond.RESTARTING, "False", new.value)
     if new is Phase.SUCCEEDED:
-        conds = cond.set_condition(
-            conds, cond.COMPLETE, "True", reason="RefitsDone", message="", now=now
-        )
+        rnd.condition(cond.COMPLETE, "True", "RefitsDone")
     if new is Phase.FAILED and old is not Phase.FAILED:
-        conds = cond.set_condition(
-            conds, cond.FAILED, "True", reason="RestartsExhausted", message=st.message, now=now
-        )
-    elif new is not Phase.FAILED and cond.get_condition(conds, cond.FAILED) is not None:
-        conds = cond.set_condition(
-            conds, cond.FAILED, "False", reason=new.value, message="", now=now
-        )
-    message = st.message if new in (Phase.RESTARTING, Phase.FAILED) else ""
+        rnd.condition(cond.FAILED, "True", rnd.failed_reason, st.message)
+    elif new is not Phase.FAILED and cond.get_condition(rnd.status.conditions, cond.FAILED):
+        rnd.condition(cond.FAILED, "False", new.value)
+    if new in (Phase.RESTARTING, Phase.FAILED):
+        message = st.message
+    elif new is Phase.PENDING:
+        message = rnd.waiting
+    else:
+        message = ""
     rnd.update(
         phase=new,
         message=message,
-        conditions=conds,
         observed_generation=job.generation,
-        policy=_role_status(spec, observed.pods, st.epoch, "policy"),
-        rollout=_role_status(spec, observed.pods, st.epoch, "rollout"),
+        policy=progress.role_status(spec, observed.pods, st.epoch, "policy"),
+        rollout=progress.role_status(spec, observed.pods, st.epoch, "rollout"),
     )
     if new is not old:
         kind: Literal["Normal", "Warning"] = "Warning" if new is Phase.FAILED else "Normal"

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from refit_operator import names
+from refit_operator import gang, names
+from refit_operator.merge import WORKER, PodParts, TemplateConflict, WorkerParts, merge_pod
 from refit_operator.models import API_VERSION, KIND, RefitJobSpec
 from refit_worker.contract.config import (
     DOWNWARD_API_FIELDS,
@@ -26,10 +28,12 @@ from refit_worker.contract.config import (
 )
 from refit_worker.contract.roles import ROLES, Role
 
-CONTAINER = "worker"
+CONTAINER = WORKER
 DEFAULT_COMMAND = ("refit-worker",)
 SIGNAL_COMMAND = "refit-signal"
 SIGNAL_DIR = "/var/run/refit"
+SIGNAL_VOLUME = "refit-signal"
+WEIGHTS_VOLUME = "weights"
 WEIGHTS_DIR = "/var/lib/refit/weights"
 RUN_AS = 1000
 
@@ -41,6 +45,8 @@ class JobRef:
     name: str
     namespace: str
     uid: str
+    #: The job's labels its pods carry too (Kueue's queue name and priority class).
+    pod_labels: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -124,9 +130,8 @@ def worker_config(
     )
 
 
-def worker_env(config: WorkerConfig, spec: RefitJobSpec, role: Role) -> list[dict[str, Any]]:
-    """Env entries: the config's variables (downward API where the pod knows better), then
-    the role's extra env."""
+def worker_env(config: WorkerConfig) -> list[dict[str, Any]]:
+    """The config's env entries (downward API where the pod knows better)."""
     downward = {env_name(field): path for field, path in DOWNWARD_API_FIELDS.items()}
     env: list[dict[str, Any]] = []
     for key, value in sorted(config.to_env().items()):
@@ -134,20 +139,75 @@ def worker_env(config: WorkerConfig, spec: RefitJobSpec, role: Role) -> list[dic
             env.append({"name": key, "valueFrom": {"fieldRef": {"fieldPath": downward[key]}}})
         else:
             env.append({"name": key, "value": value})
-    role_spec = spec.policy if role == "policy" else spec.rollout
-    env.extend({"name": e.name, "value": e.value} for e in role_spec.env)
     return env
 
 
+#: Spec fields that do not shape the pods: changing them never recreates a gang.
+_NOT_SHAPING = {
+    "failure_policy",
+    "suspend",
+    "ttl_seconds_after_finished",
+    "active_deadline_seconds",
+    "start_deadline_seconds",
+    "managed_by",
+}
+
+
 def spec_hash(spec: RefitJobSpec) -> str:
-    """A short digest of what shapes the pods (not failurePolicy or suspend)."""
-    shape = spec.model_dump(mode="json", exclude={"failure_policy", "suspend"})
+    """A short digest of what shapes the pods (not failurePolicy, suspend or deadlines)."""
+    shape = spec.model_dump(mode="json", exclude=_NOT_SHAPING)
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _stop_grace(grace: int) -> int:
     # The preStop hook shares the grace period with the kubelet's own stop; leave it a quarter.
     return max(1, grace - grace // 4)
+
+
+def _worker_parts(
+    job: JobRef, spec: RefitJobSpec, role: Role, config: WorkerConfig, mode: str
+) -> WorkerParts:
+    role_spec = spec.policy if role == "policy" else spec.rollout
+    mounts: list[dict[str, Any]] = []
+    if mode == "stopSignal":
+        lifecycle: dict[str, Any] = {"stopSignal": spec.preemption.signal_name}
+    else:
+        timeout = str(_stop_grace(spec.preemption.grace_period_seconds))
+        lifecycle = {"preStop": {"exec": {"command": [SIGNAL_COMMAND, "--timeout", timeout]}}}
+        mounts.append({"name": SIGNAL_VOLUME, "mountPath": SIGNAL_DIR})
+    if spec.weights.safetensors is not None:
+        mounts.append({"name": WEIGHTS_VOLUME, "mountPath": WEIGHTS_DIR, "readOnly": True})
+    return WorkerParts(
+        image=spec.image,
+        image_pull_policy=spec.image_pull_policy,
+        default_command=list(DEFAULT_COMMAND),
+        command=list(role_spec.command),
+        args=list(role_spec.args),
+        env=worker_env(config),
+        extra_env=[{"name": e.name, "value": e.value} for e in role_spec.env],
+        resources=role_spec.resources.model_dump(exclude_defaults=True),
+        ports=[{"name": "dist", "containerPort": names.MASTER_PORT, "protocol": "TCP"}],
+        lifecycle=lifecycle,
+        # The worker writes why it failed there; any other command's failure still gets
+        # the end of its log into the pod's (and so the job's) status.
+        termination_message_path=config.termination_message_path,
+        termination_message_policy="FallbackToLogsOnError",
+        volume_mounts=mounts,
+        security_context={
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+        },
+    )
+
+
+def pod_account(job: JobRef, spec: RefitJobSpec, role: Role) -> str:
+    """The ServiceAccount a role's pods run as ('' : the namespace's default)."""
+    template = (spec.policy if role == "policy" else spec.rollout).template or {}
+    named = str((template.get("spec") or {}).get("serviceAccountName") or "")
+    if named:
+        return named
+    return names.worker_account_name(job.name) if spec.create_service_account else ""
 
 
 def render_pod(
@@ -160,98 +220,65 @@ def render_pod(
     options: RenderOptions,
     first_refit: int = 0,
 ) -> dict[str, Any]:
-    """One rank's pod: never restarted in place (the gang restarts instead)."""
+    """One rank's pod: the role's template with the operator's parts merged in (never
+    restarted in place: the gang restarts instead).  Raises ``TemplateConflict``."""
     role_spec = spec.policy if role == "policy" else spec.rollout
     config = worker_config(
         job, spec, role, rank, epoch=epoch, options=options, first_refit=first_refit
     )
     mode = injection_mode(spec, options)
-    container: dict[str, Any] = {
-        "name": CONTAINER,
-        "image": spec.image,
-        "imagePullPolicy": spec.image_pull_policy,
-        "command": list(role_spec.command or DEFAULT_COMMAND),
-        "env": worker_env(config, spec, role),
-        "ports": [{"name": "dist", "containerPort": names.MASTER_PORT, "protocol": "TCP"}],
-        "resources": role_spec.resources.model_dump(exclude_defaults=True),
-        # The worker writes why it failed there; any other command's failure still gets
-        # the end of its log into the pod's (and so the job's) status.
-        "terminationMessagePath": config.termination_message_path,
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "runAsNonRoot": True,
+    volumes: list[dict[str, Any]] = []
+    if mode != "stopSignal":
+        volumes.append({"name": SIGNAL_VOLUME, "emptyDir": {}})
+    if spec.weights.safetensors is not None:
+        claim = {"claimName": spec.weights.safetensors.claim_name, "readOnly": True}
+        volumes.append({"name": WEIGHTS_VOLUME, "persistentVolumeClaim": claim})
+    name = names.pod_name(job.name, role, rank)
+    group = gang.pod_group_name(job.name, epoch)
+    parts = PodParts(
+        metadata={
+            "name": name,
+            "namespace": job.namespace,
+            "labels": {
+                **job.pod_labels,
+                **names.pod_labels(job.name, role, rank, epoch),
+                **gang.pod_labels(spec.gang, group),
+            },
+            "annotations": {
+                names.ANNOTATION_SPEC_HASH: spec_hash(spec),
+                **gang.pod_annotations(spec.gang, group),
+            },
         },
-    }
-    if role_spec.args:
-        container["args"] = list(role_spec.args)
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "hostname": names.pod_name(job.name, role, rank),
-        "subdomain": names.service_name(job.name, role),
-        "terminationGracePeriodSeconds": spec.preemption.grace_period_seconds,
-        "securityContext": {
+        worker=_worker_parts(job, spec, role, config, mode),
+        hostname=name,
+        subdomain=names.service_name(job.name, role),
+        grace_seconds=spec.preemption.grace_period_seconds,
+        service_account=pod_account(job, spec, role),
+        # The API accepts lifecycle.stopSignal only with an OS set.
+        os_name="linux" if mode == "stopSignal" else None,
+        scheduling_gates=gang.scheduling_gates(spec.gang),
+        scheduler_name=gang.scheduler_name(spec.gang),
+        volumes=volumes,
+        security_context={
             "runAsNonRoot": True,
             "runAsUser": RUN_AS,
             "runAsGroup": RUN_AS,
             "fsGroup": RUN_AS,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [container],
-    }
-    account = role_spec.service_account_name or (
-        names.worker_account_name(job.name) if spec.create_service_account else ""
     )
-    if account:
-        pod_spec["serviceAccountName"] = account
-    for key, value in (
-        ("nodeSelector", role_spec.node_selector),
-        ("tolerations", role_spec.tolerations),
-        ("affinity", role_spec.affinity),
-    ):
-        if value:
-            pod_spec[key] = value
-    volumes: list[dict[str, Any]] = []
-    mounts: list[dict[str, Any]] = []
-    if mode == "stopSignal":
-        container["lifecycle"] = {"stopSignal": spec.preemption.signal_name}
-        pod_spec["os"] = {"name": "linux"}  # the API accepts stopSignal only with an OS set
-    else:
-        timeout = str(_stop_grace(spec.preemption.grace_period_seconds))
-        container["lifecycle"] = {
-            "preStop": {"exec": {"command": [SIGNAL_COMMAND, "--timeout", timeout]}}
-        }
-        volumes.append({"name": "refit-signal", "emptyDir": {}})
-        mounts.append({"name": "refit-signal", "mountPath": SIGNAL_DIR})
-    if spec.weights.safetensors is not None:
-        volumes.append(
-            {
-                "name": "weights",
-                "persistentVolumeClaim": {
-                    "claimName": spec.weights.safetensors.claim_name,
-                    "readOnly": True,
-                },
-            }
-        )
-        mounts.append({"name": "weights", "mountPath": WEIGHTS_DIR, "readOnly": True})
-    if volumes:
-        pod_spec["volumes"] = volumes
-        container["volumeMounts"] = mounts
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            **_meta(
-                job,
-                names.pod_name(job.name, role, rank),
-                names.pod_labels(job.name, role, rank, epoch),
-            ),
-            "annotations": {names.ANNOTATION_SPEC_HASH: spec_hash(spec)},
-        },
-        "spec": pod_spec,
-    }
-    return owned(pod, job)
+    return owned(merge_pod(role_spec.template, parts, f"spec.{role}.template"), job)
+
+
+def template_conflicts(job: JobRef, spec: RefitJobSpec, options: RenderOptions) -> list[str]:
+    """What each role's template sets against the operator (empty: nothing)."""
+    problems: list[str] = []
+    for role in ROLES:
+        try:
+            render_pod(job, spec, role, 0, epoch=0, options=options)
+        except TemplateConflict as exc:
+            problems += exc.problems
+    return problems
 
 
 def render_service(job: JobRef, role: Role) -> dict[str, Any]:
@@ -291,14 +318,20 @@ def render_rendezvous(job: JobRef, spec: RefitJobSpec) -> list[dict[str, Any]]:
 
 
 def render_rbac(job: JobRef, spec: RefitJobSpec) -> list[dict[str, Any]]:
-    """A ServiceAccount whose Role may only read, watch and patch this job's rendezvous."""
-    if not spec.create_service_account:
+    """A Role that may only read, watch and patch this job's rendezvous, bound to every
+    account the pods run as: the per-job ServiceAccount (created here) and any the
+    templates name.  Nothing when the pods run as the namespace's default account."""
+    accounts = sorted({pod_account(job, spec, role) for role in ROLES} - {""})
+    if not accounts:
         return []
     name = names.worker_account_name(job.name)
     labels = names.job_labels(job.name)
     shards = names.rendezvous_shards(spec.policy.replicas, spec.rollout.replicas)
     maps = [names.rendezvous_name(job.name, i) for i in range(shards)]
-    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, name, labels)}
+    objs: list[dict[str, Any]] = []
+    if name in accounts:
+        meta = _meta(job, name, labels)
+        objs.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta})
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
@@ -317,9 +350,12 @@ def render_rbac(job: JobRef, spec: RefitJobSpec) -> list[dict[str, Any]]:
         "kind": "RoleBinding",
         "metadata": _meta(job, name, labels),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.namespace}],
+        "subjects": [
+            {"kind": "ServiceAccount", "name": account, "namespace": job.namespace}
+            for account in accounts
+        ],
     }
-    return [owned(obj, job) for obj in (account, role, binding)]
+    return [owned(obj, job) for obj in (*objs, role, binding)]
 
 
 def render_static(job: JobRef, spec: RefitJobSpec) -> list[dict[str, Any]]:
@@ -334,9 +370,16 @@ def render_static(job: JobRef, spec: RefitJobSpec) -> list[dict[str, Any]]:
 def render_gang(
     job: JobRef, spec: RefitJobSpec, epoch: int, options: RenderOptions, first_refit: int = 0
 ) -> list[dict[str, Any]]:
-    """All pods of one epoch; ``first_refit``: refits done before (a recreated gang resumes)."""
-    return [
+    """All pods of one epoch (and its PodGroup, if the gang is admitted by one);
+    ``first_refit``: refits done before (a recreated gang resumes)."""
+    group = gang.render_pod_group(spec.gang, job.name, job.namespace, epoch, _world(spec))
+    pods = [
         render_pod(job, spec, role, rank, epoch=epoch, options=options, first_refit=first_refit)
         for role in ROLES
         for rank in range(spec.policy.replicas if role == "policy" else spec.rollout.replicas)
     ]
+    return [owned(group, job), *pods] if group is not None else pods
+
+
+def _world(spec: RefitJobSpec) -> int:
+    return spec.policy.replicas + spec.rollout.replicas

@@ -61,6 +61,18 @@ def test_apply_get_wait_delete(
     namespace = cluster.namespace(job["metadata"].get("namespace") or f"ex-{name}")
     out = cluster.kubectl.ok("apply", "-n", namespace, "-f", str(path))
     assert f"refitjob.refit.dev/{name} created" in out
+    if job["spec"].get("suspend"):
+        # Queued (examples/cluster-gpu.yaml): admitted the way its comment says.
+        cluster.kubectl.ok(
+            "wait",
+            f"refitjobs/{name}",
+            "-n",
+            namespace,
+            "--for=jsonpath={.status.phase}=Suspended",
+            "--timeout=30s",
+        )
+        patch = '{"spec":{"suspend":false}}'
+        cluster.kubectl.ok("patch", "rj", name, "-n", namespace, "--type=merge", "-p", patch)
     policy, rollout = (int(job["spec"][r].get("replicas", 1)) for r in ("policy", "rollout"))
     wanted = sorted(
         [f"{name}-policy-{i}" for i in range(policy)]

@@ -34,6 +34,17 @@ def changed(path: str, value: Any) -> dict[str, Any]:
     return spec
 
 
+#: A pod template's spec with only the worker container.
+WORKER_ONLY: dict[str, Any] = {"containers": [{"name": "worker"}]}
+
+
+def template(role: str, container: dict[str, Any] | None = None, **pod_spec: Any) -> dict[str, Any]:
+    """BASE with a pod template for ``role``: the worker container (with ``container``'s
+    fields) and ``pod_spec``'s fields."""
+    spec = {"containers": [{"name": "worker", **(container or {})}], **pod_spec}
+    return changed(f"{role}.template", {"spec": spec})
+
+
 #: (id, spec, the words the message must contain: where, and what or which value)
 BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
     ("image missing", changed("image", _DROP), ("spec.image: Field required",)),
@@ -126,14 +137,14 @@ BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
         ("spec.rollout.args[1]", "valid string (got 1)"),
     ),
     (
-        "node selector value a number",
-        changed("policy.nodeSelector", {"zone": 1}),
-        ("spec.policy.nodeSelector.zone", "valid string (got 1)"),
+        "resource request a fraction as a number",
+        changed("policy.resources", {"requests": {"cpu": 0.5}}),
+        ("spec.policy.resources.requests.cpu", "must be a Kubernetes quantity", "(got 0.5)"),
     ),
     (
-        "resource request a number",
-        changed("policy.resources", {"requests": {"cpu": 2}}),
-        ("spec.policy.resources.requests.cpu", "valid string (got 2)"),
+        "resource limit negative",
+        changed("policy.resources", {"limits": {"nvidia.com/gpu": -1}}),
+        ("spec.policy.resources.limits.nvidia.com/gpu", "must not be negative"),
     ),
     (
         "cpu in words",
@@ -151,24 +162,112 @@ BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
         ("spec.policy.resources.limitz", "Extra inputs are not permitted"),
     ),
     (
-        "tolerations as a string",
-        changed("policy.tolerations", "all"),
-        ("spec.policy.tolerations", "valid list (got 'all')"),
+        "template not an object",
+        changed("policy.template", ["pod"]),
+        ("spec.policy.template", "valid dictionary"),
     ),
     (
-        "toleration not an object",
-        changed("rollout.tolerations", ["x"]),
-        ("spec.rollout.tolerations[0]", "valid dictionary (got 'x')"),
+        "template node selector value a number",
+        template("policy", nodeSelector={"zone": 1}),
+        ("spec.policy.template.spec.nodeSelector.zone", "must be a string (got 1)"),
     ),
     (
-        "affinity as a list",
-        changed("policy.affinity", []),
-        ("spec.policy.affinity", "valid dictionary (got [])"),
+        "template tolerations as a string",
+        template("policy", tolerations="all"),
+        ("spec.policy.template.spec.tolerations", "must be a list (got 'all')"),
     ),
     (
-        "service account a number",
-        changed("policy.serviceAccountName", 7),
-        ("spec.policy.serviceAccountName", "valid string (got 7)"),
+        "template toleration not an object",
+        template("rollout", tolerations=["x"]),
+        ("spec.rollout.template.spec.tolerations[0]", "must be an object (got 'x')"),
+    ),
+    (
+        "template affinity as a list",
+        template("policy", affinity=[]),
+        ("spec.policy.template.spec.affinity", "must be an object (got [])"),
+    ),
+    (
+        "template service account a number",
+        template("policy", serviceAccountName=7),
+        ("spec.policy.template.spec.serviceAccountName", "must be a string (got 7)"),
+    ),
+    (
+        "template without containers",
+        changed("policy.template", {"spec": {"nodeSelector": {"a": "b"}}}),
+        ("spec.policy.template.spec.containers: required",),
+    ),
+    (
+        "template container without a name",
+        changed("policy.template", {"spec": {"containers": [{"image": "i"}]}}),
+        ("spec.policy.template.spec.containers[0].name: required",),
+    ),
+    (
+        "template containers with one name twice",
+        changed("policy.template", {"spec": {"containers": [{"name": "a"}, {"name": "a"}]}}),
+        ("spec.policy.template.spec.containers[1]", "duplicate entry 'a'"),
+    ),
+    (
+        "template unknown field",
+        template("rollout", nodeSelektor={"a": "b"}),
+        ("spec.rollout.template.spec.nodeSelektor: unknown field",),
+    ),
+    (
+        "template metadata name",
+        changed("policy.template", {"metadata": {"name": "x"}, "spec": WORKER_ONLY}),
+        ("spec.policy.template.metadata.name: unknown field",),
+    ),
+    (
+        "template memory with a space",
+        template("policy", container={"resources": {"limits": {"memory": "8 GB"}}}),
+        (
+            "spec.policy.template.spec.containers[0].resources.limits.memory",
+            "'8 GB' does not match",
+        ),
+    ),
+    (
+        "template pull policy unknown",
+        template("policy", container={"imagePullPolicy": "Sometimes"}),
+        ("spec.policy.template.spec.containers[0].imagePullPolicy", "must be one of"),
+    ),
+    (
+        "template port past int32",
+        template("policy", container={"ports": [{"containerPort": 2**31}]}),
+        ("spec.policy.template.spec.containers[0].ports[0].containerPort", "int32"),
+    ),
+    (
+        "template env valueFrom not an object",
+        template("policy", container={"env": [{"name": "X", "valueFrom": "secret"}]}),
+        ("spec.policy.template.spec.containers[0].env[0].valueFrom", "must be an object"),
+    ),
+    (
+        "managedBy not a domain-prefixed path",
+        changed("managedBy", "kueue"),
+        ("spec.managedBy", "(got 'kueue')"),
+    ),
+    (
+        "gang admission unknown",
+        changed("gang", {"admission": "Together"}),
+        ("spec.gang.admission", "(got 'Together')"),
+    ),
+    (
+        "pod group scheduler unknown",
+        changed("gang", {"admission": "PodGroup", "podGroup": {"scheduler": "Yunikorn"}}),
+        ("spec.gang.podGroup.scheduler", "(got 'Yunikorn')"),
+    ),
+    (
+        "ttl negative",
+        changed("ttlSecondsAfterFinished", -5),
+        ("spec.ttlSecondsAfterFinished", "greater than or equal to 0 (got -5)"),
+    ),
+    (
+        "active deadline 0",
+        changed("activeDeadlineSeconds", 0),
+        ("spec.activeDeadlineSeconds", "greater than or equal to 1 (got 0)"),
+    ),
+    (
+        "start deadline as a string",
+        changed("startDeadlineSeconds", "10m"),
+        ("spec.startDeadlineSeconds", "valid integer"),
     ),
     (
         "weights empty",

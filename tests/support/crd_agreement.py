@@ -124,6 +124,8 @@ def _wrong(kind: str | None) -> st.SearchStrategy[Any]:
         "object": st.dictionaries(st.text(max_size=3), _LEAF, max_size=1),
         "array": st.lists(_LEAF, max_size=1),
     }
+    if kind == "int-or-string":  # a float, a bool, an object or a list
+        return st.one_of(options["number"], options["boolean"], options["object"], options["array"])
     others = [s for k, s in options.items() if k != kind and (k, kind) != ("integer", "number")]
     return st.one_of(others)
 
@@ -136,6 +138,13 @@ def _signal_spellings() -> st.SearchStrategy[str]:
 
 def _valid(node: dict[str, Any], key: str) -> st.SearchStrategy[Any]:
     kind = node.get("type")
+    if key == "template":
+        return _templates()
+    if node.get("x-kubernetes-int-or-string"):
+        pools = [st.integers(-2, 10), st.sampled_from(_QUANTITIES)]
+        if "pattern" in node:
+            pools.append(st.from_regex(re2(node["pattern"]), fullmatch=True))
+        return st.one_of(pools)
     if node.get("x-kubernetes-preserve-unknown-fields") and "properties" not in node:
         return st.dictionaries(st.text(max_size=4), _LEAF, max_size=2)
     if kind == "object" and "properties" in node:
@@ -173,7 +182,8 @@ def _valid(node: dict[str, Any], key: str) -> st.SearchStrategy[Any]:
 def values(node: dict[str, Any], key: str) -> st.SearchStrategy[Any]:
     """Mostly a value of the node's type (often valid), one time in twelve a wrong type."""
     valid = _valid(node, key)
-    return st.integers(0, 11).flatmap(lambda n: _wrong(node.get("type")) if n == 0 else valid)
+    kind = "int-or-string" if node.get("x-kubernetes-int-or-string") else node.get("type")
+    return st.integers(0, 11).flatmap(lambda n: _wrong(kind) if n == 0 else valid)
 
 
 def _object(node: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
@@ -194,6 +204,55 @@ def _object(node: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
     return st.builds(tweak, body, st.integers(0, 15), st.sampled_from(_EXTRA_KEYS))
 
 
+#: Quantities as users write them, good and bad (resources of the short form and templates).
+_QUANTITIES = ["1", "500m", "8Gi", "1.5", "1e3", "8 GB", "-1", "+2", "1Ki ", "", "lots", "0.5Gi"]
+
+#: Valid pod templates the generator starts from (and changes in one place).
+TEMPLATES: tuple[dict[str, Any], ...] = (
+    {"spec": {"containers": [{"name": "worker"}]}},
+    {
+        "metadata": {"labels": {"team": "a"}, "annotations": {"k8s.v1.cni.cncf.io/networks": "x"}},
+        "spec": {
+            "imagePullSecrets": [{"name": "reg"}],
+            "nodeSelector": {"gpu": "h100"},
+            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "worker",
+                    "env": [
+                        {"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+                    ],
+                    "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+                    "resources": {"limits": {"nvidia.com/gpu": 1, "memory": "8Gi"}},
+                    "ports": [{"containerPort": 8080}],
+                    "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+                },
+                {"name": "sidecar", "image": "busybox"},
+            ],
+            "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
+        },
+    },
+)
+
+
+def _template_node() -> dict[str, Any]:
+    node: dict[str, Any] = spec_schema()["properties"]["policy"]["properties"]["template"]
+    return node
+
+
+def _templates() -> st.SearchStrategy[Any]:
+    """A valid template, or one changed at one path inside it (the PodSpec is large: whole
+    templates drawn field by field are almost never valid)."""
+    inner = _paths(_template_node(), into_templates=True)
+    change = st.sampled_from(inner).flatmap(
+        lambda pn: values(pn[1], str(pn[0][-1])).map(lambda v: (pn[0], v))
+    )
+    changed = st.builds(
+        lambda base, c: _set(copy.deepcopy(base), c[0], c[1]), st.sampled_from(TEMPLATES), change
+    )
+    return st.one_of(st.sampled_from(TEMPLATES), changed)
+
+
 #: Valid specs that the focused generator changes in one or two places.
 BASES: tuple[dict[str, Any], ...] = (
     {"image": "img"},
@@ -211,18 +270,32 @@ BASES: tuple[dict[str, Any], ...] = (
         "weights": {"safetensors": {"claimName": "c"}},
         "preemption": {"signal": "usr2", "injection": "preStop"},
     },
+    {
+        "image": "i",
+        "policy": {"replicas": 2, "resources": {"limits": {"nvidia.com/gpu": 1}}},
+        "rollout": {"template": TEMPLATES[1]},
+        "gang": {"admission": "PodGroup", "podGroup": {"scheduler": "Coscheduling"}},
+        "managedBy": "kueue.x-k8s.io/multikueue",
+        "ttlSecondsAfterFinished": 5,
+        "startDeadlineSeconds": 60,
+    },
 )
 
 
-def _paths(node: dict[str, Any], path: tuple[str | int, ...] = ()) -> list[Any]:
-    """(path, node) of every field below ``node``; list items at index 0, map values at 'k'."""
+def _paths(
+    node: dict[str, Any], path: tuple[str | int, ...] = (), *, into_templates: bool = False
+) -> list[Any]:
+    """(path, node) of every field below ``node``; list items at index 0, map values at 'k'.
+    A pod template counts as one field unless ``into_templates``."""
     out = [(path, node)] if path else []
+    if path and path[-1] == "template" and not into_templates:
+        return out
     for key, child in (node.get("properties") or {}).items():
-        out += _paths(child, (*path, key))
+        out += _paths(child, (*path, key), into_templates=into_templates)
     if "items" in node:
-        out += _paths(node["items"], (*path, 0))
+        out += _paths(node["items"], (*path, 0), into_templates=into_templates)
     if isinstance(node.get("additionalProperties"), dict):
-        out += _paths(node["additionalProperties"], (*path, "k"))
+        out += _paths(node["additionalProperties"], (*path, "k"), into_templates=into_templates)
     return out
 
 
@@ -240,19 +313,34 @@ def _set(obj: Any, path: tuple[str | int, ...], value: Any) -> Any:
     return out
 
 
-def _focused() -> st.SearchStrategy[dict[str, Any]]:
-    fields = _paths(spec_schema())
-    change = st.sampled_from(fields).flatmap(
+def _changes(fields: list[Any]) -> st.SearchStrategy[Any]:
+    return st.sampled_from(fields).flatmap(
         lambda pn: values(pn[1], str(pn[0][-1])).map(lambda v: (pn[0], v))
     )
 
-    def apply(base: dict[str, Any], changes: list[Any]) -> dict[str, Any]:
-        out: dict[str, Any] = copy.deepcopy(base)
-        for path, value in changes:
-            out = _set(out, path, value)
-        return out
 
-    return st.builds(apply, st.sampled_from(BASES), st.lists(change, min_size=1, max_size=2))
+def _apply(base: dict[str, Any], changes: list[Any]) -> dict[str, Any]:
+    out: dict[str, Any] = copy.deepcopy(base)
+    for path, value in changes:
+        out = _set(out, path, value)
+    return out
+
+
+def _focused() -> st.SearchStrategy[dict[str, Any]]:
+    plain = st.builds(
+        _apply,
+        st.sampled_from(BASES),
+        st.lists(_changes(_paths(spec_schema())), min_size=1, max_size=2),
+    )
+    # One change inside the template of the base that has one.
+    inside = [
+        (("rollout", "template", *path), node)
+        for path, node in _paths(_template_node(), into_templates=True)
+    ]
+    templated = st.builds(
+        _apply, st.just(BASES[-1]), st.lists(_changes(inside), min_size=1, max_size=1)
+    )
+    return st.one_of(plain, plain, templated)
 
 
 #: Whole specs drawn field by field, and valid specs changed in one or two places.

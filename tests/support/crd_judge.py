@@ -4,9 +4,12 @@ CRD judge, shared by the unit tests and ``bench/reliability_badinput.py``.
 :func:`crd_verdict` applies the schema's defaults (as the apiserver does before it
 validates), then checks the OpenAPI v3 subset the CRD uses -- type, enum, bounds with
 OpenAPI's boolean ``exclusiveMinimum``, lengths, patterns with RE2's end-of-text ``$``,
-required, nullable, additionalProperties, ``x-kubernetes-preserve-unknown-fields`` -- with
+required, nullable, additionalProperties, ``x-kubernetes-preserve-unknown-fields``,
+``x-kubernetes-int-or-string``, int32/int64 ranges, unique keys of ``map`` and ``set``
+lists -- with
 unknown fields refused as ``kubectl apply`` does (field validation Strict), and then runs
-the ``x-kubernetes-validations`` rules with cel-python, a real CEL interpreter.
+the ``x-kubernetes-validations`` rules with cel-python, a real CEL interpreter (transition
+rules, which see ``oldSelf``, run on updates only and are skipped: the judge sees creates).
 :func:`model_verdict` is the operator's :func:`parse_spec` side.
 ``tests/unit/test_crd_agreement.py`` compares the two on generated specs;
 ``tests/unit/test_crd_agreement_judge.py`` shows the judge refuses what it must.
@@ -79,7 +82,10 @@ def crd_problems(node: dict[str, Any], value: Any, where: str = "spec") -> list[
     if value is None:
         return [] if node.get("nullable") else [f"{where}: must not be null"]
     kind = node.get("type")
-    if kind is not None:
+    if node.get("x-kubernetes-int-or-string"):
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            return [f"{where}: must be of type integer or string"]
+    elif kind is not None:
         ok = isinstance(value, _TYPES[kind]) and (kind == "boolean") == isinstance(value, bool)
         if not ok:
             return [f"{where}: must be of type {kind}"]
@@ -95,6 +101,10 @@ def crd_problems(node: dict[str, Any], value: Any, where: str = "spec") -> list[
             problems.append(f"{where}: does not match {node['pattern']}")
     if isinstance(value, float) and not math.isfinite(value):
         return [f"{where}: {value} cannot be sent as JSON, so never reaches the API"]
+    if isinstance(value, int) and not isinstance(value, bool) and node.get("format") in _RANGES:
+        bottom, top = _RANGES[node["format"]]
+        if not bottom <= value <= top:
+            problems.append(f"{where}: not of format {node['format']}")
     if isinstance(value, int | float) and not isinstance(value, bool):
         low, high = node.get("minimum"), node.get("maximum")
         if low is not None and (value <= low if node.get("exclusiveMinimum") else value < low):
@@ -104,6 +114,7 @@ def crd_problems(node: dict[str, Any], value: Any, where: str = "spec") -> list[
     if isinstance(value, list):
         for i, item in enumerate(value):
             problems += crd_problems(node["items"], item, f"{where}[{i}]")
+        problems += _duplicates(node, value, where)
     if isinstance(value, dict):
         props = node.get("properties") or {}
         extra = node.get("additionalProperties")
@@ -119,9 +130,32 @@ def crd_problems(node: dict[str, Any], value: Any, where: str = "spec") -> list[
         ]
     if not problems:  # CEL runs on values that have the schema's shape
         for rule in node.get("x-kubernetes-validations", ()):
+            if "oldSelf" in rule["rule"]:
+                continue  # a transition rule: the apiserver runs it on updates only
             if not _cel(rule["rule"], value):
                 problems.append(f"{where}: {rule['message']}")
     return problems
+
+
+#: Integer formats the apiserver checks the range of.
+_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+
+
+def _duplicates(node: dict[str, Any], value: list[Any], where: str) -> list[str]:
+    """Entries of a ``map`` list with the same keys, or of a ``set`` list twice: the
+    apiserver's "Duplicate value" (the keys' defaults are already filled in)."""
+    kind = node.get("x-kubernetes-list-type")
+    if kind not in ("map", "set"):
+        return []
+    keys = node.get("x-kubernetes-list-map-keys") or ()
+    seen: list[Any] = []
+    out = []
+    for i, item in enumerate(value):
+        key = [item.get(k) for k in keys] if kind == "map" and isinstance(item, dict) else item
+        if key in seen:
+            out.append(f"{where}[{i}]: Duplicate value")
+        seen.append(key)
+    return out
 
 
 @cache

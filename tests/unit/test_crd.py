@@ -6,6 +6,7 @@ pydantic models accept and refuse, so the apiserver and the operator agree.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +16,11 @@ import celpy
 import kubernetes_validate
 import pytest
 import yaml
+from tests.support.openapi_structural import walk
 
 from refit_operator.crd import SchemaError, crd_manifest, crd_yaml, structural
 from refit_operator.models import InvalidSpecError, parse_spec
+from refit_operator.podtemplate import pod_template_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED_IN = ROOT / "crds" / "refitjob.yaml"
@@ -46,23 +49,59 @@ def test_crd_is_a_valid_kubernetes_object() -> None:
     kubernetes_validate.validate(crd_manifest(), "1.30", strict=True)
 
 
-def _walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
-    out = [(path, node)]
-    for key, child in (node.get("properties") or {}).items():
-        out += _walk(child, f"{path}.{key}")
-    if "items" in node:
-        out += _walk(node["items"], f"{path}[]")
-    if isinstance(node.get("additionalProperties"), dict):
-        out += _walk(node["additionalProperties"], f"{path}{{}}")
-    return out
+INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
 
 
 def test_schema_is_structural() -> None:
     version = crd_manifest()["spec"]["versions"][0]
-    for path, node in _walk(version["schema"]["openAPIV3Schema"]):
-        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
-        assert not {"$ref", "anyOf", "oneOf", "allOf", "title", "const"} & set(node), path
+    int_or_string = 0
+    for path, node in walk(version["schema"]["openAPIV3Schema"]):
+        if node.get("x-kubernetes-int-or-string"):
+            # The one union a structural schema allows, spelled exactly so.
+            assert node["anyOf"] == INT_OR_STRING and "type" not in node, path
+            int_or_string += 1
+        else:
+            assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
+            assert "anyOf" not in node, path
+        assert not {"$ref", "oneOf", "allOf", "title", "const"} & set(node), path
         assert not ("properties" in node and "additionalProperties" in node), path
+        if node.get("x-kubernetes-list-type") == "map":
+            # A list-map key is required or defaulted, or the apiserver refuses the CRD.
+            items = node["items"]
+            for key in node["x-kubernetes-list-map-keys"]:
+                assert key in items.get("required", ()) or "default" in items["properties"][key], (
+                    path,
+                    key,
+                )
+    # Short-form resources (requests, limits of each role) and the templates' quantities.
+    assert int_or_string > 4
+
+
+def test_the_crd_fits_kubectl_apply_and_etcd() -> None:
+    # kubectl's client-side apply keeps the whole object in an annotation (262144 bytes at
+    # most); etcd takes requests up to 1.5 MiB.  Two embedded PodSpecs must leave room.
+    compact = json.dumps(crd_manifest(), separators=(",", ":"))
+    assert len(compact) < 200_000, len(compact)
+
+
+def test_each_role_embeds_the_upstream_pod_template() -> None:
+    spec = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for role in ("policy", "rollout"):
+        node = spec["properties"][role]["properties"]["template"]
+        upstream = pod_template_schema()
+        assert node["properties"] == upstream["properties"], role
+        assert node["required"] == upstream["required"] if "required" in upstream else True
+        assert node["nullable"] is True and "x-kubernetes-preserve-unknown-fields" not in node
+        containers = node["properties"]["spec"]["properties"]["containers"]
+        assert containers["x-kubernetes-list-map-keys"] == ["name"]
+
+
+def test_conditions_are_a_list_map_keyed_by_type() -> None:
+    root = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    node = root["properties"]["status"]["properties"]["conditions"]
+    assert (node["x-kubernetes-list-type"], node["x-kubernetes-list-map-keys"]) == ("map", ["type"])
+    assert {"type", "status", "reason", "lastTransitionTime"} <= set(node["items"]["required"])
+    assert "observedGeneration" in node["items"]["properties"]
 
 
 def test_names_columns_and_status() -> None:

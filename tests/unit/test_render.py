@@ -66,7 +66,7 @@ GOLDEN_POD: dict[str, Any] = {
             "refit.dev/epoch": "3",
         },
         "ownerReferences": OWNER,
-        "annotations": {"refit.dev/spec-hash": "c3a1309b4b9e606d"},
+        "annotations": {"refit.dev/spec-hash": "c14ba476e66eb600"},
     },
     "spec": {
         "restartPolicy": "Never",
@@ -75,6 +75,8 @@ GOLDEN_POD: dict[str, Any] = {
         "terminationGracePeriodSeconds": 40,
         "serviceAccountName": "job-worker",
         "os": {"name": "linux"},
+        # Held until every pod of the epoch exists (gang.admission: SchedulingGates).
+        "schedulingGates": [{"name": "refit.dev/gang"}],
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 1000,
@@ -122,7 +124,6 @@ GOLDEN_POD: dict[str, Any] = {
                     _value("X", "1"),
                 ],
                 "ports": [{"name": "dist", "containerPort": 29500, "protocol": "TCP"}],
-                "resources": {},
                 "terminationMessagePath": "/dev/termination-log",
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "securityContext": {
@@ -195,10 +196,15 @@ def test_role_overrides_and_safetensors_volume() -> None:
             "replicas": 1,
             "command": ["python", "-m", "trainer"],
             "args": ["--x"],
-            "nodeSelector": {"gpu": "h100"},
-            "tolerations": [{"key": "gpu", "operator": "Exists"}],
             "resources": {"limits": {"nvidia.com/gpu": "1"}},
-            "serviceAccountName": "mine",
+            "template": {
+                "spec": {
+                    "nodeSelector": {"gpu": "h100"},
+                    "tolerations": [{"key": "gpu", "operator": "Exists"}],
+                    "serviceAccountName": "mine",
+                    "containers": [{"name": "worker"}],
+                }
+            },
         },
         weights={"safetensors": {"claimName": "ckpt", "path": "step-100"}},
     )

@@ -182,6 +182,20 @@ class ProcessKubelet:
             )
         return self.delete(name)
 
+    def set_scheduling_gates(self, name: str, gates: tuple[str, ...]) -> bool:
+        """Keep only ``gates`` in the pod's ``spec.schedulingGates`` (False: no such pod).
+        The process starts at creation either way: one machine has nothing to schedule."""
+        with self._lock:
+            pod = self._pods.get(name)
+            if pod is None:
+                return False
+            spec = pod.manifest["spec"]
+            if gates:
+                spec["schedulingGates"] = [{"name": g} for g in gates]
+            else:
+                spec.pop("schedulingGates", None)
+            return True
+
     def close(self, timeout: float = 30.0) -> None:
         """Terminate every pod and wait (bounded) until all process groups are gone."""
         with self._lock:

@@ -31,7 +31,15 @@ from refit_operator.local.ledger import RefitLedger
 from refit_operator.local.workdir import create_own
 from refit_operator.models import Phase, RefitJobSpec, RefitJobStatus
 from refit_operator.observe import Observed, observe
-from refit_operator.reconcile import Create, Decision, Delete, Emit, JobView, reconcile
+from refit_operator.reconcile import (
+    Create,
+    Decision,
+    Delete,
+    Emit,
+    JobView,
+    LiftGate,
+    reconcile,
+)
 from refit_operator.render import WEIGHTS_DIR, JobRef, RenderOptions
 from refit_worker.contract.config import RendezvousConfig, SafetensorsWeights, WorkerConfig
 from refit_worker.contract.rendezvous import Layout
@@ -133,8 +141,13 @@ class LocalCluster:
                     self.others.pop((action.kind, action.name), None)
             elif isinstance(action, PatchData):
                 self.store.patch_shard(self._shard_of(action.name), action.data)
-            else:
+            elif isinstance(action, LiftGate):
+                # One machine, no scheduler: a pod runs from creation; the gate only
+                # leaves its manifest, as it would leave the API's.
+                self.kubelet.set_scheduling_gates(action.name, action.gates)
+            elif isinstance(action, Emit):
                 on_event(action)
+            # DeleteJob: the run ends with the job's final phase; there is nothing to delete.
 
     def _shard_of(self, configmap: str) -> int:
         for shard in range(self.layout.shards):

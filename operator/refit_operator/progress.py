@@ -1,0 +1,128 @@
+"""What the ranks reported, as the job's status: refits, bytes, verification, whether the
+gang's work is over and whether it succeeded (never from exit codes alone).
+
+Pure functions from a status to the next status; ``reconcile.py`` calls them.
+
+Must not import: kopf, kubernetes, aiohttp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from refit_operator import conditions as cond
+from refit_operator import coordinate as rdv
+from refit_operator import names
+from refit_operator.models import RefitJobSpec, RefitJobStatus, RoleStatus
+from refit_operator.observe import Observed, ObservedPod
+from refit_worker.contract.rendezvous import ProgressSummary
+from refit_worker.contract.roles import ROLES
+
+
+def _replicas(spec: RefitJobSpec, role: str) -> int:
+    return spec.policy.replicas if role == "policy" else spec.rollout.replicas
+
+
+def finished(
+    job: str,
+    spec: RefitJobSpec,
+    current: Sequence[ObservedPod],
+    progress: ProgressSummary | None,
+) -> tuple[bool, str | None]:
+    """Whether the gang's work is over, and why it fell short if it did.
+
+    Over when every rank's pod exited 0, or went away after its rank reported done.  The
+    job succeeded only if, on top of that, every rollout rank reported every refit
+    committed: exit codes alone say nothing about refits (``/bin/true`` exits 0).
+    """
+    by_name = {p.name: p for p in current}
+    done = progress.done if progress is not None else frozenset()
+    for role in ROLES:
+        for rank in range(_replicas(spec, role)):
+            pod = by_name.get(names.pod_name(job, role, rank))
+            if pod is not None and pod.phase == "Succeeded":
+                continue
+            if (pod is None or pod.deleting) and (role, rank) in done:
+                continue
+            return False, None
+    want = spec.transfer.refits
+    got = progress.refits_completed if progress is not None else 0
+    if progress is not None and progress.rollout_done and got >= want:
+        return True, None
+    return True, (
+        f"every pod exited 0, but the rollout ranks reported {got} of {want} refits "
+        "committed (workers report each refit to the rendezvous; RefitSession does)"
+    )
+
+
+def record(
+    st: RefitJobStatus, coord: rdv.Coordination, total: int, *, now: datetime, generation: int
+) -> RefitJobStatus:
+    """Conditions and figures from the ranks' own reports (never from exit codes)."""
+    ok: cond.Truth = "False" if coord.problem else "True"
+    reason = "InvalidEntry" if coord.problem else "Readable"
+    conds = cond.set_condition(
+        st.conditions,
+        cond.RENDEZVOUS,
+        ok,
+        reason=reason,
+        message=coord.problem or "",
+        now=now,
+        generation=generation,
+    )
+    connected: cond.Truth = "True" if coord.barrier_open else "False"
+    conds = cond.set_condition(
+        conds,
+        cond.CONNECTED,
+        connected,
+        reason="BarrierOpen" if coord.barrier_open else "WaitingForRanks",
+        message="" if coord.barrier_open else f"{coord.published} of {total} ranks published",
+        now=now,
+        generation=generation,
+    )
+    st = st.model_copy(update={"conditions": conds})
+    p = coord.progress
+    if p is None:
+        return st
+    return st.model_copy(
+        update={
+            "refits_completed": max(st.refits_completed, p.refits_completed),
+            "bytes_transferred": st.bytes_before_epoch + p.bytes_total,
+            "verification": p.verification if p.refits_completed else st.verification,
+            "last_throughput_bytes_per_second": (
+                p.last_refit_gbps * 1e9
+                if p.last_refit_gbps > 0
+                else st.last_throughput_bytes_per_second
+            ),
+        }
+    )
+
+
+def fold_previous_epoch(
+    st: RefitJobStatus, spec: RefitJobSpec, observed: Observed
+) -> RefitJobStatus:
+    """Add what the stopped gang reported after the restart decision (its last refit's
+    report can land after it), until its rendezvous entries are cleared."""
+    if st.epoch == 0:
+        return st
+    world = (spec.policy.replicas, spec.rollout.replicas)
+    old = rdv.progress_of(observed.rendezvous, epoch=st.epoch - 1, world=world)
+    if old is None or old.bytes_total <= st.previous_epoch_bytes:
+        return st
+    extra = old.bytes_total - st.previous_epoch_bytes
+    return st.model_copy(
+        update={
+            "bytes_before_epoch": st.bytes_before_epoch + extra,
+            "bytes_transferred": st.bytes_transferred + extra,
+            "previous_epoch_bytes": old.bytes_total,
+            "refits_completed": max(st.refits_completed, old.refits_completed),
+        }
+    )
+
+
+def role_status(
+    spec: RefitJobSpec, pods: Sequence[ObservedPod], epoch: int, role: str
+) -> RoleStatus:
+    ready = sum(1 for p in pods if p.epoch == epoch and p.role == role and p.ready)
+    return RoleStatus(ready=ready, total=_replicas(spec, role))

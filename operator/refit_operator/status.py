@@ -1,0 +1,113 @@
+"""The ``RefitJob`` status: phase, conditions (``metav1.Condition``) and figures.
+
+Written only by the operator; the CRD's status schema is generated from these models
+(``crd.py``), so the apiserver refuses a status that breaks them.  ``models.py``
+re-exports every name here.
+
+Pure; must not import kopf, kubernetes or aiohttp.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+#: ``metav1.Condition``'s rules: a CamelCase reason is required, a qualified-name type.
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+CONDITION_TYPE_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+CONDITION_MESSAGE_MAX = 32768
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class _Status(BaseModel):
+    # Status tolerates unknown keys: other writers (kubectl, older operators) may add some.
+    model_config = ConfigDict(
+        extra="ignore", frozen=True, alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class Condition(_Status):
+    """One condition, as ``metav1.Condition``: a reason always, the generation it saw."""
+
+    type: str = Field(max_length=316, pattern=CONDITION_TYPE_PATTERN)
+    status: Literal["True", "False", "Unknown"]
+    observed_generation: int = Field(0, ge=0)
+    last_transition_time: datetime
+    reason: str = Field(min_length=1, max_length=1024, pattern=CONDITION_REASON_PATTERN)
+    message: str = Field("", max_length=CONDITION_MESSAGE_MAX)
+
+
+class RoleStatus(_Status):
+    ready: int = 0
+    total: int = 0
+
+
+#: ``conditions`` is a list-map keyed by type, as in every built-in status.
+_CONDITIONS_SCHEMA: dict[str, Any] = {
+    "x-kubernetes-list-type": "map",
+    "x-kubernetes-list-map-keys": ["type"],
+}
+
+
+class RefitJobStatus(_Status):
+    """The observed state of a RefitJob, written only by the operator."""
+
+    phase: Phase = Phase.PENDING
+    message: str = ""
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_CONDITIONS_SCHEMA)
+    observed_generation: int = 0
+    epoch: int = 0
+    #: The epoch whose pods have all been created (None: not yet for the current epoch).
+    created_epoch: int | None = None
+    #: When the first pod of the current epoch was created: the start deadline counts
+    #: from here.
+    epoch_start_time: datetime | None = None
+    #: The epoch whose gang was once all Ready: the start deadline no longer applies.
+    ready_epoch: int | None = None
+    #: Not before this time is the gang of the current epoch (re)created.
+    restart_at: datetime | None = None
+    policy: RoleStatus = Field(default_factory=RoleStatus)
+    rollout: RoleStatus = Field(default_factory=RoleStatus)
+    restarts: int = 0
+    preemptions: int = 0
+    refits_completed: int = 0
+    #: Bytes rollout ranks received, over all epochs.
+    bytes_transferred: int = 0
+    #: Bytes of the epochs before the current one (the epoch's own bytes come on top).
+    bytes_before_epoch: int = 0
+    #: Of those, the bytes the previous epoch's ranks reported: reports that land after the
+    #: gang stopped are added until its rendezvous is cleared.
+    previous_epoch_bytes: int = 0
+    #: How every committed refit was checked, as the rollout ranks reported: "bit-exact",
+    #: "checksums", "manifest" or "none" (the weakest any rank applied).
+    verification: str = "none"
+    last_throughput_bytes_per_second: float | None = None
+    #: When the job first started (reset by a suspend, as a Job's): activeDeadlineSeconds
+    #: counts from here.
+    start_time: datetime | None = None
+    completion_time: datetime | None = None
+
+
+def parse_status(raw: Any) -> RefitJobStatus:
+    """Read a stored status; an unreadable one counts as empty (the operator rewrites it)."""
+    if not isinstance(raw, dict):
+        return RefitJobStatus()
+    try:
+        return RefitJobStatus.model_validate(raw)
+    except ValidationError:
+        return RefitJobStatus()
