@@ -21,15 +21,22 @@ of the clients (``KUBECONFIG``) carries it instead; ``KUBERNETES_SERVICE_*`` and
 own ``KUBECONFIG`` are never passed on, and ``HOME`` is the node's, so no pod can fall back
 on the test user's credentials.
 
-Differences from a kubelet, on purpose: one container per pod, no images (``command`` is
-run as is), processes run as the test's user (``runAsUser`` is not applied), pod names are
-unique per node across namespaces.
+Env ``valueFrom`` a Secret or ConfigMap key is read from the API when the pod starts, as a
+kubelet does.  Images are not pulled, with one exception that lets tests see a pull fail:
+an image whose registry host ends in ``.invalid`` (a top-level domain that never resolves,
+RFC 2606) is reported ``ErrImagePull``, then ``ImagePullBackOff``, with the pod Pending and
+no process started, as a kubelet reports an image it cannot fetch.
+
+Differences from a kubelet, on purpose: one container per pod (the first; a template's
+sidecars are not run), no images (``command`` is run as is), processes run as the test's
+user (``runAsUser`` is not applied), pod names are unique per node across namespaces.
 
 Must not import: kopf, kubernetes.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import threading
@@ -50,6 +57,8 @@ from refit_operator.local.runner import LoopbackPorts, local_env
 TICK_S = 0.2
 LEASE_RENEW_S = 10.0
 STATUS_RENEW_S = 30.0
+#: Ticks between a failed pull's ErrImagePull and its ImagePullBackOff (a kubelet waits ~10 s).
+PULL_BACKOFF_TICKS = 10
 DEFAULT_CAPACITY = {"cpu": "16", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "8"}
 #: Never passed to a pod: the test's own credentials, or a real cluster's around the test.
 _HOST_ONLY_ENV = ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
@@ -96,7 +105,9 @@ class ProcessNode:
         # must not be a pod's fallback credentials.
         env["HOME"] = str(self.workdir / "home")
         (self.workdir / "home").mkdir(parents=True, exist_ok=True)
-        self.kubelet = ProcessKubelet(self.workdir, rewrite_env=self._pod_env, base_env=env)
+        self.kubelet = ProcessKubelet(
+            self.workdir, rewrite_env=self._pod_env, base_env=env, env_source=self._env_from_api
+        )
         #: pod name -> uid of the pod whose process runs (or ran) here under that name.
         self.running: dict[str, str] = {}
         #: (namespace, name, uid, labels) of every pod this node started, in order.
@@ -105,6 +116,10 @@ class ProcessNode:
         self.kubeconfigs: dict[str, Path] = {}
         #: uid -> the pod's conditions as last seen before the node deleted it for good.
         self.final_conditions: dict[str, list[dict[str, Any]]] = {}
+        #: uid -> the environment the pod's process was started with.
+        self.envs: dict[str, dict[str, str]] = {}
+        #: uid -> how many times the node tried to pull the pod's unpullable image.
+        self.pulls: dict[str, int] = {}
         #: Errors of the sync loop (the loop goes on; tests show them on failure).
         self.errors: list[str] = []
         self._reported: dict[str, str] = {}
@@ -193,6 +208,10 @@ class ProcessNode:
             elif not mine:
                 if name in local or pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
                     continue  # the previous pod of that name is still stopping / not ours
+                image = objects.unpullable_image(pod)
+                if image is not None:
+                    self._pull_fails(pod, image)
+                    continue
                 self._start(pod)
             elif name in local:
                 self._report(pod, local[name])
@@ -218,6 +237,16 @@ class ProcessNode:
         self.started.append(
             (meta["namespace"], meta["name"], meta["uid"], dict(meta.get("labels") or {}))
         )
+
+    def _pull_fails(self, pod: dict[str, Any], image: str) -> None:
+        """As a kubelet whose image pull fails: ErrImagePull, then ImagePullBackOff, the
+        pod Pending; the process never starts."""
+        uid = pod["metadata"]["uid"]
+        tries = self.pulls.get(uid, 0) + 1
+        self.pulls[uid] = tries
+        if tries in (1, PULL_BACKOFF_TICKS):  # the failed pull, then the back-off
+            reason = "ErrImagePull" if tries == 1 else "ImagePullBackOff"
+            self._put_status(pod, objects.image_pull_status(pod, image, reason))
 
     def _report(self, pod: dict[str, Any], local: dict[str, Any]) -> None:
         status = objects.pod_status(pod, local)
@@ -292,8 +321,29 @@ class ProcessNode:
 
     def _pod_env(self, pod: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
         env = self.network.env(pod, env)
-        path = self.kubeconfigs.get(str(pod["metadata"]["uid"]))
-        return {**env, "KUBECONFIG": str(path)} if path else env
+        uid = str(pod["metadata"]["uid"])
+        path = self.kubeconfigs.get(uid)
+        env = {**env, "KUBECONFIG": str(path)} if path else env
+        self.envs[uid] = dict(env)
+        return env
+
+    def _env_from_api(self, pod: Mapping[str, Any], source: Mapping[str, Any]) -> str:
+        """A ``secretKeyRef`` or ``configMapKeyRef`` read from the API, as a kubelet does."""
+        namespace = str(pod["metadata"]["namespace"])
+        for key, plural in (("secretKeyRef", "secrets"), ("configMapKeyRef", "configmaps")):
+            ref = source.get(key)
+            if ref is None:
+                continue
+            found = self.rest.find(f"/api/v1/namespaces/{namespace}/{plural}/{ref['name']}")
+            data = (found or {}).get("data") or {}
+            if ref["key"] not in data:
+                raise KubeletError(
+                    f"CreateContainerConfigError: {plural[:-1]} {ref['name']!r} has no key"
+                    f" {ref['key']!r}"
+                )
+            value = str(data[ref["key"]])
+            return base64.b64decode(value).decode() if plural == "secrets" else value
+        raise KubeletError(f"unsupported env source {sorted(source)}")
 
 
 class _NotYet(Exception):

@@ -209,6 +209,61 @@ def start_error_status(pod: Mapping[str, Any], message: str) -> dict[str, Any]:
     }
 
 
+#: Registry hosts under this top-level domain never resolve (RFC 2606): a process node
+#: reports their images unpullable.
+UNPULLABLE_TLD = ".invalid"
+
+
+def unpullable_image(pod: Mapping[str, Any]) -> str | None:
+    """The first image of ``pod`` whose registry host ends in ``.invalid``, if any."""
+    for container in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]:
+        image = str(container.get("image") or "")
+        host = image.split("/", 1)[0] if "/" in image else ""
+        if host.split(":", 1)[0].endswith(UNPULLABLE_TLD):
+            return image
+    return None
+
+
+def image_pull_status(pod: Mapping[str, Any], image: str, reason: str) -> dict[str, Any]:
+    """A Pending pod whose image cannot be pulled (``ErrImagePull``, ``ImagePullBackOff``),
+    with a kubelet's wording."""
+    container = pod["spec"]["containers"][0]
+    host = image.split("/", 1)[0]
+    cause = f"dial tcp: lookup {host}: no such host"
+    message = (
+        f"failed to pull and unpack image {image!r}: {cause}"
+        if reason == "ErrImagePull"
+        else f'Back-off pulling image "{image}": ErrImagePull: {cause}'
+    )
+    stamp = now()
+    return {
+        "phase": "Pending",
+        "hostIP": LOOPBACK,
+        "startTime": stamp,
+        "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp},
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "ContainersNotReady",
+                "message": f"containers with unready status: [{container.get('name')}]",
+                "lastTransitionTime": stamp,
+            },
+        ],
+        "containerStatuses": [
+            {
+                "name": container.get("name", "main"),
+                "image": image,
+                "imageID": "",
+                "ready": False,
+                "started": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": reason, "message": message}},
+            }
+        ],
+    }
+
+
 def token_source(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     """The ``serviceAccountToken`` projection mounted at the standard path, if any.
 

@@ -164,6 +164,23 @@ class Cluster:
         return "\n".join(parts)
 
 
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/refitjobs.refit.dev"
+
+
+def wait_established(cluster: Cluster) -> None:
+    """``kubectl wait --for=condition=Established`` on the RefitJob CRD, once the apiserver
+    has given it conditions at all: kubectl 1.35 fails at once on a CRD whose status has
+    none yet (a fresh, large CRD takes a moment), rather than waiting."""
+    wait(
+        lambda: ((cluster.rest.find(CRD_PATH) or {}).get("status") or {}).get("conditions"),
+        "the apiserver to set the RefitJob CRD's conditions",
+        timeout=60,
+    )
+    cluster.kubectl.ok(
+        "wait", "--for=condition=Established", "crd/refitjobs.refit.dev", "--timeout=60s"
+    )
+
+
 def sa_kubeconfig(cluster: Cluster, account: str, namespace: str, path: Path) -> Path:
     """A kubeconfig holding a fresh token of ServiceAccount ``namespace/account``, made the
     way a user would: ``kubectl create token``."""

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from tests.binaries import REPO_ROOT
 from tests.cluster.rest import ApiError
-from tests.cluster.support import Cluster, wait
+from tests.cluster.support import Cluster, wait, wait_established
 from tests.support.bad_manifests import BAD_SPECS, BASE
 
 from refit_operator.models import API_VERSION
@@ -35,9 +35,7 @@ _FIELD = re.compile(r"spec(?:\.[A-Za-z]+(?:\[\d+\])?)+")
 @pytest.fixture(scope="module")
 def crd(cluster: Cluster) -> Cluster:
     cluster.kubectl.ok("apply", "--server-side", "-f", str(REPO_ROOT / "crds" / "refitjob.yaml"))
-    cluster.kubectl.ok(
-        "wait", "--for=condition=Established", "crd/refitjobs.refit.dev", "--timeout=60s"
-    )
+    wait_established(cluster)
     cluster.namespace(NS)
     return cluster
 

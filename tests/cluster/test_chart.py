@@ -173,7 +173,6 @@ def test_a_missing_verb_shows_as_the_apiservers_403(cluster: Cluster, tmp_path: 
     operator.start()
     try:
         job = example("local", metadata={"name": "crippled-job", "namespace": NS})
-        job["spec"]["suspend"] = True
         cluster.kubectl.apply(job)
         lines = wait(operator.forbidden, "the operator to meet the apiserver's 403", timeout=30)
         # The chart's rule for pods, services and configmaps, less "create".

@@ -54,7 +54,14 @@ def test_first_reconcile_creates_every_child_without_a_404(
     for index in range(4):
         job = example("local", metadata={"name": f"prompt-{index}", "namespace": NS})
         job["spec"]["transfer"]["refits"] = 1
-        job["spec"]["suspend"] = index > 0  # one gang runs; the others create their rest
+        if index > 0:  # one gang runs; the others create theirs, which no node can take
+            for role in ("policy", "rollout"):
+                job["spec"][role]["template"] = {
+                    "spec": {
+                        "nodeSelector": {"refit.dev/test-no-such-node": "true"},
+                        "containers": [{"name": "worker"}],
+                    }
+                }
         jobs.append(job)
     started = time.monotonic()
     cluster.kubectl.apply(jobs)

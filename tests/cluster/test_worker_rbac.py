@@ -28,7 +28,10 @@ def test_worker_token_reaches_its_own_configmap_only(cluster: Cluster, install: 
     own = example("local", metadata={"name": "own", "namespace": NS})
     own["spec"]["transfer"]["refits"] = 1
     other = example("local", metadata={"name": "other", "namespace": NS})
-    other["spec"]["suspend"] = True  # its ConfigMap and RBAC exist, no pods run
+    # Its ConfigMap and RBAC exist; its pods wait for a node that never comes.
+    nowhere = {"nodeSelector": {"refit.dev/test-no-such-node": "true"}}
+    for role in ("policy", "rollout"):
+        other["spec"][role]["template"] = {"spec": {**nowhere, "containers": [{"name": "worker"}]}}
     cluster.kubectl.apply([own, other])
     cluster.kubectl.ok("wait", "--for=condition=Complete", "rj/own", "-n", NS, "--timeout=300s")
     # A rollout rank: Succeeded pods stay (their bound tokens with them) after the job ends.

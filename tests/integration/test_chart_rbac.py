@@ -65,7 +65,8 @@ def test_every_kind_the_operator_touches_is_granted(helm: Helm, tmp_path: Path, 
         if kind == "Event":
             verbs = {"create"}
         elif kind == models.KIND:
-            verbs = {"get", "list", "watch", "patch"}
+            # delete: the job itself once its ttlSecondsAfterFinished ran out.
+            verbs = {"get", "list", "watch", "patch", "delete"}
         else:
             verbs = CHILD_VERBS
         missing += [

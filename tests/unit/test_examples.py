@@ -89,3 +89,17 @@ def test_the_crd_check_rejects_what_it_should() -> None:
     both = copy.deepcopy(manifest)
     both["spec"]["weights"] = {"synthetic": {}, "safetensors": {"claimName": "c"}}
     assert any("weights" in v for v in _cel_violations(both))
+
+
+def test_the_gpu_example_shapes_its_pods_with_the_template() -> None:
+    # What docs/cluster.md points at: shm in memory, IPC_LOCK, pull secrets, a Kueue queue.
+    manifest, spec = load_manifest(EXAMPLES[[p.name for p in EXAMPLES].index("cluster-gpu.yaml")])
+    assert manifest["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] and spec.suspend
+    for role in (spec.policy, spec.rollout):
+        assert role.template is not None
+        pod = role.template["spec"]
+        assert pod["imagePullSecrets"] and pod["volumes"][0]["emptyDir"]["medium"] == "Memory"
+        worker = pod["containers"][0]
+        assert worker["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+        assert {"name": "shm", "mountPath": "/dev/shm"} in worker["volumeMounts"]
+        assert role.resources.limits["nvidia.com/gpu"] == 1  # unquoted, an integer

@@ -21,6 +21,8 @@ P = Phase
         (PhaseFacts(current=P.RESTARTING), P.PENDING),  # the new gang was created
         (PhaseFacts(current=P.RUNNING, restarts_exhausted=True, gang_disrupted=True), P.FAILED),
         (PhaseFacts(current=P.RUNNING, invalid=True), P.FAILED),
+        (PhaseFacts(current=P.RUNNING, deadline_exceeded=True, all_ready=True), P.FAILED),
+        (PhaseFacts(current=P.PENDING, deadline_exceeded=True), P.FAILED),
         (PhaseFacts(current=P.RUNNING, suspended=True), P.SUSPENDED),
         (PhaseFacts(current=P.SUSPENDED), P.PENDING),  # resumed
         (PhaseFacts(current=P.RUNNING, all_rollouts_done=True), P.SUCCEEDED),
@@ -48,6 +50,7 @@ def test_every_rule_result_is_a_legal_move() -> None:
     flags = [
         "invalid",
         "restarts_exhausted",
+        "deadline_exceeded",
         "suspended",
         "all_rollouts_done",
         "gang_disrupted",

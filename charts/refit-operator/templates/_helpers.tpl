@@ -55,7 +55,8 @@ ConfigMaps, so it must hold those verbs itself (Kubernetes refuses RBAC escalati
 {{- define "refit-operator.namespacedRules" -}}
 - apiGroups: ["refit.dev"]
   resources: ["refitjobs"]
-  verbs: ["get", "list", "watch", "patch"]
+  {{- /* delete: a finished job whose ttlSecondsAfterFinished ran out */}}
+  verbs: ["get", "list", "watch", "patch", "delete"]
 - apiGroups: ["refit.dev"]
   resources: ["refitjobs/status"]
   verbs: ["get", "patch", "update"]
@@ -71,6 +72,10 @@ ConfigMaps, so it must hold those verbs itself (Kubernetes refuses RBAC escalati
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- /* A gang's PodGroup (gang.admission: PodGroup) for Volcano or coscheduling. */}}
+- apiGroups: ["scheduling.volcano.sh", "scheduling.x-k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]

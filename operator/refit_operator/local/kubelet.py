@@ -11,7 +11,8 @@ period is spent.
 What a node would provide is emulated minimally and said so: ``emptyDir`` volumes are
 per-pod temporary directories (env values under a mount path are rewritten to point
 there), the downward API fills ``metadata.name/namespace/uid``, ``spec.nodeName``,
-``spec.serviceAccountName`` and the (loopback) pod and host IPs, and a caller-supplied
+``spec.serviceAccountName`` and the (loopback) pod and host IPs, a caller-supplied
+``env_source`` hook reads other ``valueFrom`` sources (Secrets, ConfigMaps), and a
 ``rewrite_env`` hook plays cluster networking (one host, so Service names and ports are
 mapped to loopback and free ports).
 
@@ -39,6 +40,10 @@ from refit_worker.contract.signals import signal_from_name
 
 #: Optional hook: (pod manifest, resolved env) -> env the process really gets.
 EnvRewrite = Callable[[Mapping[str, Any], dict[str, str]], dict[str, str]]
+#: Optional hook: (pod manifest, an env entry's ``valueFrom``) -> its value, for sources
+#: other than the downward API (``secretKeyRef``, ``configMapKeyRef``: a node reads them
+#: from the API); raises KubeletError when the value cannot be had.
+EnvSource = Callable[[Mapping[str, Any], Mapping[str, Any]], str]
 
 
 class KubeletError(RuntimeError):
@@ -90,6 +95,7 @@ class ProcessKubelet:
         base_env: Mapping[str, str] | None = None,
         die_with_parent: bool = False,
         claims: Mapping[str, Path] | None = None,
+        env_source: EnvSource | None = None,
     ) -> None:
         # Absolute: each pod's process runs with its own directory as cwd.
         self.workdir = Path(workdir).resolve()
@@ -98,6 +104,7 @@ class ProcessKubelet:
         self._claims = dict(claims or {})
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._rewrite = rewrite_env
+        self._env_source = env_source
         # The project's console scripts (refit-worker, refit-signal) live beside this Python.
         env = dict(os.environ if base_env is None else base_env)
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
@@ -260,7 +267,11 @@ class ProcessKubelet:
             if "value" in item:
                 env[item["name"]] = _remap(str(item["value"]), mounts)
             elif "valueFrom" in item:
-                env[item["name"]] = _field_ref(pod, item["valueFrom"])
+                source = item["valueFrom"]
+                if "fieldRef" in source or self._env_source is None:
+                    env[item["name"]] = _field_ref(pod, source)
+                else:
+                    env[item["name"]] = self._env_source(pod, source)
         return self._rewrite(pod, env) if self._rewrite else env
 
     def _status(self, pod: _Pod) -> dict[str, Any]:
