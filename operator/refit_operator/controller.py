@@ -45,6 +45,8 @@ class _JobLoop:
     timer: asyncio.TimerHandle | None = None
     due: float = float("inf")
     failures: int = 0
+    #: The last API error a failed round met, already announced in an Event.
+    announced: str = ""
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
 
@@ -78,7 +80,11 @@ class Controller:
                 task.cancel()
 
     async def reconcile(self, namespace: str, name: str) -> None:
-        """Reconcile now, or make the running round go again; raises what the run raised."""
+        """Reconcile now, or make the running round go again; raises what the run raised.
+
+        A round the apiserver refuses (a list, the status write) is retried here with
+        back-off and announced in an Event, whoever called: a caller that gives up on the
+        error (kopf's permanent failure) does not stop the job's retries."""
         state = self._jobs.setdefault((namespace, name), _JobLoop())
         state.dirty = True
         if state.running:
@@ -99,7 +105,11 @@ class Controller:
                     continue
                 if requeue is not None:
                     self._schedule(namespace, name, state, requeue)
-            state.failures = 0
+            state.failures, state.announced = 0, ""
+        except kube.ApiError as exc:
+            if not isinstance(exc, kube.ConflictError):
+                await self._retry_later(namespace, name, state, exc)
+            raise
         finally:
             state.running = False
 
@@ -107,14 +117,40 @@ class Controller:
         """Reconcile after a child changed; errors are logged and retried with back-off."""
         try:
             await self.reconcile(namespace, name)
+        except kube.ApiError as exc:
+            if isinstance(exc, kube.ConflictError):
+                state = self._jobs.setdefault((namespace, name), _JobLoop())
+                await self._retry_later(namespace, name, state, exc)
+            # any other: reconcile() announced it and set the retry
         except Exception as exc:  # any failure: keep the job alive with a later retry
             state = self._jobs.setdefault((namespace, name), _JobLoop())
-            state.failures += 1
-            delay = min(RETRY_MAX_S, RETRY_MIN_S * 2**state.failures)
-            log.warning(
-                "reconcile of %s/%s failed (%s); retry in %.1fs", namespace, name, exc, delay
-            )
-            self._schedule(namespace, name, state, delay)
+            await self._retry_later(namespace, name, state, exc)
+
+    async def _retry_later(
+        self, namespace: str, name: str, state: _JobLoop, exc: Exception
+    ) -> None:
+        state.failures += 1
+        delay = min(RETRY_MAX_S, RETRY_MIN_S * 2**state.failures)
+        log.warning("reconcile of %s/%s failed (%s); retry in %.1fs", namespace, name, exc, delay)
+        if isinstance(exc, kube.ApiError) and not isinstance(exc, kube.ConflictError):
+            await self._announce(namespace, name, state, exc)
+        self._schedule(namespace, name, state, delay)
+
+    async def _announce(
+        self, namespace: str, name: str, state: _JobLoop, exc: kube.ApiError
+    ) -> None:
+        """A round the apiserver stopped (a list or the status write refused) is said in a
+        Warning Event too, once per distinct error, not only in the operator's log."""
+        text = f"reconcile failed, retrying with back-off: {exc}"
+        if text == state.announced:
+            return
+        try:
+            job = await self._api.get(API_VERSION, KIND, namespace, name)
+            if job is not None:
+                await self._api.post_event(job, "Warning", "ReconcileFailed", text)
+                state.announced = text
+        except Exception as failed:  # an Event is a courtesy; the retry goes on regardless
+            log.warning("could not post the ReconcileFailed event: %s", failed)
 
     def _schedule(self, namespace: str, name: str, state: _JobLoop, delay: float) -> None:
         loop = asyncio.get_running_loop()

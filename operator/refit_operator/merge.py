@@ -124,7 +124,10 @@ def _pod_spec(
     spec: dict[str, Any], parts: PodParts, where: str, problems: list[str]
 ) -> dict[str, Any]:
     fixed = {
-        "restartPolicy": ("Never", "a failed rank restarts the whole gang; leave it unset"),
+        "restartPolicy": (
+            "Never",
+            "a failed rank restarts the whole gang; leave it unset or Never",
+        ),
         "hostname": (parts.hostname, "it is the rank's rendezvous DNS name"),
         "subdomain": (parts.subdomain, "it is the role's headless Service"),
         "terminationGracePeriodSeconds": (

@@ -141,7 +141,7 @@ GangAdmission = Literal["SchedulingGates", "PodGroup", "None"]
 
 
 class PodGroupSpec(Wire):
-    """The PodGroup a gang scheduler admits the gang by (``gang.admission: PodGroup``)."""
+    """The PodGroup a gang scheduler admits the gang by (gang.admission: PodGroup)."""
 
     scheduler: Literal["Volcano", "Coscheduling"] = Field(
         "Volcano",

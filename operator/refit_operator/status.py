@@ -42,7 +42,7 @@ class _Status(BaseModel):
 
 
 class Condition(_Status):
-    """One condition, as ``metav1.Condition``: a reason always, the generation it saw."""
+    """One condition, as metav1.Condition: a reason always, the generation it saw."""
 
     type: str = Field(max_length=316, pattern=CONDITION_TYPE_PATTERN)
     status: Literal["True", "False", "Unknown"]
