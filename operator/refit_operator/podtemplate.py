@@ -99,14 +99,15 @@ def _duplicates(node: Mapping[str, Any], value: list[Any], where: str) -> list[s
     out = []
     for i, item in enumerate(value):
         if kind == "map" and isinstance(item, dict):
-            key: Any = _map_key(node, item)
+            keys = _map_key(node, item)
+            shown: Any = keys[0] if len(keys) == 1 else keys
         elif kind == "set":
-            key = item
+            keys, shown = (item,), item
         else:
             continue
-        text = json.dumps(key, sort_keys=True)
+        text = json.dumps(keys, sort_keys=True)
         if text in seen:
-            out.append(f"{where}[{i}]: duplicate entry {_shown(key[0] if len(key) == 1 else key)}")
+            out.append(f"{where}[{i}]: duplicate entry {_shown(shown)}")
         seen.add(text)
     return out
 

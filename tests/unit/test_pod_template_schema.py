@@ -239,3 +239,9 @@ def test_the_operator_checks_a_template_as_the_apiserver_does(
         assert problems == []
     else:
         assert any(problem in p for p in problems), problems
+
+
+def test_a_set_list_refuses_a_value_twice() -> None:
+    node = {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "integer"}}
+    assert podtemplate.schema_problems(node, [1, 2, 1], "x") == ["x[2]: duplicate entry 1"]
+    assert podtemplate.schema_problems(node, [1, 2], "x") == []
