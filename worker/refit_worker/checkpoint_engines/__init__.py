@@ -26,9 +26,9 @@ from .mapping import (
     source_ranks_for_rollout,
 )
 from .messages import BufferDesc, NixlAgentMetadata, ProtocolError
-from .nixl import NIXLCheckpointEngine
+from .nixl import NIXLCheckpointEngine, RefitTiming
 from .planning import TensorSpec, plan_buckets
-from .receiver import IncompleteRefitError
+from .receiver import IncompleteRefitError, LayoutMismatchError
 
 __all__ = [
     "NIXL_DEFAULT_BACKEND_NAME",
@@ -36,12 +36,14 @@ __all__ = [
     "BufferDesc",
     "CheckpointEngine",
     "IncompleteRefitError",
+    "LayoutMismatchError",
     "NIXLCheckpointEngine",
     "NixlAgent",
     "NixlAgentMetadata",
     "PeerError",
     "ProtocolError",
     "RefitTimeoutError",
+    "RefitTiming",
     "TargetWeightLayout",
     "TensorMeta",
     "TensorSpec",
