@@ -79,9 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         epilog=__doc__.split("\n\n", 1)[1],
     )
     parser.add_argument("--runs", type=int, default=3, help="timed refits per case (median)")
-    parser.add_argument("--quick", action="store_true", help="a small payload, 1 and 4 MiB buckets")
+    parser.add_argument(
+        "--quick", action="store_true", help="a small payload (~3 MiB), for smoke runs"
+    )
     parser.add_argument("--tcp", action="store_true", help="UCX_TLS=tcp in the child processes")
-    parser.add_argument("--buckets", default="16,64,256", help="bucket sizes in MiB")
+    parser.add_argument(
+        "--buckets", default=None, help="bucket sizes in MiB (default 16,64,256; --quick: 1,4)"
+    )
     parser.add_argument("--topologies", default="1x1,2x2", help="policy x rollout ranks")
     parser.add_argument(
         "--cases",
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tcp:
         os.environ["UCX_TLS"] = "tcp"
     shape = QUICK_SHAPE if args.quick else FULL_SHAPE
-    buckets = [1, 4] if args.quick else [int(x) for x in args.buckets.split(",")]
+    buckets = [int(x) for x in (args.buckets or ("1,4" if args.quick else "16,64,256")).split(",")]
     size = nbytes(state_dict(*shape) if args.quick else meta_state_dict(shape))
     load = os.getloadavg()
     print(
