@@ -47,7 +47,7 @@ def state_dict(refit: int, *, experts: int = 0) -> dict[str, torch.Tensor]:
 
 def digest(tensor: torch.Tensor) -> str:
     """Bit-exact fingerprint: dtype, shape and the raw bytes."""
-    flat = tensor.detach().reshape(-1).contiguous().view(torch.uint8)
+    flat = tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8)
     raw = flat.numpy().tobytes()
     return f"{tensor.dtype}|{list(tensor.shape)}|{hashlib.sha256(raw).hexdigest()}"
 
@@ -66,6 +66,8 @@ class Job:
     experts: int = 0
     hold_s: float = 0.0  # rollout pauses this long after its first batch (kill tests)
     release_cycles: bool = False
+    device: str = "cpu"  # "cuda": the payload, buffers and landing memory in VRAM
+    into: bool = False  # the rollout receives with receive_into (final tensors), not views
 
 
 def patience(job: Job) -> float:
@@ -79,7 +81,7 @@ def _engine(job: Job, rank_role: str, rank: int) -> Any:
     layout = job.layouts.get(str(rank)) if rank_role == "rollout" else None
     return NIXLCheckpointEngine(
         job.bucket_size,
-        device="cpu",
+        device=job.device,
         timeout_s=job.timeout_s,
         shard_expert_weights=layout is not None,
         target_layout=TargetWeightLayout.model_validate(layout) if layout else None,
@@ -117,6 +119,7 @@ def rank_main(job_json: str, role: str, rank: int, meta_q: Any, my_q: Any, out_q
                     engine.init_rollout_process_group(rollout_rank=rank, **kwargs)
             if role == "policy":
                 sd = state_dict(refit, experts=job.experts)
+                sd = {n: t.to(job.device) for n, t in sd.items()}
                 asyncio.run(engine.send_weights(iter(sd.items())))
                 report["refits"].append({})
             else:
@@ -130,6 +133,17 @@ def rank_main(job_json: str, role: str, rank: int, meta_q: Any, my_q: Any, out_q
 
 
 async def _receive(engine: Any, job: Job, out_q: Any, rank: int) -> dict[str, str]:
+    if job.into:
+        from refit_worker.checkpoint_engines.base import dtype_from_name
+
+        def allocate(specs: Any) -> dict[str, torch.Tensor]:
+            return {
+                s.name: torch.empty(s.shape, dtype=dtype_from_name(s.dtype), device=job.device)
+                for s in specs
+            }
+
+        landed = await engine.receive_into(allocate)
+        return {name: digest(t) for name, t in landed.items()}
     got: dict[str, str] = {}
     first = True
     async for batch in engine.receive_weight_batches():

@@ -39,6 +39,7 @@ class SessionJob:
     pause_at: int = -1  # the policy stops after the first bucket of this refit
     wrong_shape: str = ""  # the rollout's target has this tensor with one more row
     store: str = ""
+    device: str = "cpu"
 
 
 def _config(job: SessionJob, role: str) -> Any:
@@ -52,7 +53,11 @@ def _config(job: SessionJob, role: str) -> Any:
         rollout_world_size=1,
         pod_uid=str(uuid.uuid4()),
         pod_name=f"modes-{role}-0",
-        transfer=TransferConfig(bucket_size=job.bucket_size, timeout_seconds=job.timeout_s),
+        transfer=TransferConfig(
+            bucket_size=job.bucket_size,
+            timeout_seconds=job.timeout_s,
+            device=job.device,  # type: ignore[arg-type]
+        ),
         rendezvous=RendezvousConfig(store="file", location=job.store),
     )
 
@@ -72,11 +77,13 @@ def _pause_after_first_bucket(out_q: Any) -> None:
     sender.RefitSender._send_bucket = send_then_stall  # type: ignore[method-assign]
 
 
-def _live(refit: int, wrong_shape: str) -> dict[str, torch.Tensor]:
-    live = {n: torch.empty_like(t) for n, t in state_dict(refit).items()}
+def _live(refit: int, wrong_shape: str, device: str) -> dict[str, torch.Tensor]:
+    live = {n: torch.empty_like(t, device=device) for n, t in state_dict(refit).items()}
     if wrong_shape:
         t = live[wrong_shape]
-        live[wrong_shape] = torch.empty((t.shape[0] + 1, *t.shape[1:]), dtype=t.dtype)
+        live[wrong_shape] = torch.empty(
+            (t.shape[0] + 1, *t.shape[1:]), dtype=t.dtype, device=device
+        )
     return live
 
 
@@ -91,14 +98,15 @@ def rank_main(job_json: str, role: str, out_q: Any) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
     report: dict[str, Any] = {"role": role, "refits": [], "pointers": []}
     session = RefitSession(_config(job, role), stop_requested=lambda: stop["flag"])
-    live = _live(0, job.wrong_shape)
+    live = _live(0, job.wrong_shape, job.device)
     try:
         session.connect()
         for refit in range(job.refits):
             if role == "policy":
                 if refit == job.pause_at:
                     _pause_after_first_bucket(out_q)
-                asyncio.run(session.send(state_dict(refit).items(), refit_id=refit))
+                sent = {n: t.to(job.device) for n, t in state_dict(refit).items()}
+                asyncio.run(session.send(sent.items(), refit_id=refit))
                 report["refits"].append({})
                 continue
             if job.mode == "receive":
