@@ -238,8 +238,9 @@ def _verifier(config: WorkerConfig, expected: StateDict) -> Verifier | None:
 
 def _log_refit(config: WorkerConfig, stats: RefitStats) -> None:
     verb = "sent" if config.role == "policy" else "committed"
+    # RefitStats.seconds: the transfer and the commit only (not generation or verification).
     log.info(
-        "%s rank %d: refit %d %s: %d bytes in %.3fs (%.2f GB/s)",
+        "%s rank %d: refit %d %s: %d bytes in %.3fs of transfer and commit (%.2f GB/s)",
         config.role,
         config.rank,
         stats.refit_id,

@@ -9,7 +9,7 @@ peer and the awaited thing.  Waits inside a refit (:data:`REFIT_BACKOFF`) re-che
 0.1 ms, then back off from 50 µs to 1 ms with :func:`~refit_worker.waits.precise_sleep`, so
 a message that arrives within microseconds is seen within microseconds, not after the 1 ms
 that asyncio rounds short sleeps up to; a peer that is slow costs ~1 kHz of polling, never a
-hot spin.  Waits between refits (:data:`IDLE_BACKOFF`) grow to 5 ms.  The agent runs without
+hot spin.  Waits between refits (:data:`IDLE_BACKOFF`) grow to 2 ms.  The agent runs without
 NIXL's progress thread by default: on a 2-core host that thread competes with the copy
 itself (measured ~3x slower); progress is made by our own polls.
 
@@ -51,8 +51,8 @@ NIXL_DEFAULT_BACKEND_NAME = "UCX"
 NIXL_TRANSFER_BUFFER_COUNT = 2
 #: Waits inside a refit: spin 0.1 ms, then 50 µs doubling to 1 ms (precise sleeps).
 REFIT_BACKOFF = Backoff(first=50e-6, cap=1e-3, spin=1e-4)
-#: Waits for a refit to begin (the peer may be training or generating): up to 5 ms.
-IDLE_BACKOFF = Backoff(first=50e-6, cap=5e-3, spin=1e-4)
+#: Waits for a refit to begin (the peer may be training or generating): up to 2 ms.
+IDLE_BACKOFF = Backoff(first=50e-6, cap=2e-3, spin=1e-4)
 _NIXL_KWARGS = frozenset({"backend_name", "backend_init_params"})
 
 Region = tuple[int, int, int]  # (addr, length, dev_id)
