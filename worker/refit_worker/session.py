@@ -248,8 +248,9 @@ class RefitSession:
     async def receive(self, *, refit_id: int, verify: Verifier | None = None) -> RefitStats:
         """Receive refit ``refit_id`` into the session's own state, verify it, commit it.
 
-        Double-buffered: the refit lands in a spare copy (allocated on the first refit and
-        whenever the layout changes, registered once); the commit makes it
+        Double-buffered: the refit lands in a spare copy (allocated when the first refit's
+        manifest arrives, the second right after that refit's commit, again when the
+        layout changes; registered once); the commit makes it
         :attr:`committed` and keeps the previously committed memory as the next spare.  So
         ``committed.state`` of refit ``k`` stays valid until refit ``k + 2`` starts; copy
         out of it (or use :meth:`receive_into`) to keep it longer.
@@ -266,7 +267,11 @@ class RefitSession:
             verify(refit_id, dict(filled))
         started = time.perf_counter()
         self._commit(refit_id, self._own.swap())
-        return self._stats(engine, time.perf_counter() - started)
+        stats = self._stats(engine, time.perf_counter() - started)
+        # Set up the second copy now, between refits, not while the next one streams in
+        # (once: from then on the two copies take turns).
+        self._own.spare(self._own.layout(), device)
+        return stats
 
     async def receive_into(
         self,

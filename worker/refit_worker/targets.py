@@ -88,7 +88,8 @@ class DoubleBuffer:
         """The spare copy for the sent ``names``, allocated on first use or a new layout."""
         live = live_tensors(self.target, names)
         if not self._fits(live):
-            self._spare = {name: torch.empty_like(t) for name, t in live.items()}
+            # Zero-filled: its pages are faulted in now, not by the NIC's first WRITE.
+            self._spare = {name: torch.zeros_like(t) for name, t in live.items()}
         return self._spare
 
     def _fits(self, live: Mapping[str, torch.Tensor]) -> bool:
@@ -124,11 +125,16 @@ class OwnState:
             (tuple(t.shape), t.dtype) == shapes[n] for n, t in self._spare.items()
         )
         if not fits:
+            # Zero-filled: its pages are faulted in now, not by the NIC's first WRITE.
             self._spare = {
-                name: torch.empty(shape, dtype=dtype, device=device)
+                name: torch.zeros(shape, dtype=dtype, device=device)
                 for name, (shape, dtype) in shapes.items()
             }
         return self._spare
+
+    def layout(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """The served layout (``name -> (shape, dtype)``)."""
+        return {name: (tuple(t.shape), t.dtype) for name, t in self.served.items()}
 
     def swap(self) -> dict[str, torch.Tensor]:
         self.served, self._spare = self._spare, self.served
