@@ -17,7 +17,7 @@ from .agent import (
     preinit_nixl_agent,
     resolve_nixl_backend_kwargs,
 )
-from .base import CheckpointEngine, TensorMeta
+from .base import CheckpointEngine, RefitTiming, TensorMeta
 from .layout import TargetWeightLayout
 from .mapping import (
     _source_rank_for_rollout,
@@ -26,7 +26,7 @@ from .mapping import (
     source_ranks_for_rollout,
 )
 from .messages import BufferDesc, NixlAgentMetadata, ProtocolError
-from .nixl import NIXLCheckpointEngine, RefitTiming
+from .nixl import NIXLCheckpointEngine
 from .planning import TensorSpec, plan_buckets
 from .receiver import IncompleteRefitError, LayoutMismatchError
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from refit_worker.waits import Backoff, apoll_until, precise_sleep
 
+from .backend import NIXL_DEFAULT_BACKEND_NAME, backend_params, resolve_nixl_backend_kwargs
 from .messages import (
     Abort,
     BucketReady,
@@ -47,13 +48,11 @@ from .messages import (
 
 log = logging.getLogger(__name__)
 
-NIXL_DEFAULT_BACKEND_NAME = "UCX"
 NIXL_TRANSFER_BUFFER_COUNT = 2
 #: Waits inside a refit: spin 0.1 ms, then 50 µs doubling to 1 ms (precise sleeps).
 REFIT_BACKOFF = Backoff(first=50e-6, cap=1e-3, spin=1e-4)
 #: Waits for a refit to begin (the peer may be training or generating): up to 2 ms.
 IDLE_BACKOFF = Backoff(first=50e-6, cap=2e-3, spin=1e-4)
-_NIXL_KWARGS = frozenset({"backend_name", "backend_init_params"})
 
 Region = tuple[int, int, int]  # (addr, length, dev_id)
 
@@ -64,34 +63,6 @@ class RefitTimeoutError(TimeoutError):
 
 class PeerError(RuntimeError):
     """A peer failed: a transfer to it went to ERR, or it aborted the refit."""
-
-
-def resolve_nixl_backend_kwargs(nixl_kwargs: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
-    """Split ``{"backend_name": ..., "backend_init_params": {...}}`` into (name, params)."""
-    if not isinstance(nixl_kwargs, dict):
-        raise TypeError(f"nixl kwargs must be a dict, got {type(nixl_kwargs).__name__}")
-    unknown = sorted(set(nixl_kwargs) - _NIXL_KWARGS)
-    if unknown:
-        raise ValueError(f"unknown nixl kwargs {unknown}; allowed: {sorted(_NIXL_KWARGS)}")
-    name = nixl_kwargs.get("backend_name", NIXL_DEFAULT_BACKEND_NAME)
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"backend_name must be a non-empty string, got {name!r}")
-    params = nixl_kwargs.get("backend_init_params")
-    if params is not None and not isinstance(params, dict):
-        raise ValueError(f"backend_init_params must be a dict, got {params!r}")
-    return name, params
-
-
-def _backend_params(params: dict[str, Any] | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in (params or {}).items():
-        if isinstance(value, bool):
-            out[str(key)] = "true" if value else "false"
-        elif isinstance(value, str | int | float):
-            out[str(key)] = str(value)
-        else:
-            raise ValueError(f"backend_init_params[{key!r}] must be a scalar, got {value!r}")
-    return out
 
 
 class NixlAgent:
@@ -117,7 +88,7 @@ class NixlAgent:
                 f"NIXL backend {backend_name!r} is not available; "
                 f"available: {sorted(self._agent.get_plugin_list())}"
             )
-        self._agent.create_backend(backend_name, _backend_params(backend_init_params))
+        self._agent.create_backend(backend_name, backend_params(backend_init_params))
         self._raw: dict[str, list[bytes]] = {}
         self._control: dict[tuple[str, str, int, int], ControlMessage] = {}
 

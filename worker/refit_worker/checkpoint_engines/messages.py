@@ -29,6 +29,7 @@ Must not import: torch, nixl, the transport modules of this package.
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -79,6 +80,29 @@ class NixlAgentMetadata(_Model):
     mem_type: Literal["DRAM", "VRAM"] = "DRAM"
     buffers: tuple[BufferDesc, ...] = ()
     layout: dict[str, Any] | None = None
+
+
+MetadataLike = NixlAgentMetadata | str | dict[str, Any]
+
+
+def parse_metadata(metadata: Sequence[MetadataLike], expected: int) -> list[NixlAgentMetadata]:
+    if isinstance(metadata, str | bytes) or len(metadata) != expected:
+        got = "a string" if isinstance(metadata, str | bytes) else f"{len(metadata)} entries"
+        raise ValueError(
+            f"metadata must list {expected} ranks (policy ranks, then rollout ranks), got {got}"
+        )
+    """Validate the all-ranks metadata listing (policy ranks, then rollout ranks)."""
+    parsed: list[NixlAgentMetadata] = []
+    for index, item in enumerate(metadata):
+        if isinstance(item, NixlAgentMetadata):
+            parsed.append(item)
+        elif isinstance(item, str):
+            parsed.append(NixlAgentMetadata.model_validate_json(item))
+        elif isinstance(item, dict):
+            parsed.append(NixlAgentMetadata.model_validate(item))
+        else:
+            raise TypeError(f"metadata[{index}] is a {type(item).__name__}, not NixlAgentMetadata")
+    return parsed
 
 
 class _Control(_Model):

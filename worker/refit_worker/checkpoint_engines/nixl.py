@@ -40,7 +40,6 @@ Must not import: torch.distributed, the operator.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,65 +50,22 @@ from .agent import (
     NixlAgent,
     take_preinit_agent,
 )
-from .base import CheckpointEngine
+from .base import CheckpointEngine, RefitTiming
 from .integrity import Hasher, algorithm_for
 from .layout import TargetWeightLayout
 from .mapping import check_world_sizes, rollout_targets_for_policy, source_ranks_for_rollout
-from .messages import BufferDesc, NixlAgentMetadata
+from .messages import BufferDesc, MetadataLike, NixlAgentMetadata, parse_metadata
 from .planning import TensorSpec, check_bucket_size
 from .receiver import RefitReceiver, Shared, Source, TargetResolver
 from .registry import MemoryRegistry
 from .sender import RefitSender, Routes, Target, prepare_sources, sources_ready
 from .staging import Staging
 
-MetadataLike = NixlAgentMetadata | str | dict[str, Any]
-
 
 def _sync_device(device: torch.device) -> None:
     """Finish queued work on the current stream before memory is exposed to NIXL or a peer."""
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
-
-
-@dataclass(frozen=True)
-class RefitTiming:
-    """What one refit cost on this rank, as measured by the engine.
-
-    ``seconds`` runs from the moment the transfer could start (a receiver: it took the
-    manifest; a sender: every target was ready) to the moment the refit was complete and
-    verified (a receiver: before it confirms ``done``; a sender: every ``done`` arrived), so
-    it leaves out waiting for the peer to begin.  ``control_s`` is the part of it spent on
-    control work (planning, registrations, route set-up, checks), not moving bytes.
-    """
-
-    refit_id: int
-    role: str
-    bytes: int
-    seconds: float
-    control_s: float
-    #: NIXL registrations made in this refit (0 once they are reused).
-    registrations: int
-    #: Sets of prepared WRITE handles built in this refit (0 once they are reused).
-    routes_built: int = 0
-
-
-def _parse_metadata(metadata: Sequence[MetadataLike], expected: int) -> list[NixlAgentMetadata]:
-    if isinstance(metadata, str | bytes) or len(metadata) != expected:
-        got = "a string" if isinstance(metadata, str | bytes) else f"{len(metadata)} entries"
-        raise ValueError(
-            f"metadata must list {expected} ranks (policy ranks, then rollout ranks), got {got}"
-        )
-    parsed: list[NixlAgentMetadata] = []
-    for index, item in enumerate(metadata):
-        if isinstance(item, NixlAgentMetadata):
-            parsed.append(item)
-        elif isinstance(item, str):
-            parsed.append(NixlAgentMetadata.model_validate_json(item))
-        elif isinstance(item, dict):
-            parsed.append(NixlAgentMetadata.model_validate(item))
-        else:
-            raise TypeError(f"metadata[{index}] is a {type(item).__name__}, not NixlAgentMetadata")
-    return parsed
 
 
 class NIXLCheckpointEngine(CheckpointEngine):
@@ -231,7 +187,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         metadata: Sequence[MetadataLike],
     ) -> None:
         check_world_sizes(train_world_size, rollout_world_size)
-        parsed = _parse_metadata(metadata, train_world_size + rollout_world_size)
+        parsed = parse_metadata(metadata, train_world_size + rollout_world_size)
         ranks = rollout_targets_for_policy(
             worker_rank,
             train_world_size=train_world_size,
@@ -281,7 +237,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         rollout_world_size: int,
         metadata: Sequence[MetadataLike],
     ) -> None:
-        parsed = _parse_metadata(metadata, train_world_size + rollout_world_size)
+        parsed = parse_metadata(metadata, train_world_size + rollout_world_size)
         ranks = source_ranks_for_rollout(
             rollout_rank,
             train_world_size=train_world_size,
