@@ -72,6 +72,7 @@ class Routes:
 
     def __init__(self) -> None:
         self.landing: dict[str, LandingSet] = {}
+        self.manifests: dict[tuple[str, str | None], Manifest] = {}
         self._prepared: OrderedDict[tuple[Any, ...], PreparedWrites] = OrderedDict()
         #: Routes prepared (not reused), for the stats.
         self.built = 0
@@ -278,16 +279,23 @@ class RefitSender:
         return f"policy rank {self.rank}: rollout rank {target.rank}"
 
     def _manifest(self, stream: _Stream) -> Manifest:
-        return Manifest(
-            refit=self.refit,
-            total_buckets=len(stream.plan.buckets),
-            digest=stream.plan.digest,
-            bucket_size=self.bucket_size,
-            integrity=self.integrity,
-            tensors=tuple(
-                ManifestEntry(name=s.name, dtype=s.dtype, shape=s.shape) for s in stream.plan.specs
-            ),
-        )
+        """The manifest: built once per (plan, integrity), restamped with the refit id."""
+        key = (stream.plan.digest, self.integrity)
+        cached = stream.routes.manifests.get(key)
+        if cached is None:
+            cached = Manifest(
+                refit=self.refit,
+                total_buckets=len(stream.plan.buckets),
+                digest=stream.plan.digest,
+                bucket_size=self.bucket_size,
+                integrity=self.integrity,
+                tensors=tuple(
+                    ManifestEntry(name=s.name, dtype=s.dtype, shape=s.shape)
+                    for s in stream.plan.specs
+                ),
+            )
+            stream.routes.manifests = {key: cached}
+        return cached.model_copy(update={"refit": self.refit})
 
     async def _wait(self, stream: _Stream, kind: str, seq: int, what: str) -> Any:
         return await self.agent.wait_control(
