@@ -80,6 +80,12 @@ class MemoryRegistry:
                 self._storages[key] = found
             found.last_used = self._tick
 
+    def serials(self, tensors: Iterable[torch.Tensor]) -> tuple[int, ...]:
+        """Which registration each tensor's storage is under (0: none), e.g. for cache keys:
+        a storage deregistered and registered again gets a new serial."""
+        found = (self._storages.get(storage_key(t)) for t in tensors)
+        return tuple(reg.serial if reg is not None else 0 for reg in found)
+
     def landing_set(self, named: Mapping[str, torch.Tensor]) -> LandingSet:
         """The landing set for ``named`` (contiguous tensors), registering what it needs."""
         tensors = {name: t for name, t in named.items() if t.numel()}

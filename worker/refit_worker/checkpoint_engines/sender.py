@@ -321,6 +321,8 @@ class RefitSender:
         key = (
             stream.plan.digest,
             tuple(t.data_ptr() for t in stream.tensors.values()),
+            # A handle prepared over a registration that was since dropped must not be reused.
+            self.registry.serials(stream.tensors.values()),
             landing.id if landing else None,
             stream.target.buffers,
             tuple(stream.seqs),
