@@ -329,3 +329,36 @@ async def test_layout_mismatch_is_refused_before_any_byte_lands(pair, targets, m
     assert isinstance(sent, PeerError) and "LayoutMismatchError" in str(sent), sent
     assert all(torch.equal(targets[n], before[n]) for n in targets)
     assert not rollout.targets_exposed
+
+
+def test_registry_registers_a_storage_once_and_drops_what_refits_stop_using(pair) -> None:
+    from refit_worker.checkpoint_engines.registry import MemoryRegistry
+
+    _, rollout = pair
+    registry = MemoryRegistry(rollout.agent, "DRAM")
+    big = torch.zeros(4096)
+    a, b = big[:2048], big[2048:]  # two views of one storage: one registration
+    other = torch.zeros(10)
+    registry.next_refit()
+    first = registry.landing_set({"a": a, "b": b, "o": other})
+    assert len(registry) == 2 and registry.registered == 2
+    assert {t.name: t.addr for t in first.tensors} == {
+        "a": a.data_ptr(),
+        "b": b.data_ptr(),
+        "o": other.data_ptr(),
+    }
+    assert first.metadata  # NIXL's partial metadata, for peers connected earlier
+    registry.next_refit()
+    assert registry.landing_set({"a": a, "b": b, "o": other}) is first  # cached
+    assert registry.registered == 2
+    registry.next_refit()
+    registry.landing_set({"o": other})
+    registry.sweep(keep=1)  # 'big' was not used by the last refit
+    assert len(registry) == 1 and registry.serials([big, other])[0] == 0
+    registry.next_refit()
+    again = registry.landing_set({"a": a, "b": b, "o": other})
+    assert again.id != first.id, "a storage registered again is a new landing set"
+    registry.release(other)
+    assert registry.serials([other]) == (0,)
+    registry.clear()
+    assert len(registry) == 0
