@@ -62,6 +62,16 @@ def test_refits_arrive_bit_exact(train: int, rollout: int) -> None:
     assert_all_ok(run_job(job), job)
 
 
+@pytest.mark.parametrize(
+    ("train", "rollout"), [(1, 1), (3, 2), (1, 3)], ids=["1x1-pair", "3x2-stripe", "1x3-fanout"]
+)
+def test_refits_land_bit_exact_in_final_tensors_with_integrity(train: int, rollout: int) -> None:
+    # receive_into: every byte WRITTEN straight into the rollout's own tensors, hashed on
+    # both sides; striping senders and a fan-out sender (one hash per bucket) included.
+    job = Job(train=train, rollout=rollout, refits=2, into=True, engine={"checksum": True})
+    assert_all_ok(run_job(job), job)
+
+
 def test_expert_and_tensor_parallel_layout_sends_only_wanted_parts() -> None:
     layouts = {
         "0": {"expert_ids": [0, 2], "tp_rank": 0, "tp_size": 2, "tp_dims": {r"q_proj": 0}},

@@ -233,13 +233,20 @@ class RefitSender:
     def _start_hashes(self, streams: list[_Stream], ready: torch.cuda.Event | None) -> None:
         if self.hasher is None or self.integrity is None:
             return
+        # Fan-out sends the same bytes to several targets: hash each bucket once.
+        shared: dict[tuple[Any, ...], Future[tuple[int, ...]]] = {}
         for stream in streams:
             for seq in stream.seqs:
-                views = [
-                    as_bytes(stream.tensors[p.name])[p.chunk_offset : p.chunk_offset + p.chunk_size]
-                    for p in stream.plan.buckets[seq]
-                ]
-                stream.hashes[seq] = self.hasher.submit(views, self.integrity, ready)
+                bucket = stream.plan.buckets[seq]
+                sources = [stream.tensors[p.name] for p in bucket]
+                key = (stream.plan.digest, seq, tuple(t.data_ptr() for t in sources))
+                if key not in shared:
+                    views = [
+                        as_bytes(t)[p.chunk_offset : p.chunk_offset + p.chunk_size]
+                        for t, p in zip(sources, bucket, strict=True)
+                    ]
+                    shared[key] = self.hasher.submit(views, self.integrity, ready)
+                stream.hashes[seq] = shared[key]
 
     async def _stream_all(self, streams: list[_Stream]) -> None:
         for stream in streams:
