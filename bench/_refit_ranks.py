@@ -12,6 +12,7 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import resource
 import statistics
 import time
 import uuid
@@ -175,19 +176,27 @@ def _engine_rank(
         sd = state_dict(*cfg["shape"], device=cfg["device"])
     else:
         engine.init_rollout_process_group(rollout_rank=rank, **kw)
-    report: dict[str, list[Any]] = {"seconds": [], "control_s": [], "registrations": []}
+    report: dict[str, list[Any]] = {"seconds": [], "control_s": [], "registrations": [], "cpu": []}
     for _ in range(cfg["runs"] + WARMUP):
+        c0 = _cpu()
         t0 = time.perf_counter()
         if role == "policy":
             asyncio.run(engine.send_weights(iter(sd.items())))
         else:
             asyncio.run(_drain(engine))
         report["seconds"].append(time.perf_counter() - t0)
+        report["cpu"].append(_cpu() - c0)
         timing = engine.last_refit
         report["control_s"].append(timing.control_s if timing else 0.0)
         report["registrations"].append(timing.registrations if timing else 0)
     engine.finalize()
     res.put(json.dumps([role, report]))
+
+
+def _cpu() -> float:
+    """CPU seconds (user + system, all threads) this process used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 async def _drain(engine: Any) -> int:
@@ -220,7 +229,13 @@ def _session_rank(role: str, rank: int, cfg: dict[str, Any], res: Any) -> None:
     session = RefitSession(config)
     session.connect()
     engine = session._engine
-    report: dict[str, Any] = {"seconds": [], "stats": [], "control_s": [], "registrations": []}
+    report: dict[str, Any] = {
+        "seconds": [],
+        "stats": [],
+        "control_s": [],
+        "registrations": [],
+        "cpu": [],
+    }
     if role == "policy":
         sd = state_dict(*cfg["shape"], device=cfg["device"])
     else:
@@ -229,6 +244,7 @@ def _session_rank(role: str, rank: int, cfg: dict[str, Any], res: Any) -> None:
             n: torch.empty(t.shape, dtype=t.dtype, device=cfg["device"]) for n, t in shapes.items()
         }
     for refit in range(cfg["runs"] + WARMUP):
+        c0 = _cpu()
         t0 = time.perf_counter()
         if role == "policy":
             stats = asyncio.run(session.send(sd.items(), refit_id=refit))
@@ -237,6 +253,7 @@ def _session_rank(role: str, rank: int, cfg: dict[str, Any], res: Any) -> None:
         else:
             stats = asyncio.run(session.receive(refit_id=refit))
         report["seconds"].append(time.perf_counter() - t0)
+        report["cpu"].append(_cpu() - c0)
         report["stats"].append(stats.seconds)
         timing = engine.last_refit if engine is not None else None
         report["control_s"].append(timing.control_s if timing else 0.0)
@@ -284,6 +301,9 @@ def bench_engine(cfg: dict[str, Any]) -> dict[str, Any]:
             max(rep["registrations"][i] for rep in policy + rollout) for i in range(WARMUP + runs)
         ],
         "verified": None,
+        # CPU seconds per timed refit, median, summed over the ranks of each role
+        "cpu_policy": statistics.median(sum(rep["cpu"][i] for rep in policy) for i in timed),
+        "cpu_rollout": statistics.median(sum(rep["cpu"][i] for rep in rollout) for i in timed),
     }
     if cfg["case"] != "engine":
         result["rollout_seconds"] = [max(rep["stats"][i] for rep in rollout) for i in timed]

@@ -23,7 +23,9 @@ receiver confirmed it complete and verified).  ``rollout GB/s`` is what the roll
 report per refit (``RefitStats``: transfer + commit, as ``refit run`` shows them); ``ctl ms``
 the control work per refit (plans, registrations, route set-up) on the policy rank, cold
 (first refit) / warm (median of the timed ones); ``regs`` the NIXL registrations made in
-the last refit on any rank (0: all reused).  For 2x2 the rate is the total over both pairs.
+the last refit on any rank (0: all reused); ``cpu s tx/rx`` the CPU seconds per refit that
+the policy / rollout ranks used (all threads; on a busy host, work competes for cores).
+For 2x2 the rate is the total over both pairs.
 
 ``--json`` adds one JSON line per case (``case``, ``topology``, ``bucket_mib``, ``gbps``,
 ``x_raw_nixl``, ``x_gloo``, ...) after the table.  ``--tcp`` sets ``UCX_TLS=tcp`` for the
@@ -124,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:>10}: {value:6.2f} GB/s", flush=True)
     head = (
         f"{'case':>17} {'topo':>4} {'bucket':>7} {'GB/s':>6} {'x raw':>6} {'x gloo':>6} "
-        f"{'x memcpy':>8} {'rollout GB/s':>12} {'ctl ms cold/warm':>16} {'regs':>4}"
+        f"{'x memcpy':>8} {'rollout GB/s':>12} {'ctl ms cold/warm':>16} {'regs':>4} "
+        f"{'cpu s tx/rx':>11}"
     )
     print(head, flush=True)
     lines = []
@@ -182,6 +185,8 @@ def _line(
         "control_ms_cold": round(control[0] * 1e3, 2),
         "control_ms_warm": round(statistics.median(control[1:]) * 1e3, 2),
         "registrations_last": result["registrations"][-1],
+        "cpu_s_policy": round(result["cpu_policy"], 3),
+        "cpu_s_rollout": round(result["cpu_rollout"], 3),
         "verified": result.get("verified"),
         "runs": args.runs,
         "payload_bytes": moved,
@@ -199,7 +204,8 @@ def _row(line: dict[str, Any]) -> str:
         f"{line['case']:>17} {line['topology']:>4} {line['bucket_mib']:>4}MiB "
         f"{line['gbps']:6.2f} {line['x_raw_nixl']:6.2f} {line['x_gloo']:6.2f} "
         f"{line['x_memcpy']:8.2f} {rollout:>12} {control:>16} "
-        f"{line['registrations_last']:>4}{mark}"
+        f"{line['registrations_last']:>4} "
+        f"{line['cpu_s_policy']:5.2f}/{line['cpu_s_rollout']:<5.2f}{mark}"
     )
 
 
