@@ -17,8 +17,8 @@ the engine, plus an optional caller check) and only then commits it:
 * :meth:`receive`: double-buffered into the session's own state, :attr:`committed`.
 
 :class:`RefitStats` times only the transfer and the commit: from the moment the transfer
-could start (the manifest arrived) to the commit, leaving out waiting for the peer, weight
-generation and the caller's ``verify``.
+could start (landing memory ready, senders told) to the commit, leaving out waiting for the
+peer, weight generation, the caller's ``verify`` and control work (``control_seconds``).
 
 Every transfer runs beside a watcher that stops it at the next bucket boundary when this
 process got the preemption signal or the job posted a preemption notice; the call then
@@ -85,15 +85,17 @@ class RefitStats:
     """One refit as this rank saw it.
 
     ``seconds`` covers the transfer and the commit only: from the moment the transfer could
-    start (a rollout rank: the manifest arrived; a policy rank: every receiver was ready) to
-    the commit (a policy rank: every receiver confirmed).  Not included: waiting for the
-    peer to start, generating or loading the weights, and the caller's ``verify``.
+    start (a rollout rank: its landing memory was ready and it told the senders so; a
+    policy rank: every receiver was ready) to the commit (a policy rank: every receiver
+    confirmed).  Not included: waiting for the peer to start, generating or loading the
+    weights, the caller's ``verify``, and control work before the transfer (checks, the
+    first refit's allocation and registration of landing memory): ``control_seconds``.
     """
 
     refit_id: int
     bytes: int
     seconds: float
-    #: Part of ``seconds`` spent on control work (plans, registrations, checks).
+    #: Control work of the refit (checks, plans, allocating and registering memory).
     control_seconds: float = 0.0
 
     @property

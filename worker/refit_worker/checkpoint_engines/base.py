@@ -103,11 +103,13 @@ class TensorMeta(BaseModel):
 class RefitTiming:
     """What one refit cost on this rank, as measured by the engine.
 
-    ``seconds`` runs from the moment the transfer could start (a receiver: it took the
-    manifest; a sender: every target was ready) to the moment the refit was complete and
-    verified (a receiver: before it confirms ``done``; a sender: every ``done`` arrived), so
-    it leaves out waiting for the peer to begin.  ``control_s`` is the part of it spent on
-    control work (planning, registrations, route set-up, checks), not moving bytes.
+    ``seconds`` runs from the moment the transfer could start (a receiver: it told its
+    senders ``ready``; a sender: every target was ready) to the moment the refit was
+    complete and verified (a receiver: before it confirms ``done``; a sender: every
+    ``done`` arrived), so it leaves out waiting for the peer to begin.  ``control_s`` is the
+    control work of the refit (checks, planning, allocating and registering memory, route
+    set-up), on a receiver all of it before ``ready``, on a sender partly inside
+    ``seconds`` (route set-up once the targets are ready).
     """
 
     refit_id: int

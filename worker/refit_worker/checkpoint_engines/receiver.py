@@ -148,7 +148,7 @@ class RefitReceiver:
         self._views = False
         #: Whether senders were told where to land (from then on, targets may change).
         self.exposed = False
-        #: When the manifest was taken / the refit was verified (monotonic); control seconds.
+        #: When senders were told ready / the refit was verified (monotonic); control seconds.
         self.started_at = self.ended_at = 0.0
         self.control_s = 0.0
 
@@ -208,7 +208,6 @@ class RefitReceiver:
     async def _begin(self, targets: TargetResolver | None) -> Mapping[str, torch.Tensor]:
         self.agent.forget_before(self.refit)
         manifest = await self._wait(self.sources[0], "manifest", 0, "the manifest", idle=True)
-        self.started_at = time.monotonic()
         t0 = time.perf_counter()
         if not isinstance(manifest, Manifest):
             raise IncompleteRefitError(f"{self.who}: expected a manifest, got {manifest}")
@@ -232,6 +231,9 @@ class RefitReceiver:
         self._slots = buffer_slots(self.plan.buckets, self._sizes, len(self.buffers))
         upfront, self._frees = buffer_handoffs(self._slots, len(self.buffers))
         self.exposed = True
+        # The transfer can start now: what came before (checks, allocating and registering
+        # landing memory) is control work, counted in control_s.
+        self.started_at = time.monotonic()
         for source in self.sources:
             sent = self.shared.sent.setdefault(source.agent, set())
             first = offer is not None and offer.id not in sent
