@@ -362,3 +362,30 @@ def test_registry_registers_a_storage_once_and_drops_what_refits_stop_using(pair
     assert registry.serials([other]) == (0,)
     registry.clear()
     assert len(registry) == 0
+
+
+async def test_buffered_buckets_hand_buffers_on_while_writes_need_progress(pair) -> None:
+    """Between agents of one process UCX leaves WRITEs in progress until polled: the sender
+    must drive them while it waits for credits, or the receiver never sees bucket 0."""
+    policy, rollout = pair
+    for refit in range(3):
+        sd = {f"small.{i}": torch.full((300,), float(i + refit)) for i in range(12)}
+        sd["big"] = torch.arange(5000, dtype=torch.float32) * refit  # > a bucket: lands
+        _, got = await asyncio.gather(policy.send_weights(iter(sd.items())), collect(rollout))
+        assert got.keys() == sd.keys() and all(torch.equal(got[k], sd[k]) for k in sd)
+
+
+async def test_a_failed_refit_does_not_break_the_next_one(pair) -> None:
+    policy, rollout = pair
+    targets = {"w": torch.zeros(3000)}
+    sd = {"w": torch.arange(3000.0)}
+    await asyncio.gather(policy.send_weights(iter(sd.items())), rollout.receive_into(targets))
+    # Refit 1 fails on the receiver's side after 'ready' (the sender is told to abort).
+    wrong = {"w": torch.zeros(3000), "x": torch.zeros(1)}
+    sent, received = await asyncio.gather(
+        policy.send_weights(iter(sd.items())), rollout.receive_into(wrong), return_exceptions=True
+    )
+    assert isinstance(received, LayoutMismatchError) and isinstance(sent, PeerError)
+    sd = {"w": torch.arange(3000.0) * 2}
+    await asyncio.gather(policy.send_weights(iter(sd.items())), rollout.receive_into(targets))
+    assert torch.equal(targets["w"], sd["w"])

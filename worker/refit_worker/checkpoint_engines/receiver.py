@@ -37,11 +37,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .agent import IDLE_BACKOFF, NixlAgent
+from .agent import IDLE_BACKOFF, REFIT_BACKOFF, NixlAgent
 from .base import TensorMeta, dtype_from_name
 from .integrity import Hasher, algorithm_for, as_bytes
 from .mapping import bucket_sender
-from .messages import BucketReady, Credit, Digest, Done, Manifest, Ready
+from .messages import BucketReady, Credit, Digest, Done, LandingSet, Manifest, Ready
 from .planning import (
     Plan,
     TensorSpec,
@@ -146,6 +146,7 @@ class RefitReceiver:
         self._verified: set[int] = set()
         self.integrity: str | None = None
         self._views = False
+        self._offer: LandingSet | None = None
         #: Whether senders were told where to land (from then on, targets may change).
         self.exposed = False
         #: When senders were told ready / the refit was verified (monotonic); control seconds.
@@ -202,7 +203,7 @@ class RefitReceiver:
             seq,
             what=f"{self.who}: {what} (policy rank {source.rank}, within {self.timeout_s}s)",
             deadline=time.monotonic() + self.timeout_s,
-            **({"backoff": IDLE_BACKOFF} if idle else {}),
+            backoff=IDLE_BACKOFF if idle else REFIT_BACKOFF,
         )
 
     async def _begin(self, targets: TargetResolver | None) -> Mapping[str, torch.Tensor]:
@@ -235,19 +236,17 @@ class RefitReceiver:
         # landing memory) is control work, counted in control_s.
         self.started_at = time.monotonic()
         for source in self.sources:
-            sent = self.shared.sent.setdefault(source.agent, set())
-            first = offer is not None and offer.id not in sent
+            known = offer is not None and offer.id in self.shared.sent.get(source.agent, set())
             self.agent.send_control(
                 source.agent,
                 Ready(
                     refit=self.refit,
-                    landing=offer if first else None,
-                    landing_id=offer.id if offer is not None and not first else None,
+                    landing=offer if offer is not None and not known else None,
+                    landing_id=offer.id if offer is not None and known else None,
                 ),
                 who=f"rollout rank {self.rank}: policy rank {source.rank}",
             )
-            if offer is not None:
-                sent.add(offer.id)
+        self._offer = offer
         for seq in upfront:
             self._credit(seq)
         self.control_s += time.perf_counter() - t0
@@ -389,6 +388,10 @@ class RefitReceiver:
                 self._compare(seq, mine, theirs)
         self.shared.registry.sweep(keep=2)
         for source in self.sources:
+            # Every source used this refit's landing set: from now on it is named by id.
+            # (Only now: a source that failed before reading it must get it in full again.)
+            if self._offer is not None:
+                self.shared.sent.setdefault(source.agent, set()).add(self._offer.id)
             self.agent.send_control(
                 source.agent,
                 Done(refit=self.refit),

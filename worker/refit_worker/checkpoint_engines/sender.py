@@ -31,7 +31,16 @@ from typing import Any
 
 import torch
 
-from .agent import IDLE_BACKOFF, REFIT_BACKOFF, NixlAgent, PeerError, PreparedWrites
+from refit_worker.waits import apoll_until, precise_sleep
+
+from .agent import (
+    IDLE_BACKOFF,
+    REFIT_BACKOFF,
+    NixlAgent,
+    PeerError,
+    PreparedWrites,
+    RefitTimeoutError,
+)
 from .base import dtype_name
 from .integrity import Algorithm, Hasher, as_bytes
 from .layout import WHOLE, TargetWeightLayout, select_slice
@@ -89,10 +98,13 @@ class Routes:
         while len(self._prepared) > _ROUTES_KEPT:
             self._prepared.popitem(last=False)[1].release()
 
-    def clear(self) -> None:
+    def forget_prepared(self) -> None:
         for prepared in self._prepared.values():
             prepared.release()
         self._prepared.clear()
+
+    def clear(self) -> None:
+        self.forget_prepared()
         self.landing.clear()
 
 
@@ -105,7 +117,7 @@ class _Stream:
     seqs: list[int] = field(default_factory=list)  # buckets this rank sends, in order
     slots: list[int] = field(default_factory=list)
     prepared: PreparedWrites | None = None
-    posted: list[int] = field(default_factory=list)
+    inflight: list[int] = field(default_factory=list)  # posted, not seen DONE yet
     hashes: dict[int, Future[tuple[int, ...]]] = field(default_factory=dict)
 
     def handle(self, seq: int) -> Any:
@@ -192,6 +204,7 @@ class RefitSender:
         self.control_s = 0.0
         #: When every target was ready, and when every target confirmed (monotonic).
         self.started_at = self.ended_at = 0.0
+        self._streams: list[_Stream] = []
 
     def plan(
         self, items: Sequence[tuple[str, torch.Tensor]], targets: Sequence[Target]
@@ -218,13 +231,15 @@ class RefitSender:
 
     async def run(self, streams: list[_Stream], ready: torch.cuda.Event | None) -> None:
         self.agent.forget_before(self.refit)
+        self._streams = streams
         try:
             self._start_hashes(streams, ready)
             await self._stream_all(streams)
         except BaseException as exc:
             for stream in streams:
-                # In-flight handles must not be reposted: forget this target's routes.
-                stream.routes.clear()
+                # In-flight handles must not be reposted: forget this target's prepared WRITEs
+                # (its landing sets stay known: the receiver names them by id from now on).
+                stream.routes.forget_prepared()
                 for future in stream.hashes.values():
                     future.cancel()
                 self.agent.abort(stream.target.agent, self.refit, f"policy rank {self.rank}: {exc}")
@@ -264,16 +279,16 @@ class RefitSender:
                     self.rank
                 ):
                     await self._send_bucket(stream, seq)
+                    self._progress()
                     self._send_digests(stream, block=False)
-        deadline = time.monotonic() + self.timeout_s
-        for stream in streams:
-            for seq in stream.posted:
-                await self.agent.wait_posted(
-                    stream.handle(seq),
-                    stream.target.agent,
-                    f"bucket {seq} of refit {self.refit}",
-                    deadline,
-                )
+        await apoll_until(
+            self._progress,
+            timeout=self.timeout_s,
+            what=f"policy rank {self.rank}: the WRITEs of refit {self.refit} to complete",
+            backoff=REFIT_BACKOFF,
+            error=RefitTimeoutError,
+            sleep=precise_sleep,
+        )
         for stream in streams:
             for seq in sorted(stream.hashes):
                 await asyncio.wrap_future(stream.hashes[seq])
@@ -305,16 +320,42 @@ class RefitSender:
         return cached.model_copy(update={"refit": self.refit})
 
     async def _wait(self, stream: _Stream, kind: str, seq: int, what: str) -> Any:
-        return await self.agent.wait_control(
-            stream.target.agent,
-            kind,
-            self.refit,
-            seq,
+        """Wait for a control message, driving this refit's WRITEs meanwhile.
+
+        Without NIXL's progress thread a posted WRITE advances only when someone asks for
+        its state (UCX's rendezvous needs both sides to progress), so every wait does.
+        """
+        peer = stream.target.agent
+
+        def arrived() -> Any:
+            self._progress()
+            return self.agent.take_control(peer, kind, self.refit, seq)
+
+        return await apoll_until(
+            arrived,
+            timeout=self.timeout_s,
             what=f"policy rank {self.rank}: {what} from rollout rank {stream.target.rank} "
-            f"(within {self.timeout_s}s)",
-            deadline=time.monotonic() + self.timeout_s,
+            f"(agent {peer!r})",
             backoff=IDLE_BACKOFF if kind == "ready" else REFIT_BACKOFF,
+            error=RefitTimeoutError,
+            sleep=precise_sleep,
         )
+
+    def _progress(self) -> bool:
+        """Check every WRITE in flight (which drives it); True once none is left."""
+        for stream in self._streams:
+            still = []
+            for seq in stream.inflight:
+                state = self.agent.transfer_state(stream.handle(seq))
+                if state == "ERR":
+                    raise PeerError(
+                        f"{self._who(stream.target)}: bucket {seq} of refit {self.refit} "
+                        "failed (peer gone?)"
+                    )
+                if state != "DONE":
+                    still.append(seq)
+            stream.inflight = still
+        return not any(stream.inflight for stream in self._streams)
 
     async def _ready(self, stream: _Stream) -> None:
         """Wait for the target's ``ready``; load its landing memory; prepare the WRITEs."""
@@ -409,7 +450,7 @@ class RefitSender:
             self.agent.post_prepared(handle, target.agent, message)
         except PeerError as exc:
             raise PeerError(f"{self._who(target)}: bucket {seq}: {exc}") from exc
-        stream.posted.append(seq)
+        stream.inflight.append(seq)
 
     def _send_digests(self, stream: _Stream, *, block: bool) -> None:
         """Send the digests of finished hashes, in bucket order."""
