@@ -1,7 +1,9 @@
 """Test tiers by folder: ``unit/`` (pure), ``integration/`` (API emulator + kopf in-loop),
 ``e2e/`` (real processes, real NIXL, real signals); ``reliability/`` (fault injection on
 real processes) counts as e2e.  Each test gets its tier's marker, so
-``-m unit`` selects the fast tier; CI runs all of them.
+``-m unit`` selects the fast tier; CI runs all of them.  ``gpu/`` holds the CUDA tier in
+files named ``gpu_*.py``, which a plain run does not collect: ``bench/gpu_check.sh`` runs
+them on a GPU machine, where they fail (never skip) without CUDA.
 """
 
 from __future__ import annotations
