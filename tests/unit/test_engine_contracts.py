@@ -88,9 +88,9 @@ def test_control_messages_round_trip_and_reject_others() -> None:
     with pytest.raises(ProtocolError, match="not a control message"):
         decode(b"\x80\x04pickle")
     with pytest.raises(ProtocolError, match="invalid control message"):
-        decode(b'RFT1{"v":2,"kind":"credit","refit":0,"seq":0,"buffer":0}')
+        decode(b'RFT1{"v":1,"kind":"credit","refit":0,"seq":0,"buffer":0}')  # the old protocol
     with pytest.raises(ProtocolError, match="invalid control message"):
-        decode(b'RFT1{"v":1,"kind":"credit","refit":-1,"seq":0,"buffer":0}')
+        decode(b'RFT1{"v":2,"kind":"credit","refit":-1,"seq":0,"buffer":0}')
 
 
 @pytest.mark.parametrize(

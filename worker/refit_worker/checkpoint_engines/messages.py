@@ -43,6 +43,10 @@ from pydantic import (
 )
 
 PROTOCOL_VERSION: Literal[1] = 1
+#: Version of the control messages.  2: the receiver plans from the manifest and answers
+#: ``ready`` with its landing memory; per-piece integrity digests (1 had credits with
+#: ``landing``, pieces in every ``bucket`` and per-tensor CRCs in the manifest).
+CONTROL_VERSION: Literal[2] = 2
 CONTROL_MAGIC = b"RFT1"
 
 
@@ -106,7 +110,7 @@ def parse_metadata(metadata: Sequence[MetadataLike], expected: int) -> list[Nixl
 
 
 class _Control(_Model):
-    v: Literal[1] = PROTOCOL_VERSION
+    v: Literal[2] = CONTROL_VERSION
     refit: int = Field(ge=0)
 
 
