@@ -222,7 +222,10 @@ def _act(
     done = {names.pod_name(job.ref.name, r, k) for r, k in (progress.done if progress else ())}
     missing = sorted(_expected(job, spec) - {p.name for p in current} - done) if created else []
     failures = [p.failure for p in current if p.failure] + ([short] if short else [])
-    disruptions = [f"{p.name}: {p.disruption}" for p in current if p.disruption]
+    # A drain of a pod whose rank already reported done takes nothing away either.
+    disruptions = [
+        f"{p.name}: {p.disruption}" for p in current if p.disruption and p.name not in done
+    ]
     disruptions += [f"{name}: PodMissing" for name in missing]
     if failures or disruptions:
         return _restart_gang(

@@ -183,6 +183,25 @@ def test_a_finished_pod_that_is_drained_or_gone_triggers_no_new_gang() -> None:
     assert _run(running, pods, _done_by_all()).status.phase is Phase.SUCCEEDED
 
 
+def test_draining_a_pod_whose_rank_reported_done_is_no_preemption() -> None:
+    """Its process is still exiting, but its work is on record."""
+    draining = {
+        **RUNNING,
+        "conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"},
+        ],
+    }
+    pods = _pods(
+        0, **{"job-policy-0": RUNNING, "job-rollout-0": draining, "job-rollout-1": RUNNING}
+    )
+    running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
+    done_first = dict([_report(0, "rollout", 0, 3, state="done"), _report(0, "rollout", 1, 2)])
+    assert _run(running, pods, done_first).status.preemptions == 0
+    not_done = dict([_report(0, "rollout", 0, 2), _report(0, "rollout", 1, 2)])
+    assert _run(running, pods, not_done).status.preemptions == 1
+
+
 def test_a_running_pod_that_goes_missing_is_still_a_preemption() -> None:
     running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
     pods = _pods(0, **{"job-policy-0": RUNNING, "job-rollout-0": "gone", "job-rollout-1": RUNNING})

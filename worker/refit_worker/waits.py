@@ -102,6 +102,27 @@ def poll_until(
         sleep(min(next(delays), deadline - now))
 
 
+#: Below this, asyncio cannot sleep: its selector rounds timeouts up to whole milliseconds.
+ASYNCIO_TICK_S = 1e-3
+
+
+async def precise_sleep(delay: float) -> None:
+    """An asyncio sleep that honours sub-millisecond delays.
+
+    ``asyncio.sleep(50e-6)`` really sleeps >= 1 ms (the event loop's selector rounds its
+    timeout up), which adds a millisecond to every short wait.  A delay under
+    :data:`ASYNCIO_TICK_S` therefore sleeps the thread itself (``time.sleep`` is precise to
+    microseconds and frees the CPU and the GIL), then yields to the loop once; longer ones
+    are ordinary asyncio sleeps.  Use it with a :class:`Backoff` whose ``cap`` bounds how
+    long the loop can be held (e.g. 1 ms).
+    """
+    if delay < ASYNCIO_TICK_S:
+        time.sleep(delay)
+        await asyncio.sleep(0)
+    else:
+        await asyncio.sleep(delay)
+
+
 async def apoll_until(
     check: Callable[[], T | None],
     *,
