@@ -179,14 +179,24 @@ def sa_kubeconfig(cluster: Cluster, account: str, namespace: str, path: Path) ->
 class OperatorProcess:
     """``refit operator`` as a local process with the given kubeconfig; restartable."""
 
-    def __init__(self, kubeconfig_path: Path, log: Path, *extra: str) -> None:
+    def __init__(
+        self, kubeconfig_path: Path, log: Path, *extra: str, env: Mapping[str, str] | None = None
+    ) -> None:
         self.kubeconfig_path, self.log, self.extra = kubeconfig_path, log, extra
+        self.env = dict(env or {})
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.port = 0  # /healthz, /readyz and /metrics, on 127.0.0.1
 
-    def start(self) -> None:
-        port = free_port()
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def start(self, *, ready: bool = True) -> None:
+        """Start, and wait until it answers ``/healthz`` (and ``/readyz`` when ``ready``:
+        a standby of a leader election is live but never leads, so not that)."""
+        port = self.port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+        env.update(self.env)
         env["KUBECONFIG"] = str(self.kubeconfig_path)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO_ROOT / "operator"), str(REPO_ROOT / "worker")]
@@ -200,8 +210,8 @@ class OperatorProcess:
                     "-m",
                     "refit_operator.cli",
                     "operator",
-                    "--liveness",
-                    f"http://127.0.0.1:{port}/healthz",
+                    f"--health-probe-bind-address=127.0.0.1:{port}",
+                    f"--metrics-bind-address=127.0.0.1:{port}",
                     "--resync",
                     "10",
                     *self.extra,
@@ -213,18 +223,36 @@ class OperatorProcess:
                 start_new_session=True,
             )
         self.starts += 1
-        wait(lambda: self._live(port), "the operator's liveness endpoint", timeout=60)
+        wait(lambda: self.answers("/healthz"), "the operator's liveness endpoint", timeout=60)
+        if ready:
+            wait(lambda: self.answers("/readyz"), "the operator to turn ready", timeout=60)
 
-    def _live(self, port: int) -> bool:
+    def answers(self, path: str) -> bool:
+        """Whether ``path`` answers 200 now; fails the test if the process has exited."""
         if self.process is not None and self.process.poll() is not None:
             raise AssertionError(
                 f"the operator exited with {self.process.returncode}:\n{self.tail()}"
             )
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+            with urllib.request.urlopen(self.url(path), timeout=2) as r:
                 return bool(r.status == 200)
         except OSError:
             return False
+
+    def get(self, path: str) -> str:
+        """The body of ``GET path`` (an HTTP error fails the test)."""
+        with urllib.request.urlopen(self.url(path), timeout=5) as r:
+            return str(r.read().decode())
+
+    def kill(self) -> int:
+        """SIGKILL, as a node that dies or an OOM kill: nothing of the process runs on."""
+        if self.process is None:
+            raise AssertionError("the operator is not running")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        code = self.process.wait(10)
+        self.process = None
+        return code
 
     def stop(self) -> int | None:
         """SIGTERM, as the kubelet stops it; SIGKILL after 30 s. Returns the exit code."""
@@ -269,10 +297,19 @@ class Install:
 
 
 def install_chart(
-    cluster: Cluster, release: str, workdir: Path, watch_namespaces: tuple[str, ...] = ()
+    cluster: Cluster,
+    release: str,
+    workdir: Path,
+    watch_namespaces: tuple[str, ...] = (),
+    *,
+    start: bool = True,
 ) -> Install:
     """``helm install`` the chart, then start the operator on its ServiceAccount token,
-    with the arguments the chart's Deployment gives it (``--namespace`` per watched one)."""
+    with the arguments the chart's Deployment gives it (``--namespace`` per watched one),
+    without leader election (one operator process; ``start=False``: none yet).
+
+    ``--take-ownership``: the CRD (a template of the chart, kept on uninstall) may be left
+    by an earlier release of the session, as it is for a user who installs again."""
     workdir.mkdir(parents=True, exist_ok=True)
     done = cluster.helm.run(
         "install",
@@ -284,14 +321,19 @@ def install_chart(
         "--values",
         str(chart_values(workdir / "values.yaml", watchNamespaces=list(watch_namespaces))),
         "--wait=false",
+        "--take-ownership",
     )
     if done.returncode != 0:
         raise AssertionError(f"helm install failed ({done.returncode}):\n{done.stderr}")
+    cluster.kubectl.ok(
+        "wait", "--for=condition=Established", "crd/refitjobs.refit.dev", "--timeout=60s"
+    )
     account = f"{release}-refit-operator"
     config = sa_kubeconfig(cluster, account, OPERATOR_NAMESPACE, workdir / "operator.kubeconfig")
     args = [f"--namespace={ns}" for ns in watch_namespaces]
     operator = OperatorProcess(config, workdir / "operator.log", *args)
-    operator.start()
+    if start:
+        operator.start()
     return Install(release, OPERATOR_NAMESPACE, operator, config)
 
 
