@@ -12,9 +12,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -368,3 +369,62 @@ def assert_bit_exact(codes: Mapping[str, int], ranks: int) -> None:
     for name, code in codes.items():
         allowed = {0} if "-rollout-" in name else {0, 83}
         assert code in allowed, f"{name} exited {code}: {dict(codes)}"
+
+
+#: Every kind of child a RefitJob has, and where to list them.
+CHILD_KINDS = {
+    "pods": "/api/v1/namespaces/{ns}/pods",
+    "configmaps": "/api/v1/namespaces/{ns}/configmaps",
+    "services": "/api/v1/namespaces/{ns}/services",
+    "serviceaccounts": "/api/v1/namespaces/{ns}/serviceaccounts",
+    "roles": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+    "rolebindings": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+}
+
+
+class ChildWatch:
+    """Every (kind, name, uid) of a job's children seen, and the job's refit counts.
+
+    A thread polls the children for as long as :meth:`running` lasts and keeps every uid
+    it ever saw, so a child created twice (a second pod of one name, a second ConfigMap)
+    shows up even if it was deleted again before the end."""
+
+    def __init__(self, cluster: Cluster, namespace: str, job: str) -> None:
+        self.cluster, self.namespace, self.job = cluster, namespace, job
+        self.seen: set[tuple[str, str, str]] = set()
+        self.refits: list[int] = []
+        self._stop = threading.Event()
+
+    def children(self) -> dict[str, list[dict[str, Any]]]:
+        out = {}
+        for kind, path in CHILD_KINDS.items():
+            listed = self.cluster.rest.get(
+                path.format(ns=self.namespace), labelSelector=f"refit.dev/job={self.job}"
+            )
+            out[kind] = listed["items"]
+        return out
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.2):
+            for kind, items in self.children().items():
+                self.seen |= {(kind, o["metadata"]["name"], o["metadata"]["uid"]) for o in items}
+            refits = self.cluster.job_status(self.namespace, self.job).get("refitsCompleted")
+            if refits is not None:
+                self.refits.append(int(refits))
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[ChildWatch]:
+        thread = threading.Thread(target=self._poll, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            thread.join(10)
+
+    def uids(self, kind: str) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for k, name, uid in self.seen:
+            if k == kind:
+                out.setdefault(name, set()).add(uid)
+        return out
