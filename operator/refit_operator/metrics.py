@@ -112,12 +112,13 @@ class OperatorMetrics:
             buckets=RESUME_BUCKETS,
             registry=reg,
         )
-        self.leader = Gauge(
+        self._leader = Gauge(
             "refit_operator_leader",
             "1 while this replica holds the leader Lease (or runs without election).",
             registry=reg,
         )
-        reg.register(_JobCollector(self._jobs))
+        self.leading = False
+        reg.register(_JobCollector(self._jobs, lambda: self.leading))
         if process_metrics:
             ProcessCollector(registry=reg)
             PlatformCollector(registry=reg)
@@ -145,6 +146,11 @@ class OperatorMetrics:
         self._resume.pop(key, None)
         for rank in [k for k in self._reports if k[:2] == key]:
             del self._reports[rank]
+
+    def set_leader(self, leading: bool) -> None:
+        """Job series are exported while this replica leads (a standby knows no jobs)."""
+        self.leading = leading
+        self._leader.set(1 if leading else 0)
 
     def api_error(self, method: str, status: int | None) -> None:
         self.api_errors.labels(method=method, status=str(status or "unreachable")).inc()
@@ -208,10 +214,12 @@ def new_refit_reports(
 class _JobCollector(Collector):
     """Job series from the statuses the controller wrote last (read at scrape time)."""
 
-    def __init__(self, jobs: Mapping[JobKey, RefitJobStatus]) -> None:
-        self._jobs = jobs
+    def __init__(self, jobs: Mapping[JobKey, RefitJobStatus], leading: Callable[[], bool]) -> None:
+        self._jobs, self._leading = jobs, leading
 
     def collect(self) -> Iterator[Metric]:
+        if not self._leading():
+            return
         labels = ["namespace", "job"]
         phases = GaugeMetricFamily(
             "refit_jobs", "RefitJobs this operator reconciles, by phase.", labels=["phase"]
@@ -245,7 +253,7 @@ class _JobCollector(Collector):
             "refit_job_epoch", "The job's current gang epoch (status.epoch).", labels=labels
         )
         counts = dict.fromkeys(Phase, 0)
-        for (namespace, name), status in sorted(self._jobs.items()):
+        for (namespace, name), status in sorted(dict(self._jobs).items()):
             counts[status.phase] += 1
             values = [namespace, name]
             refits.add_metric(values, status.refits_completed)

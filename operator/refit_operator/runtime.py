@@ -114,7 +114,7 @@ async def run(
                         on_lost("the Lease is no longer held")
 
                 shared.guard = guard
-                metrics.leader.set(1)
+                metrics.set_leader(True)
                 await kopf.operator(**operator_kwargs(config, connect, shared))
             finally:
                 if holding is not None:
@@ -124,10 +124,10 @@ async def run(
                 await elector.release()
                 await api.close()
         else:
-            metrics.leader.set(1)
+            metrics.set_leader(True)
             await kopf.operator(**operator_kwargs(config, connect, shared))
     finally:
-        metrics.leader.set(0)
+        metrics.set_leader(False)
         await endpoints.stop()
 
 

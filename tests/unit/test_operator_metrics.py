@@ -53,6 +53,7 @@ def _progress(
 
 def test_job_series_are_the_status() -> None:
     metrics = OperatorMetrics(process_metrics=False)
+    metrics.set_leader(True)
     status = _job(
         phase=Phase.RUNNING,
         refits_completed=7,
@@ -76,6 +77,9 @@ def test_job_series_are_the_status() -> None:
     assert phases == {p.value: (1 if p in (Phase.RUNNING, Phase.SUCCEEDED) else 0) for p in Phase}
     metrics.job_gone("team-a", "demo")
     assert ("refit_job_refits_total", job) not in _samples(metrics)
+    # A replica that does not lead (a standby, or one stopping) exports no job series.
+    metrics.set_leader(False)
+    assert not any(name.startswith(("refit_job", "refit_jobs")) for name, _ in _samples(metrics))
 
 
 def test_each_itemised_refit_is_observed_once() -> None:
@@ -131,7 +135,7 @@ def test_operator_counters_and_leader_gauge() -> None:
     metrics.api_error("GET", None)
     metrics.reconcile_seconds.observe(0.02)
     metrics.reconcile_errors.inc()
-    metrics.leader.set(1)
+    metrics.set_leader(True)
     got = _samples(metrics)
     assert got[("refit_operator_api_errors_total", (("method", "POST"), ("status", "409")))] == 2
     assert (
