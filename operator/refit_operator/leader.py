@@ -77,6 +77,12 @@ class Elector:
         self.answered_at = float("-inf")
         self.holder = ""
 
+    def valid(self) -> bool:
+        """This replica leads and renewed within the renew deadline (by its own clock):
+        checked before every reconcile round, so even a loop that was blocked past the
+        deadline cannot write once more before :meth:`hold` notices."""
+        return self.leading and self._clock() - self.renewed_at < self.timing.renew_deadline
+
     def in_touch(self) -> bool:
         """The API answered within a lease duration: this replica can lead or take over."""
         return self._clock() - self.answered_at <= self.timing.lease_duration

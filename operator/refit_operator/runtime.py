@@ -110,8 +110,8 @@ async def run(
                 holding.add_done_callback(lambda task: _lost(task, on_lost))
 
                 def guard() -> None:
-                    if not elector.leading:
-                        on_lost("the Lease is no longer held")
+                    if not elector.valid():
+                        on_lost("the Lease is no longer held, or not renewed in time")
 
                 shared.guard = guard
                 metrics.set_leader(True)

@@ -54,13 +54,14 @@ async def test_a_leader_answered_503_gives_up_within_its_renew_deadline(api: Api
         standing_by = asyncio.create_task(standby.acquire())
         await asyncio.sleep(0.3)
         assert _holder(api) == "a" and not standing_by.done()
+        assert leader.valid() and not standby.valid()
         # From now on every write of the Lease fails; reads still work.
         api.faults.add(ApiFault(code=503, method="PATCH", resource=LEASES, times=1000))
         cut = time.monotonic()
         with pytest.raises(LeaseLost, match=r"not renewed for 0\.5 s"):
             await asyncio.wait_for(hold, timeout=5)
         lost = time.monotonic() - cut
-        assert not leader.leading
+        assert not leader.leading and not leader.valid()
         # Its last renewal began before the cut: it gave up within the deadline of that.
         assert lost <= TIMING.renew_deadline + TIMING.retry_period, lost
         api.faults.clear()
