@@ -281,6 +281,11 @@ def test_existing_service_account_gets_the_rbac(helm: Helm, tmp_path: Path) -> N
             id="lease-not-longer-than-deadline",
         ),
         pytest.param(
+            {"leaderElection": {"renewDeadline": 2.4, "retryPeriod": 2}},
+            "renewDeadline must be longer than 1.2 x leaderElection.retryPeriod",
+            id="deadline-within-retries",
+        ),
+        pytest.param(
             {"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}},
             "metrics.serviceMonitor.enabled needs metrics.enabled",
             id="monitor-without-metrics",
