@@ -32,7 +32,9 @@ import torch.distributed as dist
 
 from refit_worker.contract.config import ConfigError, SyntheticWeights, WorkerConfig
 from refit_worker.contract.entries import Verification
+from refit_worker.contract.env import metrics_port_from_env
 from refit_worker.contract.exits import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_PREEMPTED
+from refit_worker.metrics import RankLabels, serve
 from refit_worker.session import Preempted, RefitSession, RefitStats, StateDict, Verifier
 from refit_worker.signal_handler import DistributedSignalHandler
 from refit_worker.termination import write_termination_message
@@ -72,11 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         config = WorkerConfig.from_env()
-    except ConfigError as exc:
+        metrics_port = metrics_port_from_env()
+    except (ConfigError, ValueError) as exc:
         print(f"refit-worker: {exc}", file=sys.stderr)
         write_termination_message(f"refit-worker: {exc}")
         return EXIT_BAD_CONFIG
-    code = run(config)
+    code = run(config, metrics_port)
     # This rank has stopped; a preemption signal arriving during interpreter teardown
     # (NIXL/UCX and gloo threads take a moment) has nothing left to stop and must not turn
     # a clean exit into a signal death.
@@ -86,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def run(config: WorkerConfig) -> int:
-    """Run this rank to completion; returns the process exit code."""
+def run(config: WorkerConfig, metrics_port: int | None = None) -> int:
+    """Run this rank to completion; returns the process exit code.  With ``metrics_port``
+    its refit figures are served there for Prometheus while it runs."""
     who = f"{config.role} rank {config.rank} (epoch {config.epoch})"
     _join_group(config)
     # Everything, clean-up included, stays inside the handler: a preemption signal that
@@ -96,6 +100,11 @@ def run(config: WorkerConfig) -> int:
         config.preemption_signal, pid_dir=config.signal_pid_dir
     ) as handler:
         session = RefitSession(config, stop_requested=lambda: handler.received)
+        labels = RankLabels(config.job, config.role, config.rank, config.epoch)
+        # The rank's own figures, from the same log its progress reports come from.
+        exporter = (
+            serve(session.reporter.log, labels, metrics_port) if metrics_port is not None else None
+        )
         try:
             log.info("%s: connecting", who)
             session.connect()
@@ -123,6 +132,8 @@ def run(config: WorkerConfig) -> int:
         finally:
             session.close()
             dist.destroy_process_group()
+            if exporter is not None:
+                exporter.close()
 
 
 def _preemption_follows(session: RefitSession, seconds: float) -> bool:
