@@ -201,6 +201,12 @@ def _act(
         return PhaseFacts(current=st.phase, suspended=True)
     current = [p for p in pods if p.epoch == st.epoch]
     stale = [p for p in pods if p.epoch != st.epoch]
+    # Pods of this epoch exist, yet the status does not say so: the write that recorded
+    # their creation was lost (a 409).  They are the gang: the rendezvous was cleared
+    # before they were created, and clearing it again would drop what they published.
+    if current and st.created_epoch != st.epoch:
+        rnd.update(created_epoch=st.epoch, start_time=st.start_time or now)
+        st = rnd.status
     created = st.created_epoch == st.epoch
     coord = _read_rendezvous(job, spec, observed, current, st.epoch) if created else None
     if coord is not None:

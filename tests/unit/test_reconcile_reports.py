@@ -284,3 +284,17 @@ def test_reports_that_land_after_a_restart_are_still_counted() -> None:
     assert d.status.bytes_before_epoch == 400
     again = _run(d.status, [], late)  # read twice, counted once
     assert again.status.bytes_transferred == 400
+
+
+def test_a_lost_status_write_does_not_wipe_what_the_live_gang_published() -> None:
+    """The round that created the gang could not write its status (409): the next round
+    sees this epoch's pods and must adopt them, not clear the rendezvous again."""
+    lost = RefitJobStatus(phase=Phase.PENDING, epoch=0, created_epoch=None)
+    pods = _pods(0, **dict.fromkeys(NAMES, RUNNING))
+    d = _run(lost, pods, _published(0, NAMES[:2]))
+    patches = [a for a in d.actions if isinstance(a, rc.PatchData)]
+    assert all(None not in p.data.values() for p in patches), patches  # nothing deleted
+    assert not [a for a in d.actions if isinstance(a, rc.Create)]
+    assert d.status.created_epoch == 0
+    connected = next(c for c in d.status.conditions if c.type == "Connected")
+    assert connected.message == "2 of 3 ranks published"
