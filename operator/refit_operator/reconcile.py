@@ -201,12 +201,8 @@ def _act(
         return PhaseFacts(current=st.phase, suspended=True)
     current = [p for p in pods if p.epoch == st.epoch]
     stale = [p for p in pods if p.epoch != st.epoch]
-    # Pods of this epoch exist, yet the status does not say so: the write that recorded
-    # their creation was lost (a 409).  They are the gang: the rendezvous was cleared
-    # before they were created, and clearing it again would drop what they published.
-    if current and st.created_epoch != st.epoch:
-        rnd.update(created_epoch=st.epoch, start_time=st.start_time or now)
-        st = rnd.status
+    adopted = _adopt_unrecorded_gang(rnd, current, now)
+    st = rnd.status
     created = st.created_epoch == st.epoch
     coord = _read_rendezvous(job, spec, observed, current, st.epoch) if created else None
     if coord is not None:
@@ -227,6 +223,8 @@ def _act(
     # A rank that reported done has finished its part: its pod may go (a drained node).
     done = {names.pod_name(job.ref.name, r, k) for r, k in (progress.done if progress else ())}
     missing = sorted(_expected(job, spec) - {p.name for p in current} - done) if created else []
+    if adopted and missing and not (coord is not None and coord.barrier_open):
+        missing = _create_the_rest(job, spec, options, rnd, missing)
     failures = [p.failure for p in current if p.failure] + ([short] if short else [])
     # A drain of a pod whose rank already reported done takes nothing away either.
     disruptions = [
@@ -266,6 +264,33 @@ def _act(
     rnd.actions.extend(coord.patches)
     all_ready = all(p.ready or p.phase == "Succeeded" for p in current)
     return PhaseFacts(current=st.phase, all_ready=all_ready)
+
+
+def _adopt_unrecorded_gang(rnd: _Round, current: list[ObservedPod], now: datetime) -> bool:
+    """Pods of this epoch exist, yet the status does not say so: the write that recorded
+    their creation was lost (a 409).  They are the gang: the rendezvous was cleared
+    before they were created, and clearing it again would drop what they published."""
+    st = rnd.status
+    if not current or st.created_epoch == st.epoch:
+        return False
+    rnd.update(created_epoch=st.epoch, start_time=st.start_time or now)
+    return True
+
+
+def _create_the_rest(
+    job: JobView,
+    spec: RefitJobSpec,
+    options: render.RenderOptions,
+    rnd: _Round,
+    missing: list[str],
+) -> list[str]:
+    """The lost round's creates ran in parallel and only some landed.  Before the barrier
+    opens no rank has moved a byte, so the rest are created into the same epoch rather
+    than counted as lost.  Returns what is still missing: nothing."""
+    st = rnd.status
+    gang = render.render_gang(job.ref, spec, st.epoch, options, st.refits_completed)
+    rnd.actions.extend(Create(p) for p in gang if p["metadata"]["name"] in missing)
+    return []
 
 
 def _finished(

@@ -298,3 +298,36 @@ def test_a_lost_status_write_does_not_wipe_what_the_live_gang_published() -> Non
     assert d.status.created_epoch == 0
     connected = next(c for c in d.status.conditions if c.type == "Connected")
     assert connected.message == "2 of 3 ranks published"
+
+
+def test_a_lost_write_after_a_partly_created_gang_creates_the_rest() -> None:
+    """The creating round's parallel POSTs half failed, so its status was never written:
+    the ranks not yet created are created into the same epoch, not counted as lost."""
+    lost = RefitJobStatus(phase=Phase.PENDING, epoch=0, created_epoch=None)
+    pods = _pods(0, **{NAMES[0]: RUNNING, NAMES[1]: "gone", NAMES[2]: "gone"})
+    d = _run(lost, pods, _published(0, NAMES[:1]))
+    created = sorted(a.obj["metadata"]["name"] for a in d.actions if isinstance(a, rc.Create))
+    assert created == NAMES[1:]
+    assert all(
+        a.obj["metadata"]["labels"]["refit.dev/epoch"] == "0"
+        for a in d.actions
+        if isinstance(a, rc.Create)
+    )
+    assert not [a for a in d.actions if isinstance(a, rc.Delete)]
+    assert (d.status.epoch, d.status.restarts, d.status.preemptions) == (0, 0, 0)
+    assert d.status.created_epoch == 0
+
+
+def test_a_rank_gone_after_the_barrier_opened_is_lost_even_if_the_status_was() -> None:
+    """Once the barrier opened, bytes may have moved: a missing rank is a preemption."""
+    lost = RefitJobStatus(phase=Phase.RUNNING, epoch=0, created_epoch=None)
+    pods = _pods(0, **{NAMES[0]: RUNNING, NAMES[1]: RUNNING, NAMES[2]: "gone"})
+    barrier = BarrierEntry(
+        epoch=0,
+        policy_uids=(_uid(NAMES[0], 0),),
+        rollout_uids=(_uid(NAMES[1], 0), _uid(NAMES[2], 0)),
+    )
+    data = {**_published(0, NAMES), BARRIER_KEY: encode_entry(BARRIER_KEY, barrier)}
+    d = _run(lost, pods, data)
+    assert not [a for a in d.actions if isinstance(a, rc.Create)]
+    assert d.status.preemptions == 1 and "PodMissing" in d.status.message
