@@ -2,7 +2,10 @@
 ``e2e/`` (real processes, real NIXL, real signals), ``cluster/`` (a real Kubernetes
 control plane built from source, process nodes, the operator as a process);
 ``reliability/`` (fault injection on real processes) counts as e2e.  Each test gets its
-tier's marker, so ``-m unit`` selects the fast tier; CI runs all of them.
+tier's marker, so ``-m unit`` selects the fast tier; CI runs all of them.  ``gpu/`` holds
+the CUDA tier in files named ``gpu_*.py``, which a plain run does not collect:
+``bench/gpu_check.sh`` runs them on a GPU machine, where they fail (never skip) without
+CUDA.
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ import asyncio
 import math
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from refit_operator.settings import LeaderElection
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -26,9 +30,14 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     import kopf
 
     from refit_operator import kube
-    from refit_operator.handlers import run
+    from refit_operator.runtime import run
     from refit_operator.settings import OperatorConfig
 
+    try:
+        election = _leader_election(args)
+    except ValueError as exc:
+        print(f"refit operator: {exc}", file=sys.stderr)
+        return 2
     try:
         # Fail now with one line, not once per kopf retry: without credentials nothing works.
         kube.load_credentials()
@@ -43,11 +52,51 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         namespaces=tuple(args.namespace or ()),
         stop_signal_supported=args.stop_signal_supported,
         resync_seconds=args.resync,
-        liveness=args.liveness,
+        health=args.health_probe_bind_address,
+        metrics=args.metrics_bind_address,
+        leader_election=election,
     )
     kopf.configure(verbose=args.verbose)
     asyncio.run(run(config))
     return 0
+
+
+def _leader_election(args: argparse.Namespace) -> LeaderElection | None:
+    """The ``LeaderElection`` settings, or None without ``--leader-elect``."""
+    import os
+
+    from refit_operator.leader import default_identity
+    from refit_operator.lease import Timing
+    from refit_operator.settings import LeaderElection
+
+    if not args.leader_elect:
+        return None
+    namespace = args.leader_election_namespace or os.environ.get("POD_NAMESPACE", "")
+    if not namespace:
+        raise ValueError(
+            "--leader-elect needs the Lease's namespace: --leader-election-namespace, or "
+            "POD_NAMESPACE in the environment (the chart sets it from the downward API)"
+        )
+    timing = Timing(
+        lease_duration=args.leader_elect_lease_duration,
+        renew_deadline=args.leader_elect_renew_deadline,
+        retry_period=args.leader_elect_retry_period,
+    )
+    return LeaderElection(
+        namespace=namespace,
+        name=args.leader_election_id,
+        identity=default_identity(),
+        timing=timing,
+    )
+
+
+def _address(text: str) -> str:
+    from refit_operator.endpoints import Address
+
+    try:
+        return str(Address.parse(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_seconds(text: str) -> float:
@@ -61,7 +110,7 @@ def _positive_seconds(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from refit_operator import __version__
+    from refit_operator import __version__, lease
 
     parser = argparse.ArgumentParser(
         prog="refit",
@@ -87,7 +136,58 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="serve this namespace (repeat for several; default: all namespaces)",
     )
-    op.add_argument("--liveness", metavar="URL", help="e.g. http://0.0.0.0:8080/healthz")
+    op.add_argument(
+        "--health-probe-bind-address",
+        type=_address,
+        metavar="HOST:PORT",
+        help="serve /healthz (liveness) and /readyz (readiness) here, e.g. :8081",
+    )
+    op.add_argument(
+        "--metrics-bind-address",
+        type=_address,
+        metavar="HOST:PORT",
+        help="serve Prometheus /metrics here, e.g. :8080 (may equal the probe address)",
+    )
+    op.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="run as one of several replicas: only the holder of a coordination.k8s.io "
+        "Lease reconciles, the others wait as standbys",
+    )
+    op.add_argument(
+        "--leader-election-namespace",
+        metavar="NS",
+        help="namespace of the Lease (default: POD_NAMESPACE from the environment)",
+    )
+    op.add_argument(
+        "--leader-election-id",
+        default="refit-operator",
+        metavar="NAME",
+        help="name of the Lease (default refit-operator); replicas of one install share it",
+    )
+    op.add_argument(
+        "--leader-elect-lease-duration",
+        type=_positive_seconds,
+        default=lease.LEASE_DURATION_S,
+        metavar="SECONDS",
+        help="a standby takes over this long after the leader last renewed (default "
+        f"{lease.LEASE_DURATION_S:g})",
+    )
+    op.add_argument(
+        "--leader-elect-renew-deadline",
+        type=_positive_seconds,
+        default=lease.RENEW_DEADLINE_S,
+        metavar="SECONDS",
+        help="the leader stops (exits) when it could not renew for this long; shorter than "
+        f"the lease duration (default {lease.RENEW_DEADLINE_S:g})",
+    )
+    op.add_argument(
+        "--leader-elect-retry-period",
+        type=_positive_seconds,
+        default=lease.RETRY_PERIOD_S,
+        metavar="SECONDS",
+        help=f"how often the Lease is renewed or tried (default {lease.RETRY_PERIOD_S:g})",
+    )
     op.add_argument(
         "--stop-signal-supported",
         action="store_true",

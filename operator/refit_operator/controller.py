@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+import time
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 from refit_operator import kube, names, reconcile
 from refit_operator.coordinate import PatchData
 from refit_operator.decision import Action, Decision
+from refit_operator.metrics import OperatorMetrics
 from refit_operator.models import API_VERSION, KIND, parse_status
 from refit_operator.observe import observe
 from refit_operator.render import JobRef, RenderOptions
@@ -59,12 +61,18 @@ class Controller:
         options: RenderOptions,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        metrics: OperatorMetrics | None = None,
+        guard: Callable[[], None] = lambda: None,
     ) -> None:
         self._api = api
         self._options = options
         self._clock = clock
         self._jobs: dict[tuple[str, str], _JobLoop] = {}
         self.reconciles = 0
+        self.metrics = metrics
+        #: Called before every round; raises (or ends the process) when this replica must
+        #: not reconcile any more (a lost leader Lease).
+        self._guard = guard
 
     async def close(self) -> None:
         for key in list(self._jobs):
@@ -95,7 +103,7 @@ class Controller:
             while state.dirty:
                 state.dirty = False
                 try:
-                    requeue = await self._once(namespace, name)
+                    requeue = await self._timed(namespace, name)
                 except kube.ConflictError:
                     conflicts += 1
                     if conflicts > CONFLICT_RETRIES:
@@ -168,15 +176,46 @@ class Controller:
 
         state.timer, state.due = loop.call_later(delay, fire), due
 
+    async def resync(self, namespaces: Iterable[str | None], *, nudge: bool = True) -> int:
+        """List the RefitJobs of ``namespaces`` (None: all) and, with ``nudge``, reconcile
+        each, whatever the events said; returns how many were listed.  Raises when a list
+        fails."""
+        listed = [
+            (job["metadata"]["namespace"], job["metadata"]["name"])
+            for namespace in namespaces
+            for job in await self._api.list(API_VERSION, KIND, namespace, {})
+        ]
+        for namespace, name in listed if nudge else ():
+            state = self._jobs.setdefault((namespace, name), _JobLoop())
+            self._schedule(namespace, name, state, 0.0)
+        return len(listed)
+
+    async def _timed(self, namespace: str, name: str) -> float | None:
+        started = time.perf_counter()
+        try:
+            return await self._once(namespace, name)
+        except Exception:
+            if self.metrics is not None:
+                self.metrics.reconcile_errors.inc()
+            raise
+        finally:
+            if self.metrics is not None:
+                self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+
     async def delete_pods(self, namespace: str, name: str) -> None:
         """Stop the gang at once when its job goes; the rest goes by ownerReference."""
         self.forget(namespace, name)
+        if self.metrics is not None:
+            self.metrics.job_gone(namespace, name)
         for pod in await self._api.list("v1", "Pod", namespace, {names.LABEL_JOB: name}):
             await self._api.delete("v1", "Pod", namespace, pod["metadata"]["name"])
 
     async def _once(self, namespace: str, name: str) -> float | None:
+        self._guard()
         job = await self._api.get(API_VERSION, KIND, namespace, name)
         if job is None or job["metadata"].get("deletionTimestamp"):
+            if self.metrics is not None:
+                self.metrics.job_gone(namespace, name)
             return None
         self.reconciles += 1
         meta = job["metadata"]
@@ -214,6 +253,8 @@ class Controller:
                 break  # the next waves need this one (a Pod its ServiceAccount)
         decision = reconcile.after_writes(view, observed, decision, errors, self._clock())
         version = await self._write_status(job, decision, meta["resourceVersion"])
+        if self.metrics is not None:
+            self.metrics.job_round(namespace, name, decision.status, rendezvous)
         # Patches and Events keep their order; deletes of many pods go out together.
         later: list[WriteError] = []
         deletes = [a for a in decision.actions if isinstance(a, reconcile.Delete)]
@@ -228,6 +269,8 @@ class Controller:
             done = replace(decision, actions=())
             amended = reconcile.after_writes(view, observed, done, later, self._clock())
             await self._write_status(job, amended, version)
+            if self.metrics is not None:
+                self.metrics.job_round(namespace, name, amended.status, rendezvous)
             for event in amended.actions:
                 if isinstance(event, reconcile.Emit):
                     await self._apply_after(job, event)

@@ -4,15 +4,24 @@ API and domain errors become kopf's Temporary/Permanent errors in :func:`_mapped
 place where that happens.  Handlers live in a registry built per operator run (no global
 state), so tests can run several operators one after another.
 
-Must not render or decide anything (the controller and the pure modules do); this is the
-only module, with ``settings``, that imports kopf.
+No handler needs a finalizer: a RefitJob's children go with it by ownerReference (the
+garbage collector), so deleting a job never waits for an operator.  A deletion seen by
+the operator only stops the gang sooner.  Hence no ``on.delete`` handler and no
+``kopf.timer`` (kopf puts a finalizer on objects that have either); the periodic resync
+is a loop of the operator's own (:func:`_resync`), whose first full listing makes the
+operator ready.
+
+Must not render or decide anything (the controller and the pure modules do); this module,
+``settings``, ``runtime`` and ``cli`` are the only ones that import kopf.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Mapping
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -20,14 +29,37 @@ import kopf
 
 from refit_operator import kube, names
 from refit_operator.controller import Controller
+from refit_operator.metrics import OperatorMetrics
 from refit_operator.models import GROUP, PLURAL, VERSION, managed_elsewhere
 from refit_operator.render import RenderOptions
 from refit_operator.settings import OperatorConfig, make_settings
+
+log = logging.getLogger(__name__)
+#: Retry delay of a failed resync listing (the first one decides readiness).
+RESYNC_RETRY_S = 5.0
+
+
+def _no_guard() -> None:
+    """Reconcile always: no leader election."""
+
+
+@dataclass
+class Shared:
+    """What the handlers share with the process around them (``runtime``)."""
+
+    metrics: OperatorMetrics | None = None
+    #: Checked before every reconcile round (a lost Lease ends the process there).
+    guard: Callable[[], None] = _no_guard
+    #: The RefitJobs have been listed once since the operator started.
+    listed: bool = False
+    #: ``reportingInstance`` of the operator's Events (the pod's name); "" for the host's.
+    instance: str = ""
 
 
 @dataclass
 class _Holder:
     controller: Controller | None = None
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def get(self) -> Controller:
         if self.controller is None:
@@ -56,19 +88,39 @@ def _ns(namespace: str | None) -> str:
     return namespace
 
 
+async def _resync(controller: Controller, config: OperatorConfig, shared: Shared) -> None:
+    """List every served namespace's RefitJobs and reconcile each, every resync period:
+    a safety net for missed events.  The first listing that succeeds makes us ready; it
+    reconciles nothing itself, as kopf's resume handlers start every job it finds."""
+    namespaces: tuple[str | None, ...] = config.namespaces or (None,)
+    while True:
+        try:
+            count = await controller.resync(namespaces, nudge=shared.listed)
+        except (kube.ApiError, TimeoutError, aiohttp.ClientError) as exc:
+            log.warning("listing RefitJobs failed (%s); again in %.0f s", exc, RESYNC_RETRY_S)
+            await asyncio.sleep(min(RESYNC_RETRY_S, config.resync_seconds))
+            continue
+        if not shared.listed:
+            log.info("listed %d RefitJob(s); the operator is ready", count)
+            shared.listed = True
+        await asyncio.sleep(config.resync_seconds)
+
+
 def build_registry(
     config: OperatorConfig,
     connect: Callable[[], kube.Kube] = kube.Kube.connect,
+    shared: Shared | None = None,
 ) -> kopf.OperatorRegistry:
     """All handlers of one operator run, registered into a fresh registry."""
     registry = kopf.OperatorRegistry()
     holder = _Holder()
+    shared = shared if shared is not None else Shared()
     job = (GROUP, VERSION, PLURAL)
     owned_children = {names.LABEL_JOB: kopf.PRESENT}
 
     def ours(spec: Mapping[str, Any], **_: Any) -> bool:
         # A job another controller manages (spec.managedBy) gets no handler, so no
-        # finalizer, annotation or status from this operator either.
+        # annotation or status from this operator either.
         return not managed_elsewhere(spec)
 
     @kopf.on.login(registry=registry)
@@ -89,10 +141,21 @@ def build_registry(
     @kopf.on.startup(registry=registry)
     async def startup(**_: Any) -> None:
         options = RenderOptions(stop_signal_supported=config.stop_signal_supported)
-        holder.controller = Controller(connect(), options)
+        api = connect()
+        if shared.metrics is not None:
+            api.on_error = shared.metrics.api_error
+        if shared.instance:
+            api.recorder.instance = shared.instance
+        controller = Controller(api, options, metrics=shared.metrics, guard=shared.guard)
+        holder.controller = controller
+        task = asyncio.get_running_loop().create_task(_resync(controller, config, shared))
+        holder.tasks.add(task)
+        task.add_done_callback(holder.tasks.discard)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
+        for task in list(holder.tasks):
+            task.cancel()
         if holder.controller is not None:
             await holder.controller.close()
 
@@ -103,20 +166,17 @@ def build_registry(
         async with _mapped():
             await holder.get().reconcile(_ns(namespace), name)
 
-    @kopf.timer(
-        *job,
-        interval=config.resync_seconds,
-        initial_delay=config.resync_seconds,
-        when=ours,
-        registry=registry,
-    )
-    async def job_resync(*, namespace: str | None, name: str, **_: Any) -> None:
-        await holder.get().nudge(_ns(namespace), name)
-
-    @kopf.on.delete(*job, when=ours, registry=registry)
-    async def job_deleted(*, namespace: str | None, name: str, **_: Any) -> None:
-        async with _mapped():
-            await holder.get().delete_pods(_ns(namespace), name)
+    @kopf.on.event(*job, registry=registry)
+    async def job_event(
+        *, event: Mapping[str, Any], namespace: str | None, name: str, **_: Any
+    ) -> None:
+        if event.get("type") != "DELETED" or holder.controller is None:
+            return
+        try:
+            await holder.controller.delete_pods(_ns(namespace), name)
+        except (kube.ApiError, TimeoutError, aiohttp.ClientError) as exc:
+            # The garbage collector deletes them anyway; we were only quicker.
+            log.warning("could not stop the gang of deleted job %s/%s: %s", namespace, name, exc)
 
     @kopf.on.event("v1", "pods", labels=owned_children, registry=registry)
     @kopf.on.event("v1", "configmaps", labels=owned_children, registry=registry)
@@ -124,28 +184,19 @@ def build_registry(
         if holder.controller is not None:
             await holder.controller.nudge(_ns(namespace), labels[names.LABEL_JOB])
 
-    @kopf.on.probe(id="reconciles", registry=registry)
-    def reconciles(**_: Any) -> int:
-        return holder.controller.reconciles if holder.controller is not None else 0
-
     return registry
 
 
 def operator_kwargs(
     config: OperatorConfig,
     connect: Callable[[], kube.Kube] = kube.Kube.connect,
+    shared: Shared | None = None,
 ) -> dict[str, Any]:
     """Arguments for ``kopf.operator``/``kopf.spawn_tasks`` (tests embed the operator)."""
     return {
-        "registry": build_registry(config, connect),
+        "registry": build_registry(config, connect, shared),
         "settings": make_settings(config),
         "namespaces": list(config.namespaces),
         "clusterwide": not config.namespaces,
-        "liveness_endpoint": config.liveness,
         "standalone": True,
     }
-
-
-def run(config: OperatorConfig) -> Coroutine[Any, Any, None]:
-    """The operator as a coroutine for ``asyncio.run``."""
-    return kopf.operator(**operator_kwargs(config))

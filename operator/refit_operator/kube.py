@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from refit_operator import models, names
+from refit_operator import events, models, names
 
 #: (apiVersion, kind) -> plural of every kind the operator touches.
 PLURALS: dict[tuple[str, str], str] = {
@@ -30,6 +31,8 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "ConfigMap"): "configmaps",
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("v1", "Event"): "events",
+    (events.EVENTS_V1, "Event"): "events",
+    ("coordination.k8s.io/v1", "Lease"): "leases",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     (models.API_VERSION, models.KIND): models.PLURAL,
@@ -48,6 +51,8 @@ STATIC_KINDS: tuple[tuple[str, str], ...] = (
 )
 
 MERGE_PATCH = "application/merge-patch+json"
+#: ``reportingController`` of the operator's Events (a qualified name, as the API wants).
+EVENT_CONTROLLER = f"{models.GROUP}/{names.MANAGER}"
 
 
 class ApiError(Exception):
@@ -76,12 +81,15 @@ def _status_of(text: str) -> tuple[str, str]:
     return str(body.get("message", text)), str(body.get("reason") or "")
 
 
-def collection_path(api_version: str, kind: str, namespace: str) -> str:
+def collection_path(api_version: str, kind: str, namespace: str | None) -> str:
+    """The collection's path in ``namespace``; in all namespaces when it is None."""
     try:
         plural = PLURALS[(api_version, kind)]
     except KeyError:
         raise ValueError(f"the operator does not manage {kind} of {api_version}") from None
     base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    if namespace is None:
+        return f"{base}/{plural}"
     return f"{base}/namespaces/{quote(namespace)}/{plural}"
 
 
@@ -152,6 +160,13 @@ class Kube:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
+        #: Told of every error answer (method, HTTP status; None when none came): metrics.
+        self.on_error: Callable[[str, int | None], None] = _ignore_error
+        #: Which Events were posted, so repeats update a series (see ``events``).
+        self.recorder = events.EventRecorder(
+            controller=EVENT_CONTROLLER, instance=socket.gethostname()
+        )
+        self._events_api: str | None = None
 
     @classmethod
     def connect(cls, timeout_s: float = 30.0) -> Kube:
@@ -188,15 +203,25 @@ class Kube:
         if body is not None:
             headers["Content-Type"] = content_type
             data = json.dumps(body)
-        async with self._session.request(
-            method, self._server + path, data=data, params=params, headers=headers, ssl=self._ssl
-        ) as response:
-            text = await response.text()
-            if response.status >= 400:
-                message, reason = _status_of(text)
-                error = ConflictError if response.status == 409 else ApiError
-                raise error(response.status, method, path, message, reason)
-            return json.loads(text) if text else None
+        try:
+            async with self._session.request(
+                method,
+                self._server + path,
+                data=data,
+                params=params,
+                headers=headers,
+                ssl=self._ssl,
+            ) as response:
+                text = await response.text()
+        except (TimeoutError, aiohttp.ClientError):
+            self.on_error(method, None)
+            raise
+        if response.status >= 400:
+            self.on_error(method, response.status)
+            message, reason = _status_of(text)
+            error = ConflictError if response.status == 409 else ApiError
+            raise error(response.status, method, path, message, reason)
+        return json.loads(text) if text else None
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any:
         """The object, or None when it does not exist."""
@@ -208,9 +233,10 @@ class Kube:
             raise
 
     async def list(
-        self, api_version: str, kind: str, namespace: str, selector: Mapping[str, str]
+        self, api_version: str, kind: str, namespace: str | None, selector: Mapping[str, str]
     ) -> list[dict[str, Any]]:
-        """Objects matching the label selector, each with its kind filled in."""
+        """Objects matching the label selector (in every namespace when ``namespace`` is
+        None), each with its kind filled in."""
         label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
         result = await self.request(
             "GET",
@@ -259,27 +285,41 @@ class Kube:
     async def post_event(
         self, job: Mapping[str, Any], type_: str, reason: str, message: str
     ) -> None:
-        """A core/v1 Event about the RefitJob (visible in ``kubectl describe rj``)."""
-        meta = job["metadata"]
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": models.API_VERSION,
-                "kind": models.KIND,
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta.get("uid", ""),
-            },
-            "type": type_,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": names.MANAGER},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        path = collection_path("v1", "Event", meta["namespace"])
-        await self.request("POST", path, body=event)
+        """An Event about ``job`` (``kubectl describe rj`` shows it), recorded the standard
+        way: a repeat of the same Event updates its series instead of adding another."""
+        key = events.EventKey.about(job, type_, reason, message)
+        now = datetime.now(UTC)
+        repeat = self.recorder.repeat(key, now)
+        if repeat is not None:
+            path = object_path(repeat.api_version, "Event", key.namespace, repeat.name)
+            try:
+                await self.request("PATCH", path, body=repeat.patch, content_type=MERGE_PATCH)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                self.recorder.forget(key)  # expired from the API: start a new one
+            else:
+                self.recorder.posted(key, repeat)
+                return
+        new = self.recorder.new(key, now, await self._event_api_version())
+        path = collection_path(new.api_version, "Event", key.namespace)
+        created = await self.request("POST", path, body=new.body)
+        self.recorder.posted(key, new, str((created or {}).get("metadata", {}).get("name", "")))
+
+    async def _event_api_version(self) -> str:
+        """``events.k8s.io/v1`` when the cluster serves it, else core/v1 (asked once)."""
+        if self._events_api is None:
+            try:
+                found = await self.request("GET", f"/apis/{events.EVENTS_V1}")
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                self._events_api = events.CORE_V1
+            else:
+                served = {r.get("name") for r in (found or {}).get("resources") or []}
+                self._events_api = events.EVENTS_V1 if "events" in served else events.CORE_V1
+        return self._events_api
+
+
+def _ignore_error(method: str, status: int | None) -> None:
+    """The default ``on_error``: nobody counts."""

@@ -159,15 +159,8 @@ def _act(
         return PhaseFacts(current=st.phase)
     if spec.suspend:
         return _suspend(rnd, job, spec, pods)
-    over = lifecycle.past(st.start_time, spec.active_deadline_seconds, now)
-    if over is not None:
-        _delete_pods(rnd, pods)
-        rnd.failed_reason = "DeadlineExceeded"
-        limit = spec.active_deadline_seconds
-        rnd.update(
-            message=f"the job ran past activeDeadlineSeconds ({limit} s)", completion_time=now
-        )
-        return PhaseFacts(current=st.phase, deadline_exceeded=True)
+    if lifecycle.past(st.start_time, spec.active_deadline_seconds, now) is not None:
+        return _out_of_time(rnd, spec, pods)
     for obj in render.render_static(job.ref, spec):
         if (obj["kind"], obj["metadata"]["name"]) not in observed.others:
             rnd.actions.append(Create(obj))
@@ -176,6 +169,8 @@ def _act(
         rnd.later(left)
     current = [p for p in pods if p.epoch == st.epoch]
     stale = [p for p in pods if p.epoch != st.epoch]
+    adopted = _adopt_unrecorded_gang(rnd, current, now)
+    st = rnd.status
     created = st.created_epoch == st.epoch
     coord = _read_rendezvous(job, spec, observed, current, st.epoch) if created else None
     if coord is not None:
@@ -205,8 +200,13 @@ def _act(
     done = {names.pod_name(job.ref.name, r, k) for r, k in (summary.done if summary else ())}
     absent = sorted(_expected(job, spec) - {p.name for p in current} - done)
     missing = absent if created else []
+    if adopted and missing and not (coord is not None and coord.barrier_open):
+        missing = _create_the_rest(job, spec, options, rnd, missing)
     failures = [p.failure for p in current if p.failure] + ([short] if short else [])
-    disruptions = [f"{p.name}: {p.disruption}" for p in current if p.disruption]
+    # A drain of a pod whose rank already reported done takes nothing away either.
+    disruptions = [
+        f"{p.name}: {p.disruption}" for p in current if p.disruption and p.name not in done
+    ]
     disruptions += [f"{name}: PodMissing" for name in missing]
     late = _late(rnd, spec, current, absent)
     if late is not None and not failures:
@@ -230,17 +230,28 @@ def _act(
             spec=spec,
             observed=observed,
             stale=stale,
-            current=current,
             options=options,
             rnd=rnd,
         )
     assert coord is not None  # created: the rendezvous was read above
     rnd.actions.extend(coord.patches)
-    _lift_gates(rnd, spec, current)
+    if not absent:  # every pod of the epoch exists (none is still being created)
+        _lift_gates(rnd, spec, current)
     all_ready = all(p.ready or p.phase == "Succeeded" for p in current)
     if all_ready:
         rnd.update(ready_epoch=st.epoch)
     return PhaseFacts(current=st.phase, all_ready=all_ready)
+
+
+def _out_of_time(rnd: Round, spec: RefitJobSpec, pods: list[ObservedPod]) -> PhaseFacts:
+    """The job ran past ``activeDeadlineSeconds``: its pods stop and it fails, as a Job's."""
+    _delete_pods(rnd, pods)
+    rnd.failed_reason = "DeadlineExceeded"
+    limit = spec.active_deadline_seconds
+    rnd.update(
+        message=f"the job ran past activeDeadlineSeconds ({limit} s)", completion_time=rnd.now
+    )
+    return PhaseFacts(current=rnd.status.phase, deadline_exceeded=True)
 
 
 def _suspend(rnd: Round, job: JobView, spec: RefitJobSpec, pods: list[ObservedPod]) -> PhaseFacts:
@@ -259,6 +270,38 @@ def _suspend(rnd: Round, job: JobView, spec: RefitJobSpec, pods: list[ObservedPo
         )
     _delete_pods(rnd, pods)
     return PhaseFacts(current=st.phase, suspended=True)
+
+
+def _adopt_unrecorded_gang(rnd: Round, current: list[ObservedPod], now: datetime) -> bool:
+    """Pods of this epoch exist, yet the status does not say so: the write that recorded
+    their creation was lost (a 409), or some of the creates were refused.  They are the
+    gang: the rendezvous was cleared
+    before they were created, and clearing it again would drop what they published."""
+    st = rnd.status
+    if not current or st.created_epoch == st.epoch:
+        return False
+    rnd.update(
+        created_epoch=st.epoch,
+        start_time=st.start_time or now,
+        epoch_start_time=st.epoch_start_time or now,
+    )
+    return True
+
+
+def _create_the_rest(
+    job: JobView,
+    spec: RefitJobSpec,
+    options: render.RenderOptions,
+    rnd: Round,
+    missing: list[str],
+) -> list[str]:
+    """The lost round's creates ran in parallel and only some landed.  Before the barrier
+    opens no rank has moved a byte, so the rest are created into the same epoch rather
+    than counted as lost.  Returns what is still missing: nothing."""
+    st = rnd.status
+    gang = render.render_gang(job.ref, spec, st.epoch, options, st.refits_completed)
+    rnd.actions.extend(Create(p) for p in gang if p["metadata"]["name"] in missing)
+    return []
 
 
 def _late(
@@ -288,7 +331,6 @@ def _create_gang(
     spec: RefitJobSpec,
     observed: Observed,
     stale: list[ObservedPod],
-    current: list[ObservedPod],
     options: render.RenderOptions,
     rnd: Round,
 ) -> PhaseFacts:
@@ -298,9 +340,7 @@ def _create_gang(
     if stale:
         rnd.later(POLL_DELETING_S)
         return PhaseFacts(current=st.phase, waiting_for_gang=st.epoch > 0)
-    # Some of the epoch's pods exist already (a create failed last round): their entries
-    # are this epoch's, and clearing went before their creation.
-    stale_data = () if current else rdv.clear(observed.rendezvous)
+    stale_data = rdv.clear(observed.rendezvous)
     if stale_data:  # old pods are gone: drop their entries before new ones arrive
         rnd.actions.extend(stale_data)
         rnd.later(POLL_DELETING_S)

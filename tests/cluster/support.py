@@ -12,9 +12,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -196,14 +197,24 @@ def sa_kubeconfig(cluster: Cluster, account: str, namespace: str, path: Path) ->
 class OperatorProcess:
     """``refit operator`` as a local process with the given kubeconfig; restartable."""
 
-    def __init__(self, kubeconfig_path: Path, log: Path, *extra: str) -> None:
+    def __init__(
+        self, kubeconfig_path: Path, log: Path, *extra: str, env: Mapping[str, str] | None = None
+    ) -> None:
         self.kubeconfig_path, self.log, self.extra = kubeconfig_path, log, extra
+        self.env = dict(env or {})
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.port = 0  # /healthz, /readyz and /metrics, on 127.0.0.1
 
-    def start(self) -> None:
-        port = free_port()
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def start(self, *, ready: bool = True) -> None:
+        """Start, and wait until it answers ``/healthz`` (and ``/readyz`` when ``ready``:
+        a standby of a leader election is live but never leads, so not that)."""
+        port = self.port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+        env.update(self.env)
         env["KUBECONFIG"] = str(self.kubeconfig_path)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO_ROOT / "operator"), str(REPO_ROOT / "worker")]
@@ -217,8 +228,8 @@ class OperatorProcess:
                     "-m",
                     "refit_operator.cli",
                     "operator",
-                    "--liveness",
-                    f"http://127.0.0.1:{port}/healthz",
+                    f"--health-probe-bind-address=127.0.0.1:{port}",
+                    f"--metrics-bind-address=127.0.0.1:{port}",
                     "--resync",
                     "10",
                     *self.extra,
@@ -230,18 +241,36 @@ class OperatorProcess:
                 start_new_session=True,
             )
         self.starts += 1
-        wait(lambda: self._live(port), "the operator's liveness endpoint", timeout=60)
+        wait(lambda: self.answers("/healthz"), "the operator's liveness endpoint", timeout=60)
+        if ready:
+            wait(lambda: self.answers("/readyz"), "the operator to turn ready", timeout=60)
 
-    def _live(self, port: int) -> bool:
+    def answers(self, path: str) -> bool:
+        """Whether ``path`` answers 200 now; fails the test if the process has exited."""
         if self.process is not None and self.process.poll() is not None:
             raise AssertionError(
                 f"the operator exited with {self.process.returncode}:\n{self.tail()}"
             )
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+            with urllib.request.urlopen(self.url(path), timeout=2) as r:
                 return bool(r.status == 200)
         except OSError:
             return False
+
+    def get(self, path: str) -> str:
+        """The body of ``GET path`` (an HTTP error fails the test)."""
+        with urllib.request.urlopen(self.url(path), timeout=5) as r:
+            return str(r.read().decode())
+
+    def kill(self) -> int:
+        """SIGKILL, as a node that dies or an OOM kill: nothing of the process runs on."""
+        if self.process is None:
+            raise AssertionError("the operator is not running")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        code = self.process.wait(10)
+        self.process = None
+        return code
 
     def stop(self) -> int | None:
         """SIGTERM, as the kubelet stops it; SIGKILL after 30 s. Returns the exit code."""
@@ -286,10 +315,19 @@ class Install:
 
 
 def install_chart(
-    cluster: Cluster, release: str, workdir: Path, watch_namespaces: tuple[str, ...] = ()
+    cluster: Cluster,
+    release: str,
+    workdir: Path,
+    watch_namespaces: tuple[str, ...] = (),
+    *,
+    start: bool = True,
 ) -> Install:
     """``helm install`` the chart, then start the operator on its ServiceAccount token,
-    with the arguments the chart's Deployment gives it (``--namespace`` per watched one)."""
+    with the arguments the chart's Deployment gives it (``--namespace`` per watched one),
+    without leader election (one operator process; ``start=False``: none yet).
+
+    ``--take-ownership``: the CRD (a template of the chart, kept on uninstall) may be left
+    by an earlier release of the session, as it is for a user who installs again."""
     workdir.mkdir(parents=True, exist_ok=True)
     done = cluster.helm.run(
         "install",
@@ -301,14 +339,19 @@ def install_chart(
         "--values",
         str(chart_values(workdir / "values.yaml", watchNamespaces=list(watch_namespaces))),
         "--wait=false",
+        "--take-ownership",
     )
     if done.returncode != 0:
         raise AssertionError(f"helm install failed ({done.returncode}):\n{done.stderr}")
+    cluster.kubectl.ok(
+        "wait", "--for=condition=Established", "crd/refitjobs.refit.dev", "--timeout=60s"
+    )
     account = f"{release}-refit-operator"
     config = sa_kubeconfig(cluster, account, OPERATOR_NAMESPACE, workdir / "operator.kubeconfig")
     args = [f"--namespace={ns}" for ns in watch_namespaces]
     operator = OperatorProcess(config, workdir / "operator.log", *args)
-    operator.start()
+    if start:
+        operator.start()
     return Install(release, OPERATOR_NAMESPACE, operator, config)
 
 
@@ -343,3 +386,62 @@ def assert_bit_exact(codes: Mapping[str, int], ranks: int) -> None:
     for name, code in codes.items():
         allowed = {0} if "-rollout-" in name else {0, 83}
         assert code in allowed, f"{name} exited {code}: {dict(codes)}"
+
+
+#: Every kind of child a RefitJob has, and where to list them.
+CHILD_KINDS = {
+    "pods": "/api/v1/namespaces/{ns}/pods",
+    "configmaps": "/api/v1/namespaces/{ns}/configmaps",
+    "services": "/api/v1/namespaces/{ns}/services",
+    "serviceaccounts": "/api/v1/namespaces/{ns}/serviceaccounts",
+    "roles": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+    "rolebindings": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+}
+
+
+class ChildWatch:
+    """Every (kind, name, uid) of a job's children seen, and the job's refit counts.
+
+    A thread polls the children for as long as :meth:`running` lasts and keeps every uid
+    it ever saw, so a child created twice (a second pod of one name, a second ConfigMap)
+    shows up even if it was deleted again before the end."""
+
+    def __init__(self, cluster: Cluster, namespace: str, job: str) -> None:
+        self.cluster, self.namespace, self.job = cluster, namespace, job
+        self.seen: set[tuple[str, str, str]] = set()
+        self.refits: list[int] = []
+        self._stop = threading.Event()
+
+    def children(self) -> dict[str, list[dict[str, Any]]]:
+        out = {}
+        for kind, path in CHILD_KINDS.items():
+            listed = self.cluster.rest.get(
+                path.format(ns=self.namespace), labelSelector=f"refit.dev/job={self.job}"
+            )
+            out[kind] = listed["items"]
+        return out
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.2):
+            for kind, items in self.children().items():
+                self.seen |= {(kind, o["metadata"]["name"], o["metadata"]["uid"]) for o in items}
+            refits = self.cluster.job_status(self.namespace, self.job).get("refitsCompleted")
+            if refits is not None:
+                self.refits.append(int(refits))
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[ChildWatch]:
+        thread = threading.Thread(target=self._poll, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            thread.join(10)
+
+    def uids(self, kind: str) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for k, name, uid in self.seen:
+            if k == kind:
+                out.setdefault(name, set()).add(uid)
+        return out

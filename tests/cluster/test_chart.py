@@ -42,6 +42,8 @@ CHART_KINDS = (
     "deployments",
     "replicasets",
     "pods",
+    "services",
+    "poddisruptionbudgets",
 )
 
 
@@ -81,7 +83,7 @@ def test_install_run_a_job_on_the_chart_rbac_then_uninstall_leaves_nothing(
     wait(lambda: _left(cluster) == [], "nothing of the release left after helm uninstall", 60)
     releases = cluster.helm.run("list", "-A", "-o", "json")
     assert releases.returncode == 0 and json.loads(releases.stdout) == []
-    # Helm never deletes a chart's CRDs (crds/): they stay, with any RefitJobs, by design.
+    # The CRD stays, with any RefitJobs (crds.keep: helm.sh/resource-policy: keep).
     assert cluster.rest.find(
         "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/refitjobs.refit.dev"
     )
@@ -102,9 +104,14 @@ def test_namespaced_install_runs_a_job_on_its_roles_alone(cluster: Cluster, tmp_
             "-o",
             "name",
         )
+        # The operator's own: CRD reads cluster-wide, the rest in team-a only; beside them
+        # the leader Lease's Role (release namespace) and the users' aggregated roles.
         assert sorted(kinds.split()) == [
             "clusterrole.rbac.authorization.k8s.io/scoped-refit-operator",
+            "clusterrole.rbac.authorization.k8s.io/scoped-refit-operator-refitjob-editor",
+            "clusterrole.rbac.authorization.k8s.io/scoped-refit-operator-refitjob-viewer",
             "role.rbac.authorization.k8s.io/scoped-refit-operator",
+            "role.rbac.authorization.k8s.io/scoped-refit-operator-leader-election",
         ]
         job = example("local", metadata={"name": "scoped-job", "namespace": team})
         job["spec"]["transfer"]["refits"] = 1
@@ -143,7 +150,11 @@ def test_a_missing_verb_shows_as_the_apiservers_403(cluster: Cluster, tmp_path: 
         OPERATOR_NAMESPACE,
     )
     assert rendered.returncode == 0, rendered.stderr
-    role = next(d for d in yaml.safe_load_all(rendered.stdout) if d and d["kind"] == "ClusterRole")
+    role = next(
+        d
+        for d in yaml.safe_load_all(rendered.stdout)
+        if d and d["kind"] == "ClusterRole" and d["metadata"]["name"] == "crippled-refit-operator"
+    )
     role = _without(role, "configmaps", "create")
     role["metadata"] = {"name": "crippled-operator"}
     binding = {

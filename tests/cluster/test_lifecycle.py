@@ -15,67 +15,20 @@ kube-controller-manager's garbage collector, the workers.
 from __future__ import annotations
 
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from tests.cluster.support import Cluster, Install, assert_bit_exact, example, wait
+from tests.cluster.support import (
+    CHILD_KINDS,
+    ChildWatch,
+    Cluster,
+    Install,
+    assert_bit_exact,
+    example,
+    wait,
+)
 
 NS = "lifecycle"
-KINDS = {
-    "pods": "/api/v1/namespaces/{ns}/pods",
-    "configmaps": "/api/v1/namespaces/{ns}/configmaps",
-    "services": "/api/v1/namespaces/{ns}/services",
-    "serviceaccounts": "/api/v1/namespaces/{ns}/serviceaccounts",
-    "roles": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
-    "rolebindings": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
-}
-
-
-class ChildWatch:
-    """Every (kind, name, uid) of a job's children seen, and the job's refit counts."""
-
-    def __init__(self, cluster: Cluster, job: str) -> None:
-        self.cluster, self.job = cluster, job
-        self.seen: set[tuple[str, str, str]] = set()
-        self.refits: list[int] = []
-        self._stop = threading.Event()
-
-    def children(self) -> dict[str, list[dict[str, Any]]]:
-        out = {}
-        for kind, path in KINDS.items():
-            listed = self.cluster.rest.get(
-                path.format(ns=NS), labelSelector=f"refit.dev/job={self.job}"
-            )
-            out[kind] = listed["items"]
-        return out
-
-    def _poll(self) -> None:
-        while not self._stop.wait(0.2):
-            for kind, items in self.children().items():
-                self.seen |= {(kind, o["metadata"]["name"], o["metadata"]["uid"]) for o in items}
-            refits = self.cluster.job_status(NS, self.job).get("refitsCompleted")
-            if refits is not None:
-                self.refits.append(int(refits))
-
-    @contextmanager
-    def running(self) -> Iterator[ChildWatch]:
-        thread = threading.Thread(target=self._poll, daemon=True)
-        thread.start()
-        try:
-            yield self
-        finally:
-            self._stop.set()
-            thread.join(10)
-
-    def uids(self, kind: str) -> dict[str, set[str]]:
-        out: dict[str, set[str]] = {}
-        for k, name, uid in self.seen:
-            if k == kind:
-                out.setdefault(name, set()).add(uid)
-        return out
 
 
 def _finished(cluster: Cluster, job: str) -> dict[str, Any]:
@@ -93,7 +46,7 @@ def test_operator_restart_mid_job_no_duplicates_no_lost_status(
     cluster.namespace(NS)
     job = example("local", metadata={"name": "restart", "namespace": NS})
     job["spec"]["transfer"]["refits"] = 12
-    with ChildWatch(cluster, "restart").running() as watch:
+    with ChildWatch(cluster, NS, "restart").running() as watch:
         cluster.kubectl.apply(job)
         # 1: down as soon as the gang exists, before the barrier: the ranks start, publish
         # and wait for a barrier nobody writes until the operator is back.
@@ -118,7 +71,7 @@ def test_operator_restart_mid_job_no_duplicates_no_lost_status(
     assert (status["epoch"], status["restarts"], status["preemptions"]) == (0, 0, 0)
     assert watch.refits == sorted(watch.refits), "refitsCompleted went backwards"
     # One object per child name, each with one uid for the whole job.
-    for kind in KINDS:
+    for kind in CHILD_KINDS:
         assert all(len(uids) == 1 for uids in watch.uids(kind).values()), (kind, watch.uids(kind))
     assert len(watch.uids("pods")) == 4
     assert set(watch.uids("configmaps")) == {"restart-rendezvous"}
@@ -131,7 +84,7 @@ def test_spec_edit_mid_job_then_delete_cascades_through_the_gc(
     cluster.namespace(NS)
     job = example("local", metadata={"name": "edit", "namespace": NS})
     job["spec"]["transfer"]["refits"] = 12
-    with ChildWatch(cluster, "edit").running() as watch:
+    with ChildWatch(cluster, NS, "edit").running() as watch:
         cluster.kubectl.apply(job)
         wait(
             lambda: cluster.job_status(NS, "edit").get("refitsCompleted", 0) >= 2,
@@ -165,7 +118,7 @@ def test_spec_edit_mid_job_then_delete_cascades_through_the_gc(
 
     # Delete the job: the garbage collector removes every child it owned.
     owned = {(k, o["metadata"]["name"]) for k, items in children.items() for o in items}
-    assert {k for k, _ in owned} == set(KINDS)
+    assert {k for k, _ in owned} == set(CHILD_KINDS)
     cluster.kubectl.ok("delete", "rj", "edit", "-n", NS, "--wait=true", "--timeout=120s")
     wait(
         lambda: not any(watch.children().values()),

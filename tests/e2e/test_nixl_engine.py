@@ -10,38 +10,7 @@ tensor larger than a bucket).
 from __future__ import annotations
 
 import pytest
-from tests.support.engine_procs import Job, digest, run_job, state_dict
-
-from refit_worker.checkpoint_engines import TargetWeightLayout
-from refit_worker.checkpoint_engines.layout import WHOLE, select_slice
-
-
-def expected(
-    refit: int, layout: dict[str, object] | None = None, experts: int = 0
-) -> dict[str, str]:
-    parsed = TargetWeightLayout.model_validate(layout) if layout else None
-    out: dict[str, str] = {}
-    for name, tensor in state_dict(refit, experts=experts).items():
-        part = select_slice(name, tuple(tensor.shape), parsed)
-        if part is None:
-            continue
-        sent = tensor if part == WHOLE else tensor.narrow(part.dim, part.start, part.length)
-        out[name] = digest(sent)
-    return out
-
-
-def assert_all_ok(run, job: Job) -> None:
-    assert len(run.reports) == job.train + job.rollout
-    for key, report in run.reports.items():
-        assert "error" not in report, f"{key}: {report.get('error')}"
-    for r in range(job.rollout):
-        refits = run.reports[("rollout", r)]["refits"]
-        assert len(refits) == job.refits
-        for k, got in enumerate(refits):
-            want = expected(k, job.layouts.get(str(r)), job.experts)
-            assert got == want, f"rollout {r} refit {k}: mismatch in " + str(
-                sorted(n for n in set(got) | set(want) if got.get(n) != want.get(n))
-            )
+from tests.support.engine_procs import Job, assert_all_ok, expected, run_job, state_dict
 
 
 def test_big_tensor_really_spans_buckets() -> None:
@@ -59,6 +28,16 @@ def test_big_tensor_really_spans_buckets() -> None:
 )
 def test_refits_arrive_bit_exact(train: int, rollout: int) -> None:
     job = Job(train=train, rollout=rollout, refits=3, engine={"checksum": train == 3})
+    assert_all_ok(run_job(job), job)
+
+
+@pytest.mark.parametrize(
+    ("train", "rollout"), [(1, 1), (3, 2), (1, 3)], ids=["1x1-pair", "3x2-stripe", "1x3-fanout"]
+)
+def test_refits_land_bit_exact_in_final_tensors_with_integrity(train: int, rollout: int) -> None:
+    # receive_into: every byte WRITTEN straight into the rollout's own tensors, hashed on
+    # both sides; striping senders and a fan-out sender (one hash per bucket) included.
+    job = Job(train=train, rollout=rollout, refits=2, into=True, engine={"checksum": True})
     assert_all_ok(run_job(job), job)
 
 

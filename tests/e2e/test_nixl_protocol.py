@@ -8,26 +8,31 @@ messages (a "rogue sender") instead of running ``send_weights``; nothing else is
 from __future__ import annotations
 
 import asyncio
+import re
 import time
-import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 import torch
+import xxhash
 
 from refit_worker.checkpoint_engines import (
     IncompleteRefitError,
+    LayoutMismatchError,
     NIXLCheckpointEngine,
     PeerError,
     RefitTimeoutError,
-    TensorMeta,
+    TensorSpec,
 )
 from refit_worker.checkpoint_engines.messages import (
     BucketReady,
+    Digest,
     Manifest,
     ManifestEntry,
+    Ready,
     encode,
 )
+from refit_worker.checkpoint_engines.planning import plan_digest
 
 BUCKET = 4096
 
@@ -83,6 +88,7 @@ async def test_stale_notifications_of_an_earlier_refit_are_never_taken(pair) -> 
             refit=0,
             total_buckets=1,
             digest="x",
+            bucket_size=BUCKET,
             tensors=(ManifestEntry(name="w", dtype="float32", shape=(10,)),),
         )
     )
@@ -93,23 +99,45 @@ async def test_stale_notifications_of_an_earlier_refit_are_never_taken(pair) -> 
     assert torch.equal(got["w"], new["w"])
 
 
+def entry(name: str, n: int, dtype: str = "uint8") -> ManifestEntry:
+    return ManifestEntry(name=name, dtype=dtype, shape=(n,))
+
+
+def xxh(data: torch.Tensor) -> int:
+    return xxhash.xxh3_64_intdigest(data.numpy().tobytes())
+
+
 async def rogue_refit(
     policy: NIXLCheckpointEngine,
     rollout: NIXLCheckpointEngine,
     entries: list[ManifestEntry],
-    pieces: list[TensorMeta],
     data: torch.Tensor,
+    *,
+    digest: str | None = None,
+    integrity: str | None = None,
+    hashes: tuple[int, ...] = (),
+    buffer: int = 0,
 ) -> None:
-    """Send a hand-made manifest and one bucket of ``data`` as the policy rank would."""
+    """Play a policy rank by hand: manifest, wait for ready and a credit, WRITE one bucket
+    of ``data`` into receive buffer 0, then (with ``integrity``) its digest."""
     agent, peer = policy.agent, rollout.agent.name
     target = policy._targets[0]
     deadline = time.monotonic() + 2
-    await agent.wait_control(peer, "credit", 0, 0, what="credit", deadline=deadline)
-    agent.send_control(peer, Manifest(refit=0, total_buckets=1, digest="d", tensors=tuple(entries)))
-    handle_reg = agent.register([(data.data_ptr(), data.numel(), 0)], "DRAM")
-    message = BucketReady(
-        refit=0, seq=0, buffer=0, total_buckets=1, digest="d", pieces=tuple(pieces)
+    specs = [TensorSpec(e.name, e.dtype, e.shape) for e in entries]
+    manifest = Manifest(
+        refit=0,
+        total_buckets=1,
+        digest=digest or plan_digest(specs, BUCKET),
+        bucket_size=BUCKET,
+        integrity=integrity,  # type: ignore[arg-type]
+        tensors=tuple(entries),
     )
+    agent.send_control(peer, manifest)
+    ready = await agent.wait_control(peer, "ready", 0, 0, what="ready", deadline=deadline)
+    assert isinstance(ready, Ready) and ready.landing is None  # small tensors: buffered
+    await agent.wait_control(peer, "credit", 0, 0, what="credit", deadline=deadline)
+    handle_reg = agent.register([(data.data_ptr(), data.numel(), 0)], "DRAM")
+    message = BucketReady(refit=0, seq=0, buffer=buffer, digest=manifest.digest)
     handle = agent.post_write(
         peer,
         [(data.data_ptr(), data.numel(), 0)],
@@ -119,44 +147,80 @@ async def rogue_refit(
     )
     await agent.wait_transfer(handle, peer, "rogue bucket", deadline)
     agent.deregister(handle_reg)
+    if integrity:
+        agent.send_control(peer, Digest(refit=0, seq=0, hashes=hashes))
 
 
-def piece(name: str, n: int, offset: int = 0) -> TensorMeta:
-    return TensorMeta(
-        name=name, shape=(n,), dtype="uint8", chunk_offset=0, chunk_size=n, offset=offset
-    )
+async def first_error(receive: Awaitable[object], rogue: Awaitable[None]) -> BaseException:
+    """Run the receiver against a rogue sender; the receiver's error (the rogue may hang)."""
+    rogue_task = asyncio.ensure_future(rogue)
+    try:
+        await receive
+    except BaseException as exc:
+        return exc
+    finally:
+        rogue_task.cancel()
+        await asyncio.gather(rogue_task, return_exceptions=True)
+    raise AssertionError("the receiver accepted a bad refit")
 
 
-def entry(name: str, n: int, checksum: int | None = None) -> ManifestEntry:
-    return ManifestEntry(name=name, dtype="uint8", shape=(n,), checksum=checksum)
+DATA = torch.arange(16, dtype=torch.uint8)
 
 
 @pytest.mark.parametrize(
-    ("entries", "pieces", "match"),
+    ("entries", "kw", "match"),
     [
-        ([entry("a", 8), entry("b", 8)], [piece("a", 8)], r"ended without 1 tensor\(s\): b"),
-        ([entry("a", 8)], [piece("a", 8), piece("a", 8, 8)], "'a' arrived twice"),
-        ([entry("a", 8)], [piece("a", 8), piece("zzz", 8, 8)], "'zzz' is not in the manifest"),
-        ([entry("a", 8, checksum=12345)], [piece("a", 8)], "'a' failed its checksum"),
-        ([entry("a", 4)], [piece("a", 8)], r"bucket says uint8\[8\], manifest says uint8\[4\]"),
+        ([entry("a", 8), entry("b", 8)], {"digest": "x"}, r"plan into 1 buckets .* says 1"),
+        ([entry("a", 8), entry("a", 8)], {"digest": "d"}, r"duplicate tensor names: \['a'\]"),
+        ([entry("a", 8, "complex64")], {"digest": "d"}, "unknown dtype name 'complex64'"),
+        ([entry("a", 8)], {"buffer": 1}, "bucket 0 went to buffer 1, expected 0"),
+        (
+            [entry("a", 8), entry("b", 8)],
+            {"integrity": "xxh3_64", "hashes": (xxh(DATA[:8]), 12345)},
+            r"tensor 'b' bytes 0..8 failed the xxh3_64 integrity check",
+        ),
+        ([entry("a", 8)], {"integrity": "wsum64"}, "'wsum64' does not fit memory on cpu"),
     ],
-    ids=["missing", "duplicate", "extra", "checksum", "shape-mismatch"],
+    ids=["plan-digest", "duplicate", "dtype", "wrong-buffer", "integrity", "wrong-hash-kind"],
 )
-async def test_incomplete_refit_raises_before_the_final_batch(pair, entries, pieces, match) -> None:
+async def test_bad_refit_raises_before_the_final_batch(pair, entries, kw, match) -> None:
     policy, rollout = pair
-    data = torch.arange(16, dtype=torch.uint8)
     yielded: list[object] = []
 
     async def receive() -> None:
         async for batch in rollout.receive_weight_batches():
             yielded.append(batch)
 
-    with pytest.raises(IncompleteRefitError, match=match):
-        await asyncio.gather(receive(), rogue_refit(policy, rollout, entries, pieces, data))
-    assert yielded == [], "a refit that fails its manifest must not yield its final batch"
+    error = await first_error(receive(), rogue_refit(policy, rollout, entries, DATA, **kw))
+    assert isinstance(error, IncompleteRefitError), error
+    assert error.args and re.search(match, str(error)), str(error)
+    assert yielded == [], "a refit that fails its checks must not yield its final batch"
     await asyncio.sleep(0.1)
     with pytest.raises(PeerError, match="aborted refit 0: rollout rank 0"):
         policy.agent.take_control(rollout.agent.name, "done", 0)
+
+
+async def test_integrity_passes_when_the_bytes_are_right(pair) -> None:
+    policy, rollout = pair
+    got: list[tuple[str, torch.Tensor]] = []
+
+    async def receive() -> None:
+        async for batch in rollout.receive_weight_batches():
+            got.extend((n, t.clone()) for n, t in batch)
+
+    hashes = (xxh(DATA[:8]), xxh(DATA[8:]))
+    await asyncio.gather(
+        receive(),
+        rogue_refit(
+            policy,
+            rollout,
+            [entry("a", 8), entry("b", 8)],
+            DATA,
+            integrity="xxh3_64",
+            hashes=hashes,
+        ),
+    )
+    assert [n for n, _ in got] == ["a", "b"] and torch.equal(got[1][1], DATA[8:])
 
 
 async def test_receiver_abort_reaches_the_sender(pair) -> None:
@@ -169,49 +233,23 @@ async def test_receiver_abort_reaches_the_sender(pair) -> None:
         await policy.send_weights(iter([("w", torch.zeros(3))]))
 
 
-async def test_checksums_pass_when_data_is_right(pair) -> None:
-    policy, rollout = pair
-    data = torch.arange(16, dtype=torch.uint8)
-    crc = zlib.crc32(data[:8].numpy().tobytes())
-    got: list[tuple[str, torch.Tensor]] = []
-
-    async def receive() -> None:
-        async for batch in rollout.receive_weight_batches():
-            got.extend((n, t.clone()) for n, t in batch)
-
-    await asyncio.gather(
-        receive(), rogue_refit(policy, rollout, [entry("a", 8, crc)], [piece("a", 8)], data)
-    )
-    assert [n for n, _ in got] == ["a"] and torch.equal(got[0][1], data[:8])
-
-
 async def test_silent_sender_times_out_naming_what_was_awaited(pair) -> None:
     _, rollout = pair
     started = time.monotonic()
-    with pytest.raises(RefitTimeoutError, match=r"the manifest of refit 0 \(policy rank 0"):
+    with pytest.raises(RefitTimeoutError, match=r"the manifest \(policy rank 0, within 2.0s\)"):
         await collect(rollout)
     assert time.monotonic() - started < 2.0 + 1.5
 
 
-async def test_sender_without_receiver_credit_times_out(pair) -> None:
+async def test_sender_without_a_ready_receiver_times_out(pair) -> None:
     policy, _ = pair
-    with pytest.raises(RefitTimeoutError, match="credit for bucket 0 from rollout rank 0"):
+    with pytest.raises(RefitTimeoutError, match="readiness for refit 0 from rollout rank 0"):
         await policy.send_weights(iter([("w", torch.zeros(3))]))
 
 
-async def test_big_tensors_land_in_last_refits_memory_and_stay_bit_exact(pair, monkeypatch) -> None:
+async def test_big_tensors_land_in_kept_memory_from_the_first_refit(pair) -> None:
     policy, rollout = pair
     seen: list[dict[str, tuple[int, torch.Tensor]]] = []
-    landed: list[set[str]] = []
-    take = rollout.agent.take_control
-
-    def spy(peer: str, kind: str, refit: int, seq: int = 0) -> object:
-        found = take(peer, kind, refit, seq)
-        if isinstance(found, BucketReady):
-            landed[-1].update(found.landed)
-        return found
-
-    monkeypatch.setattr(rollout.agent, "take_control", spy)
 
     async def receive() -> None:
         got: dict[str, tuple[int, torch.Tensor]] = {}
@@ -222,43 +260,132 @@ async def test_big_tensors_land_in_last_refits_memory_and_stay_bit_exact(pair, m
     refits = [
         {"big": torch.arange(3000, dtype=torch.float32), "gone": torch.ones(2000)},
         {"big": torch.arange(3000, dtype=torch.float32) + 1, "w": torch.ones(5)},
-        {"big": torch.arange(4000, dtype=torch.float32) * 2},  # resized: not offered, copied
+        {"big": torch.arange(4000, dtype=torch.float32) * 2},  # resized: new memory
         {"big": torch.arange(4000, dtype=torch.float32) * 3},
     ]
     for sd in refits:
-        landed.append(set())
         await asyncio.gather(policy.send_weights(iter(sd.items())), receive())
     for sd, got in zip(refits, seen, strict=True):
         assert got.keys() == sd.keys() and all(torch.equal(got[k][1], sd[k]) for k in sd)
-    assert landed == [set(), {"big"}, set(), {"big"}]
+    staged = rollout._staging
+    assert staged is not None and staged.names() == {"big"}
     assert seen[0]["big"][0] == seen[1]["big"][0], "refit 1 must reassemble in refit 0's memory"
-    assert rollout._staging is not None and rollout._staging.names() == {"big"}
+    assert seen[2]["big"][0] == seen[3]["big"][0] == staged.tensors()["big"].data_ptr()
     rollout.finalize()
     assert rollout._staging is None
 
 
-async def test_chunks_landed_in_memory_the_receiver_did_not_offer_are_refused(pair) -> None:
+async def test_receive_into_lands_in_the_targets_and_registers_once(pair) -> None:
     policy, rollout = pair
-    agent, peer = policy.agent, rollout.agent.name
-    deadline = time.monotonic() + 2
-
-    async def rogue() -> None:
-        await agent.wait_control(peer, "credit", 0, 0, what="credit", deadline=deadline)
-        agent.send_control(
-            peer, Manifest(refit=0, total_buckets=1, digest="d", tensors=(entry("a", 8),))
+    targets = {"w": torch.empty(3000), "b": torch.empty(3, dtype=torch.bool), "e": torch.empty(0)}
+    registrations = []
+    for k in range(3):
+        sd = {
+            "w": torch.arange(3000.0) * k,
+            "b": torch.ones(3, dtype=torch.bool),
+            "e": torch.zeros(0),
+        }
+        pointers = {n: t.data_ptr() for n, t in targets.items()}
+        _, got = await asyncio.gather(
+            policy.send_weights(iter(sd.items())), rollout.receive_into(targets)
         )
-        agent.send_control(
-            peer,
-            BucketReady(
-                refit=0,
-                seq=0,
-                buffer=0,
-                total_buckets=1,
-                digest="d",
-                pieces=(piece("a", 8),),
-                landed=("a",),
-            ),
-        )
+        assert got is targets and {n: t.data_ptr() for n, t in targets.items()} == pointers
+        assert all(torch.equal(targets[n], sd[n]) for n in sd)
+        assert rollout.last_refit is not None and rollout.last_refit.bytes == 3000 * 4 + 3
+        registrations.append(rollout.last_refit.registrations)
+    assert registrations[0] >= 1 and registrations[1:] == [0, 0]
 
-    with pytest.raises(IncompleteRefitError, match="'a' landed in memory this rank did not"):
-        await asyncio.gather(collect(rollout), rogue())
+
+@pytest.mark.parametrize(
+    ("targets", "match"),
+    [
+        ({"w": torch.zeros(10)}, r"sent but not in the target: b"),
+        (
+            {"w": torch.zeros(10), "b": torch.zeros(3), "x": torch.zeros(1)},
+            r"in the target but not sent: x",
+        ),
+        (
+            {"w": torch.zeros(11), "b": torch.zeros(3)},
+            r"'w': sent float32\[10\], target has float32\[11\]",
+        ),
+        ({"w": torch.zeros(10), "b": torch.zeros(3, dtype=torch.int32)}, r"'b': sent float32\[3\]"),
+        (
+            {"w": torch.zeros(10, 2)[:, 0], "b": torch.zeros(3)},
+            r"'w': the target tensor is not contig",
+        ),
+    ],
+    ids=["missing", "extra", "shape", "dtype", "not-contiguous"],
+)
+async def test_layout_mismatch_is_refused_before_any_byte_lands(pair, targets, match) -> None:
+    policy, rollout = pair
+    before = {n: t.clone() for n, t in targets.items()}
+    sd = {"w": torch.ones(10), "b": torch.ones(3)}
+    sent, received = await asyncio.gather(
+        policy.send_weights(iter(sd.items())), rollout.receive_into(targets), return_exceptions=True
+    )
+    assert isinstance(received, LayoutMismatchError), received
+    assert re.search(match, str(received)), str(received)
+    assert "nothing was written" in str(received)
+    assert isinstance(sent, PeerError) and "LayoutMismatchError" in str(sent), sent
+    assert all(torch.equal(targets[n], before[n]) for n in targets)
+    assert not rollout.targets_exposed
+
+
+def test_registry_registers_a_storage_once_and_drops_what_refits_stop_using(pair) -> None:
+    from refit_worker.checkpoint_engines.registry import MemoryRegistry
+
+    _, rollout = pair
+    registry = MemoryRegistry(rollout.agent, "DRAM")
+    big = torch.zeros(4096)
+    a, b = big[:2048], big[2048:]  # two views of one storage: one registration
+    other = torch.zeros(10)
+    registry.next_refit()
+    first = registry.landing_set({"a": a, "b": b, "o": other})
+    assert len(registry) == 2 and registry.registered == 2
+    assert {t.name: t.addr for t in first.tensors} == {
+        "a": a.data_ptr(),
+        "b": b.data_ptr(),
+        "o": other.data_ptr(),
+    }
+    assert first.metadata  # NIXL's partial metadata, for peers connected earlier
+    registry.next_refit()
+    assert registry.landing_set({"a": a, "b": b, "o": other}) is first  # cached
+    assert registry.registered == 2
+    registry.next_refit()
+    registry.landing_set({"o": other})
+    registry.sweep(keep=1)  # 'big' was not used by the last refit
+    assert len(registry) == 1 and registry.serials([big, other])[0] == 0
+    registry.next_refit()
+    again = registry.landing_set({"a": a, "b": b, "o": other})
+    assert again.id != first.id, "a storage registered again is a new landing set"
+    registry.release(other)
+    assert registry.serials([other]) == (0,)
+    registry.clear()
+    assert len(registry) == 0
+
+
+async def test_buffered_buckets_hand_buffers_on_while_writes_need_progress(pair) -> None:
+    """Between agents of one process UCX leaves WRITEs in progress until polled: the sender
+    must drive them while it waits for credits, or the receiver never sees bucket 0."""
+    policy, rollout = pair
+    for refit in range(3):
+        sd = {f"small.{i}": torch.full((300,), float(i + refit)) for i in range(12)}
+        sd["big"] = torch.arange(5000, dtype=torch.float32) * refit  # > a bucket: lands
+        _, got = await asyncio.gather(policy.send_weights(iter(sd.items())), collect(rollout))
+        assert got.keys() == sd.keys() and all(torch.equal(got[k], sd[k]) for k in sd)
+
+
+async def test_a_failed_refit_does_not_break_the_next_one(pair) -> None:
+    policy, rollout = pair
+    targets = {"w": torch.zeros(3000)}
+    sd = {"w": torch.arange(3000.0)}
+    await asyncio.gather(policy.send_weights(iter(sd.items())), rollout.receive_into(targets))
+    # Refit 1 fails on the receiver's side after 'ready' (the sender is told to abort).
+    wrong = {"w": torch.zeros(3000), "x": torch.zeros(1)}
+    sent, received = await asyncio.gather(
+        policy.send_weights(iter(sd.items())), rollout.receive_into(wrong), return_exceptions=True
+    )
+    assert isinstance(received, LayoutMismatchError) and isinstance(sent, PeerError)
+    sd = {"w": torch.arange(3000.0) * 2}
+    await asyncio.gather(policy.send_weights(iter(sd.items())), rollout.receive_into(targets))
+    assert torch.equal(targets["w"], sd["w"])

@@ -308,3 +308,46 @@ def test_the_worker_writes_its_own_reason(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     message = done.stdout.split("message: ")[1].splitlines()[0]
     assert "failed: exit code 1: " in message and "BOGUS" in message, message
+
+
+USER_CODE = r"""
+import asyncio, sys
+import torch
+from refit_worker.session import Preempted, RefitSession
+
+async def main() -> None:
+    with RefitSession.from_env() as session:
+        role = session.config.role
+        weights = {"w": torch.zeros(256, 1024), "b": torch.zeros(1024)}
+        for refit in session.pending_refits:
+            if role == "policy":
+                for t in weights.values():
+                    t.fill_(refit + 1)
+                await session.send(weights.items(), refit_id=refit)
+            else:
+                await session.receive_into(weights, refit_id=refit, mode="double_buffer")
+                assert float(weights["w"][0, 0]) == refit + 1
+
+try:
+    asyncio.run(main())
+except Preempted:
+    sys.exit(83)
+"""
+
+
+def test_a_users_own_session_code_fills_the_status(tmp_path: Path) -> None:
+    """A trainer and a server of the user's own, built on RefitSession: the job's status
+    and the table come from the session's own reports."""
+    script = tmp_path / "user_code.py"
+    script.write_text(USER_CODE)
+    command = [sys.executable, str(script)]
+    path = _manifest(tmp_path, **{"policy.command": command, "rollout.command": command})
+    done = _run([str(path), "--plain"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "phase=Succeeded" in out and "refits 3/3" in out
+    rows, total = _rows_and_total(out)  # as printed: MiB to one decimal
+    assert len(rows) == 3 and sum(rows) == total
+    # Exactly what moved: 2 rollout ranks x 3 refits x (256*1024 + 1024) float32 values.
+    assert f"bytes={2 * 3 * (256 * 1024 + 1024) * 4} " in out
+    assert "verification: checksums" in out

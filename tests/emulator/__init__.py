@@ -64,6 +64,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "rbac.authorization.k8s.io/v1/roles": ("Role", False),
     "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", False),
     "refit.dev/v1alpha1/refitjobs": ("RefitJob", True),
+    "coordination.k8s.io/v1/leases": ("Lease", False),
 }
 #: resource key -> short names that discovery advertises (``kubectl get rj``, ``svc``, ``cm``)
 SHORT_NAMES: dict[str, tuple[str, ...]] = {

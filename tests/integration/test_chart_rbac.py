@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from tests.binaries import ensure_tools
-from tests.chart_tools import Helm, by_kind
+from tests.chart_tools import NAMESPACE, RELEASE, Helm, by_kind
 
 from refit_operator import kube, models
 from refit_operator.render import JobRef, render_rbac
@@ -49,19 +49,35 @@ def allowed(held: set[Grant], wanted: Grant) -> bool:
 
 
 def operator_grants(objects: list[dict[str, Any]], namespace: str) -> set[Grant]:
-    """What the operator may do in ``namespace``: its ClusterRole plus Roles there."""
-    roles = by_kind(objects, "ClusterRole") + [
-        r for r in by_kind(objects, "Role") if r["metadata"]["namespace"] == namespace
-    ]
-    return set().union(*(grants(r) for r in roles))
+    """What the operator's ServiceAccount may do in ``namespace``: the roles of every
+    ClusterRoleBinding naming it, and of every RoleBinding there naming it."""
+    account = by_kind(objects, "ServiceAccount")[0]["metadata"]["name"]
+    roles = {
+        (r["kind"], r["metadata"].get("namespace"), r["metadata"]["name"]): r
+        for r in (by_kind(objects, "ClusterRole") + by_kind(objects, "Role"))
+    }
+    held: set[Grant] = set()
+    for binding in by_kind(objects, "ClusterRoleBinding") + by_kind(objects, "RoleBinding"):
+        where = binding["metadata"].get("namespace")
+        if where not in (None, namespace):
+            continue
+        if not any(s["name"] == account for s in binding["subjects"]):
+            continue
+        ref = binding["roleRef"]
+        scope = None if ref["kind"] == "ClusterRole" else where
+        held |= grants(roles[(ref["kind"], scope, ref["name"])])
+    return held
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_every_kind_the_operator_touches_is_granted(helm: Helm, tmp_path: Path, mode: str) -> None:
-    held = operator_grants(helm.render(MODES[mode], tmp_path), "team-a")
+    objects = helm.render(MODES[mode], tmp_path)
+    held = operator_grants(objects, "team-a")
     missing = []
     for (api_version, kind), plural in kube.PLURALS.items():
         group = api_version.rpartition("/")[0]
+        if kind == "Lease":
+            continue  # the leader Lease is in the release's namespace: the next test
         if kind == "Event":
             verbs = {"create"}
         elif kind == models.KIND:
@@ -82,6 +98,22 @@ def test_every_kind_the_operator_touches_is_granted(helm: Helm, tmp_path: Path, 
         if not allowed(held, ("", plural, "patch", None)):
             missing.append(f"patch core/{plural}")
     assert missing == []
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_the_leader_lease_and_only_it_is_granted_in_the_release_namespace(
+    helm: Helm, tmp_path: Path, mode: str
+) -> None:
+    objects = helm.render(MODES[mode], tmp_path)
+    lease = f"{RELEASE}-refit-operator"  # the chart's --leader-election-id
+    held = operator_grants(objects, NAMESPACE)
+    for verb in ("get", "update", "patch", "create"):
+        assert allowed(held, ("coordination.k8s.io", "leases", verb, lease)), verb
+    # Only create (which cannot name its object) is granted on any Lease.
+    assert not allowed(held, ("coordination.k8s.io", "leases", "update", "kube-scheduler"))
+    assert ("coordination.k8s.io", "leases", "create", None) in held
+    elsewhere = operator_grants(objects, "team-a")
+    assert not any(g == "coordination.k8s.io" for g, _, _, _ in elsewhere)
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))

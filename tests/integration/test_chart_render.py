@@ -17,6 +17,7 @@ from tests.binaries import ensure_tools
 from tests.chart_tools import CHART, NAMESPACE, RELEASE, Helm, by_kind, one, schema_errors
 
 NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
+SINGLE = {"replicaCount": 1, "leaderElection": {"enabled": False}}
 CUSTOM = {
     "image": {
         "repository": "registry.example.com:5000/ml/refit",
@@ -24,14 +25,19 @@ CUSTOM = {
         "pullPolicy": "Always",
     },
     "resources": {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
-    "livenessPort": 9090,
+    "healthPort": 9091,
+    "metrics": {
+        "port": 9090,
+        "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}},
+    },
+    "leaderElection": {"leaseDuration": 30, "renewDeadline": 20, "retryPeriod": 4},
     "serviceAccount": {"create": True, "name": "refit-bot", "annotations": {"team": "rl"}},
     "podLabels": {"cost-center": "rl"},
     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops"}],
     "extraArgs": ["--verbose"],
     "stopSignalSupported": True,
 }
-VALUE_SETS = {"default": None, "namespaced": NAMESPACED, "custom": CUSTOM}
+VALUE_SETS = {"default": None, "namespaced": NAMESPACED, "custom": CUSTOM, "single": SINGLE}
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +61,15 @@ def _rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
     }
 
 
+#: The operator's own ClusterRole (and Roles, in namespaced mode) are named like this; the
+#: chart's other roles are for the leader Lease and for users.
+OPERATOR_ROLE = f"{RELEASE}-refit-operator"
+
+
+def _named(objects: list[dict[str, Any]], kind: str, name: str) -> list[dict[str, Any]]:
+    return [o for o in by_kind(objects, kind) if o["metadata"]["name"] == name]
+
+
 def _chart_version() -> str:
     return str(yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])
 
@@ -75,7 +90,9 @@ def test_lint_strict_passes(helm: Helm, tmp_path: Path, name: str) -> None:
 def test_rendered_objects_pass_the_kubernetes_schema(helm: Helm, tmp_path: Path, name: str) -> None:
     objects = helm.render(VALUE_SETS[name], tmp_path)
     assert objects
-    assert schema_errors(objects) == []
+    # The Prometheus Operator's ServiceMonitor has no schema here (a CRD of its own); its
+    # fields are checked in test_custom_image_resources_and_account.
+    assert schema_errors([o for o in objects if o["kind"] != "ServiceMonitor"]) == []
 
 
 def test_schema_check_catches_a_misspelt_field(helm: Helm, tmp_path: Path) -> None:
@@ -91,18 +108,36 @@ def test_default_deployment(helm: Helm, tmp_path: Path) -> None:
     objects = helm.render(None, tmp_path)
     deployment = one(objects, "Deployment")
     assert deployment["metadata"]["namespace"] == NAMESPACE
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    # Two replicas, one leading; a new pod starts (as a standby) before an old one stops.
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = deployment["spec"]["template"]["spec"]
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 10001
     container = _operator_container(objects)
     assert container["image"] == f"ghcr.io/kube-refit/refit:{_chart_version()}"
     assert container["command"] == ["refit"]
-    assert container["args"] == ["operator", "--liveness=http://0.0.0.0:8080/healthz"]
-    probe = container["livenessProbe"]["httpGet"]
-    assert probe["path"] == "/healthz"
-    assert [p["containerPort"] for p in container["ports"] if p["name"] == probe["port"]] == [8080]
+    assert container["args"] == [
+        "operator",
+        "--health-probe-bind-address=:8081",
+        "--metrics-bind-address=:8080",
+        "--leader-elect",
+        f"--leader-election-id={RELEASE}-refit-operator",
+        "--leader-elect-lease-duration=15",
+        "--leader-elect-renew-deadline=10",
+        "--leader-elect-retry-period=2",
+    ]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 8081, "metrics": 8080}
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert container[probe]["httpGet"] == {"path": path, "port": "health"}
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True
     assert security["allowPrivilegeEscalation"] is False
@@ -116,15 +151,16 @@ def test_default_deployment(helm: Helm, tmp_path: Path) -> None:
 
 def test_default_rbac_is_cluster_wide(helm: Helm, tmp_path: Path) -> None:
     objects = helm.render(None, tmp_path)
-    assert by_kind(objects, "Role") == []
-    assert by_kind(objects, "RoleBinding") == []
-    rules = _rules(one(objects, "ClusterRole"))
+    assert _named(objects, "Role", OPERATOR_ROLE) == []
+    assert _named(objects, "RoleBinding", OPERATOR_ROLE) == []
+    (role,) = _named(objects, "ClusterRole", OPERATOR_ROLE)
+    rules = _rules(role)
     assert ("", "namespaces", "watch") in rules
     assert ("refit.dev", "refitjobs/status", "patch") in rules
     assert ("", "pods", "create") in rules
     binding = one(objects, "ClusterRoleBinding")
     account = one(objects, "ServiceAccount")
-    assert binding["roleRef"]["name"] == one(objects, "ClusterRole")["metadata"]["name"]
+    assert binding["roleRef"]["name"] == OPERATOR_ROLE
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
     ]
@@ -135,9 +171,10 @@ def test_default_rbac_is_cluster_wide(helm: Helm, tmp_path: Path) -> None:
 def test_namespaced_mode_grants_only_the_watched_namespaces(helm: Helm, tmp_path: Path) -> None:
     objects = helm.render(NAMESPACED, tmp_path)
     # Cluster-wide, the operator may only read CRDs: no namespaced resource, no namespaces.
-    assert {r for _, r, _ in _rules(one(objects, "ClusterRole"))} == {"customresourcedefinitions"}
-    roles = by_kind(objects, "Role")
-    bindings = by_kind(objects, "RoleBinding")
+    (cluster_role,) = _named(objects, "ClusterRole", OPERATOR_ROLE)
+    assert {r for _, r, _ in _rules(cluster_role)} == {"customresourcedefinitions"}
+    roles = _named(objects, "Role", OPERATOR_ROLE)
+    bindings = _named(objects, "RoleBinding", OPERATOR_ROLE)
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for role in roles:
@@ -153,13 +190,21 @@ def test_namespaced_mode_grants_only_the_watched_namespaces(helm: Helm, tmp_path
         assert binding["subjects"][0]["name"] == account
         assert binding["subjects"][0]["namespace"] == NAMESPACE
     args = _operator_container(objects)["args"]
-    assert args[2:] == ["--namespace=team-a", "--namespace=team-b"]
+    assert args[-2:] == ["--namespace=team-a", "--namespace=team-b"]
 
 
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))
 def test_rbac_has_no_wildcards_secrets_or_peering(helm: Helm, tmp_path: Path, name: str) -> None:
     objects = helm.render(VALUE_SETS[name], tmp_path)
-    roles = by_kind(objects, "ClusterRole") + by_kind(objects, "Role")
+    users = {
+        f"{RELEASE}-refit-operator-refitjob-editor",
+        f"{RELEASE}-refit-operator-refitjob-viewer",
+    }
+    roles = [
+        r
+        for r in by_kind(objects, "ClusterRole") + by_kind(objects, "Role")
+        if r["metadata"]["name"] not in users
+    ]
     assert roles
     for group, resource, verb in set().union(*(_rules(r) for r in roles)):
         assert "*" not in (group, resource, verb)
@@ -176,11 +221,28 @@ def test_custom_image_resources_and_account(helm: Helm, tmp_path: Path) -> None:
     assert container["resources"] == CUSTOM["resources"]
     assert container["args"] == [
         "operator",
-        "--liveness=http://0.0.0.0:9090/healthz",
+        "--health-probe-bind-address=:9091",
+        "--metrics-bind-address=:9090",
+        "--leader-elect",
+        f"--leader-election-id={RELEASE}-refit-operator",
+        "--leader-elect-lease-duration=30",
+        "--leader-elect-renew-deadline=20",
+        "--leader-elect-retry-period=4",
         "--stop-signal-supported",
         "--verbose",
     ]
-    assert container["ports"][0]["containerPort"] == 9090
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "health": 9091,
+        "metrics": 9090,
+    }
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+    ]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= (
+        one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"].items()
+    )
     account = one(objects, "ServiceAccount")
     assert account["metadata"]["name"] == "refit-bot"
     assert account["metadata"]["annotations"] == {"team": "rl"}
@@ -203,9 +265,36 @@ def test_existing_service_account_gets_the_rbac(helm: Helm, tmp_path: Path) -> N
             {"watchNamespaces": ["Team_A"]}, "'Team_A' does not match pattern", id="ns-name"
         ),
         pytest.param({"watchNamespaces": ["a", "a"]}, "/watchNamespaces", id="ns-twice"),
-        pytest.param({"livenessPort": 0}, "/livenessPort", id="port-zero"),
+        pytest.param({"healthPort": 0}, "/healthPort", id="port-zero"),
         pytest.param({"stopSignalSupported": "yes"}, "/stopSignalSupported", id="not-bool"),
-        pytest.param({"livenessPort": "8080"}, "/livenessPort", id="port-string"),
+        pytest.param({"metrics": {"port": "8080"}}, "/metrics/port", id="port-string"),
+        # The pre-0.2 name of the probe port: refused by name, not silently ignored.
+        pytest.param({"livenessPort": 8080}, "'livenessPort' not allowed", id="old-port-key"),
+        pytest.param(
+            {"leaderElection": {"enabled": False}},
+            "replicaCount > 1 needs leaderElection.enabled",
+            id="replicas-without-election",
+        ),
+        pytest.param(
+            {"leaderElection": {"leaseDuration": 10, "renewDeadline": 10}},
+            "leaseDuration must be longer than leaderElection.renewDeadline",
+            id="lease-not-longer-than-deadline",
+        ),
+        pytest.param(
+            {"leaderElection": {"renewDeadline": 2.4, "retryPeriod": 2}},
+            "renewDeadline must be longer than 1.2 x leaderElection.retryPeriod",
+            id="deadline-within-retries",
+        ),
+        pytest.param(
+            {"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}},
+            "metrics.serviceMonitor.enabled needs metrics.enabled",
+            id="monitor-without-metrics",
+        ),
+        pytest.param(
+            {"metrics": {"serviceMonitor": {"interval": "often"}}},
+            "'often' does not match",
+            id="monitor-interval",
+        ),
         pytest.param(
             {"image": {"repository": "Bad Repo", "tag": "", "pullPolicy": "Always"}},
             "'Bad Repo'",
@@ -223,6 +312,7 @@ def test_existing_service_account_gets_the_rbac(helm: Helm, tmp_path: Path) -> N
         ),
         pytest.param({"resources": {"limits": {"memory": "lots"}}}, "'lots'", id="quantity"),
         pytest.param({"replicas": 2}, "'replicas' not allowed", id="unknown-key"),
+        pytest.param({"crds": {"install": "yes"}}, "/crds/install", id="crds-not-bool"),
         pytest.param(
             {"serviceAccount": {"create": False}},
             "serviceAccount.name is required",
@@ -271,6 +361,61 @@ def test_operator_cli_accepts_the_rendered_arguments(helm: Helm, tmp_path: Path,
     container = _operator_container(helm.render(VALUE_SETS[name], tmp_path))
     args = build_parser().parse_args(container["args"])
     assert args.command == "operator"
-    assert args.liveness == f"http://0.0.0.0:{values.get('livenessPort', 8080)}/healthz"
+    assert args.health_probe_bind_address == f"0.0.0.0:{values.get('healthPort', 8081)}"
+    assert args.metrics_bind_address == f"0.0.0.0:{values.get('metrics', {}).get('port', 8080)}"
+    election = values.get("leaderElection", {})
+    assert args.leader_elect is election.get("enabled", True)
+    if args.leader_elect:
+        assert args.leader_election_id == f"{RELEASE}-refit-operator"
+        assert args.leader_elect_lease_duration == election.get("leaseDuration", 15)
+        assert args.leader_elect_renew_deadline == election.get("renewDeadline", 10)
+        assert args.leader_elect_retry_period == election.get("retryPeriod", 2)
     assert (args.namespace or []) == values.get("watchNamespaces", [])
     assert args.stop_signal_supported is values.get("stopSignalSupported", False)
+
+
+def test_user_roles_aggregate_into_the_builtin_roles(helm: Helm, tmp_path: Path) -> None:
+    objects = helm.render(None, tmp_path)
+    (editor,) = _named(objects, "ClusterRole", f"{OPERATOR_ROLE}-refitjob-editor")
+    (viewer,) = _named(objects, "ClusterRole", f"{OPERATOR_ROLE}-refitjob-viewer")
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k for k, v in editor["metadata"]["labels"].items() if v == "true"} == {
+        aggregate + "admin",
+        aggregate + "edit",
+    }
+    assert {k for k, v in viewer["metadata"]["labels"].items() if v == "true"} == {
+        aggregate + "view"
+    }
+    assert ("refit.dev", "refitjobs", "create") in _rules(editor)
+    assert ("refit.dev", "refitjobs", "delete") in _rules(editor)
+    # Status is the operator's: users read it and never write it.
+    assert {v for g, r, v in _rules(editor) if r == "refitjobs/status"} == {"get"}
+    assert {v for _, _, v in _rules(viewer)} == {"get", "list", "watch"}
+    off = helm.render({"rbac": {"aggregateRoles": False}}, tmp_path)
+    assert _named(off, "ClusterRole", f"{OPERATOR_ROLE}-refitjob-editor") == []
+
+
+def test_single_replica_without_election_recreates(helm: Helm, tmp_path: Path) -> None:
+    objects = helm.render(SINGLE, tmp_path)
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert "--leader-elect" not in _operator_container(objects)["args"]
+    # A budget on one replica would block every drain; no Lease, so no Lease rights.
+    assert by_kind(objects, "PodDisruptionBudget") == []
+    assert _named(objects, "Role", f"{OPERATOR_ROLE}-leader-election") == []
+
+
+def test_default_budget_and_metrics_service(helm: Helm, tmp_path: Path) -> None:
+    objects = helm.render(None, tmp_path)
+    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    budget = one(objects, "PodDisruptionBudget")
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    service = one(objects, "Service")
+    assert service["metadata"]["name"] == f"{OPERATOR_ROLE}-metrics"
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert by_kind(objects, "ServiceMonitor") == []  # off unless asked for

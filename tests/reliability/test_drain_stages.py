@@ -29,7 +29,9 @@ from tests.support.processes import processes_under
 from refit_operator.models import Phase
 from refit_worker.contract.exits import EXIT_PREEMPTED
 
-REFITS = 4
+#: Enough that each stage's epoch still has refits ahead when its drain goes in, though a
+#: refit of this model takes only tens of milliseconds.
+REFITS = 8
 
 
 @pytest.mark.timeout(400)
@@ -45,7 +47,10 @@ def test_drain_at_every_stage(tmp_path: Path, topo: Topology) -> None:
     assert not result.timed_out, result.status
     assert result.status.phase == Phase.SUCCEEDED, result.status
     assert [f.stage for f in observer.faults] == [s.value for s in STAGES]
-    assert result.status.preemptions == len(STAGES)
+    # A drain that met the last rank already done (its final refit committed first) takes
+    # nothing away: no new gang.  Every other drain is a preemption.
+    after_done = observer.faults[-1].committed == REFITS
+    assert result.status.preemptions == len(STAGES) - after_done
     # A drain is never a failure: no rank exited 1 (a failed bit-exact check) or was
     # SIGKILLed after its grace period.
     assert result.status.restarts == 0, result.status.message

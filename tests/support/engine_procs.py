@@ -22,6 +22,9 @@ from typing import Any
 
 import torch
 
+from refit_worker.checkpoint_engines import TargetWeightLayout
+from refit_worker.checkpoint_engines.layout import WHOLE, select_slice
+
 CTX = mp.get_context("spawn")
 JOIN_TIMEOUT_S = float(os.environ.get("REFIT_TEST_JOIN_TIMEOUT_S", "90"))
 
@@ -48,7 +51,7 @@ def state_dict(refit: int, *, experts: int = 0) -> dict[str, torch.Tensor]:
 
 def digest(tensor: torch.Tensor) -> str:
     """Bit-exact fingerprint: dtype, shape and the raw bytes."""
-    flat = tensor.detach().reshape(-1).contiguous().view(torch.uint8)
+    flat = tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8)
     raw = flat.numpy().tobytes()
     return f"{tensor.dtype}|{list(tensor.shape)}|{hashlib.sha256(raw).hexdigest()}"
 
@@ -67,6 +70,8 @@ class Job:
     experts: int = 0
     hold_s: float = 0.0  # rollout pauses this long after its first batch (kill tests)
     release_cycles: bool = False
+    device: str = "cpu"  # "cuda": the payload, buffers and landing memory in VRAM
+    into: bool = False  # the rollout receives with receive_into (final tensors), not views
 
 
 def patience(job: Job) -> float:
@@ -80,7 +85,7 @@ def _engine(job: Job, rank_role: str, rank: int) -> Any:
     layout = job.layouts.get(str(rank)) if rank_role == "rollout" else None
     return NIXLCheckpointEngine(
         job.bucket_size,
-        device="cpu",
+        device=job.device,
         timeout_s=job.timeout_s,
         shard_expert_weights=layout is not None,
         target_layout=TargetWeightLayout.model_validate(layout) if layout else None,
@@ -118,6 +123,7 @@ def rank_main(job_json: str, role: str, rank: int, meta_q: Any, my_q: Any, out_q
                     engine.init_rollout_process_group(rollout_rank=rank, **kwargs)
             if role == "policy":
                 sd = state_dict(refit, experts=job.experts)
+                sd = {n: t.to(job.device) for n, t in sd.items()}
                 asyncio.run(engine.send_weights(iter(sd.items())))
                 report["refits"].append({})
             else:
@@ -131,6 +137,17 @@ def rank_main(job_json: str, role: str, rank: int, meta_q: Any, my_q: Any, out_q
 
 
 async def _receive(engine: Any, job: Job, out_q: Any, rank: int) -> dict[str, str]:
+    if job.into:
+        from refit_worker.checkpoint_engines.base import dtype_from_name
+
+        def allocate(specs: Any) -> dict[str, torch.Tensor]:
+            return {
+                s.name: torch.empty(s.shape, dtype=dtype_from_name(s.dtype), device=job.device)
+                for s in specs
+            }
+
+        landed = await engine.receive_into(allocate)
+        return {name: digest(t) for name, t in landed.items()}
     got: dict[str, str] = {}
     first = True
     async for batch in engine.receive_weight_batches():
@@ -218,3 +235,35 @@ def run_job(
                 proc.kill()
                 proc.join(timeout=10)
     return Run(reports, events, arrived)
+
+
+# -- what the tests expect of a run ------------------------------------------------------
+
+
+def expected(
+    refit: int, layout: dict[str, object] | None = None, experts: int = 0
+) -> dict[str, str]:
+    parsed = TargetWeightLayout.model_validate(layout) if layout else None
+    out: dict[str, str] = {}
+    for name, tensor in state_dict(refit, experts=experts).items():
+        part = select_slice(name, tuple(tensor.shape), parsed)
+        if part is None:
+            continue
+        sent = tensor if part == WHOLE else tensor.narrow(part.dim, part.start, part.length)
+        out[name] = digest(sent)
+    return out
+
+
+def assert_all_ok(run: Any, job: Job) -> None:
+    """Every rank reported, none an error, and every rollout refit bit-exact."""
+    assert len(run.reports) == job.train + job.rollout
+    for key, report in run.reports.items():
+        assert "error" not in report, f"{key}: {report.get('error')}"
+    for r in range(job.rollout):
+        refits = run.reports[("rollout", r)]["refits"]
+        assert len(refits) == job.refits
+        for k, got in enumerate(refits):
+            want = expected(k, job.layouts.get(str(r)), job.experts)
+            assert got == want, f"rollout {r} refit {k}: mismatch in " + str(
+                sorted(n for n in set(got) | set(want) if got.get(n) != want.get(n))
+            )

@@ -60,7 +60,7 @@ def test_tampered_entry_is_ignored_or_refused(row: Tamper, tmp_path: Path) -> No
         (lambda m: pickle.dumps(Exploit(m)), ProtocolError, "not a control message"),
         (lambda m: b"RFT1" + pickle.dumps(Exploit(m)), ProtocolError, "invalid control message"),
         (
-            lambda m: b'RFT1{"v":1,"kind":"credit","refit":0,"seq":0,"buffer":0,"x":1}',
+            lambda m: b'RFT1{"v":2,"kind":"credit","refit":0,"seq":0,"buffer":0,"x":1}',
             ProtocolError,
             "invalid control message",
         ),

@@ -10,7 +10,11 @@ from hypothesis import strategies as st
 
 from refit_worker.checkpoint_engines.planning import (
     TensorSpec,
+    buffer_handoffs,
+    buffer_slots,
+    cached_plan,
     check_bucket_size,
+    lands,
     plan_buckets,
     plan_digest,
     used_bytes,
@@ -147,3 +151,63 @@ def test_plan_invariants(shapes, bucket) -> None:
             assert p.chunk_offset == covered.get(p.name, 0), "chunks in order, no gaps"
             covered[p.name] = p.chunk_offset + p.chunk_size
     assert covered == {s.name: s.nbytes for s in specs}
+
+
+# -- which buckets need a receive buffer (both sides decide it from the same inputs) ----------
+def _buckets(specs, bucket):
+    return plan_buckets(specs, bucket)
+
+
+BIG = TensorSpec("big", "uint8", (100,))
+SMALL = TensorSpec("small", "uint8", (10,))
+EMPTY = TensorSpec("empty", "uint8", (0,))
+
+
+@pytest.mark.parametrize(
+    ("specs", "landing", "want"),
+    [
+        pytest.param([SMALL], {}, [0], id="nothing-lands-one-buffer"),
+        pytest.param([SMALL], {"small": 10}, [-1], id="all-lands-no-buffer"),
+        pytest.param([SMALL], {"small": 11}, [0], id="wrong-size-does-not-land"),
+        pytest.param([EMPTY], {}, [-1], id="zero-bytes-need-no-buffer"),
+        pytest.param([BIG, SMALL], {"big": 100}, [-1, -1, -1, 0], id="big-lands-small-buffered"),
+        pytest.param(
+            [SMALL, BIG, TensorSpec("s2", "uint8", (30,))],
+            {},
+            [0, 1, 0, 1, 0],
+            id="buffers-taken-in-turn",
+        ),
+    ],
+)
+def test_buffer_slots(specs, landing, want) -> None:
+    assert buffer_slots(_buckets(specs, 32), landing, 2) == want
+
+
+def test_lands_only_whole_sized_nonempty_pieces() -> None:
+    (piece,) = plan_buckets([SMALL], 32)[0]
+    assert lands(piece, {"small": 10})
+    assert not lands(piece, {"small": 9}) and not lands(piece, {})
+    (empty,) = plan_buckets([EMPTY], 32)[0]
+    assert not lands(empty, {"empty": 0})
+
+
+def test_buffer_slots_rejects_no_buffers() -> None:
+    with pytest.raises(ValueError, match="buffer_count must be >= 1"):
+        buffer_slots([[]], {}, 0)
+
+
+def test_cached_plan_is_planned_once_per_layout() -> None:
+    specs = [TensorSpec(f"t{i}", F32, (7, i + 1)) for i in range(5)]
+    first = cached_plan(specs, 64)
+    assert cached_plan(list(specs), 64) is first  # same layout: the same plan object
+    assert first.digest == plan_digest(specs, 64)
+    assert [list(b) for b in first.buckets] == plan_buckets(specs, 64)
+    assert cached_plan(specs, 128) is not first
+
+
+def test_buffer_handoffs_credit_each_buffer_again_after_its_last_user() -> None:
+    slots = [0, -1, 1, 0, -1, 1, 0]
+    upfront, handoffs = buffer_handoffs(slots, 2)
+    assert upfront == [0, 2]
+    assert handoffs == {0: 3, 2: 5, 3: 6}
+    assert buffer_handoffs([-1, -1], 2) == ([], {})

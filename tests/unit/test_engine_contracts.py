@@ -22,8 +22,13 @@ from refit_worker.checkpoint_engines.messages import (
     BucketReady,
     BufferDesc,
     Credit,
-    Landing,
+    Digest,
+    LandingSet,
+    LandingTensor,
+    Manifest,
+    ManifestEntry,
     ProtocolError,
+    Ready,
     decode,
     encode,
 )
@@ -55,21 +60,37 @@ def test_control_messages_round_trip_and_reject_others() -> None:
     piece = TensorMeta(
         name="w", shape=(2, 3), dtype="bfloat16", chunk_offset=0, chunk_size=12, offset=0
     )
-    message = BucketReady(refit=4, seq=7, buffer=1, total_buckets=9, digest="d", pieces=(piece,))
-    assert decode(encode(message)) == message
     assert piece.is_whole and piece.nbytes == 12
+    message = BucketReady(refit=4, seq=7, buffer=-1, digest="d")
+    assert decode(encode(message)) == message
     assert decode(encode(Credit(refit=1, seq=2, buffer=0))) == Credit(refit=1, seq=2, buffer=0)
-    offer = Landing(name="embed", nbytes=3 << 20, addr=2**47, metadata=bytes(range(256)))
-    credit = Credit(refit=1, seq=0, buffer=0, landing=(offer,))
-    assert decode(encode(credit)) == credit  # NIXL's binary blob survives the JSON framing
-    landed = message.model_copy(update={"landed": ("w",)})
-    assert decode(encode(landed)) == landed
+    landing = LandingSet(
+        id="agent:abc",
+        metadata=bytes(range(256)),
+        tensors=(LandingTensor(name="embed", nbytes=3 << 20, addr=2**47),),
+    )
+    ready = Ready(refit=1, landing=landing)
+    assert decode(encode(ready)) == ready  # NIXL's binary blob survives the JSON framing
+    assert decode(encode(Ready(refit=2, landing_id="agent:abc"))).landing_id == "agent:abc"
+    digest = Digest(refit=1, seq=3, hashes=(0, 2**64 - 1))
+    assert decode(encode(digest)) == digest  # 64-bit hashes survive JSON exactly
+    manifest = Manifest(
+        refit=0,
+        total_buckets=1,
+        digest="d",
+        bucket_size=64,
+        integrity="xxh3_64",
+        tensors=(ManifestEntry(name="w", dtype="bfloat16", shape=(2, 3)),),
+    )
+    assert decode(encode(manifest)) == manifest
+    with pytest.raises(ProtocolError, match="invalid control message"):
+        decode(encode(manifest).replace(b"xxh3_64", b"crc32"))
     with pytest.raises(ProtocolError, match="not a control message"):
         decode(b"\x80\x04pickle")
     with pytest.raises(ProtocolError, match="invalid control message"):
-        decode(b'RFT1{"v":2,"kind":"credit","refit":0,"seq":0,"buffer":0}')
+        decode(b'RFT1{"v":1,"kind":"credit","refit":0,"seq":0,"buffer":0}')  # the old protocol
     with pytest.raises(ProtocolError, match="invalid control message"):
-        decode(b'RFT1{"v":1,"kind":"credit","refit":-1,"seq":0,"buffer":0}')
+        decode(b'RFT1{"v":2,"kind":"credit","refit":-1,"seq":0,"buffer":0}')
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import inspect
 from pathlib import Path
 
 from refit_worker.session import RefitSession
+from refit_worker.targets import RECEIVE_MODES, check_mode
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -45,8 +46,27 @@ def test_example_calls_match_the_session_api() -> None:
         and isinstance(node.value, ast.Name)
         and node.value.id == "session"
     }
-    assert used == {"send", "receive", "committed"}
+    assert used == {"send", "receive_into", "pending_refits"}
     assert all(hasattr(RefitSession, name) for name in used)
     assert "refit_id" in inspect.signature(RefitSession.send).parameters
-    assert "refit_id" in inspect.signature(RefitSession.receive).parameters
+    receive_into = inspect.signature(RefitSession.receive_into).parameters
+    assert {"refit_id", "mode"} <= set(receive_into)
     assert hasattr(RefitSession, "from_env") and hasattr(RefitSession, "__enter__")
+
+
+def test_example_shows_a_server_in_each_receive_mode() -> None:
+    tree = ast.parse(_example())
+    modes = [
+        keyword.value.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "receive_into"
+        for keyword in node.keywords
+        if keyword.arg == "mode" and isinstance(keyword.value, ast.Constant)
+    ]
+    assert sorted(modes) == sorted(RECEIVE_MODES)
+    for mode in modes:
+        check_mode(mode)  # raises for a mode the API does not know
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert "PartialRefitError" in names, "the in-place server must handle a partial refit"

@@ -183,6 +183,25 @@ def test_a_finished_pod_that_is_drained_or_gone_triggers_no_new_gang() -> None:
     assert _run(running, pods, _done_by_all()).status.phase is Phase.SUCCEEDED
 
 
+def test_draining_a_pod_whose_rank_reported_done_is_no_preemption() -> None:
+    """Its process is still exiting, but its work is on record."""
+    draining = {
+        **RUNNING,
+        "conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"},
+        ],
+    }
+    pods = _pods(
+        0, **{"job-policy-0": RUNNING, "job-rollout-0": draining, "job-rollout-1": RUNNING}
+    )
+    running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
+    done_first = dict([_report(0, "rollout", 0, 3, state="done"), _report(0, "rollout", 1, 2)])
+    assert _run(running, pods, done_first).status.preemptions == 0
+    not_done = dict([_report(0, "rollout", 0, 2), _report(0, "rollout", 1, 2)])
+    assert _run(running, pods, not_done).status.preemptions == 1
+
+
 def test_a_running_pod_that_goes_missing_is_still_a_preemption() -> None:
     running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
     pods = _pods(0, **{"job-policy-0": RUNNING, "job-rollout-0": "gone", "job-rollout-1": RUNNING})
@@ -265,3 +284,50 @@ def test_reports_that_land_after_a_restart_are_still_counted() -> None:
     assert d.status.bytes_before_epoch == 400
     again = _run(d.status, [], late)  # read twice, counted once
     assert again.status.bytes_transferred == 400
+
+
+def test_a_lost_status_write_does_not_wipe_what_the_live_gang_published() -> None:
+    """The round that created the gang could not write its status (409): the next round
+    sees this epoch's pods and must adopt them, not clear the rendezvous again."""
+    lost = RefitJobStatus(phase=Phase.PENDING, epoch=0, created_epoch=None)
+    pods = _pods(0, **dict.fromkeys(NAMES, RUNNING))
+    d = _run(lost, pods, _published(0, NAMES[:2]))
+    patches = [a for a in d.actions if isinstance(a, rc.PatchData)]
+    assert all(None not in p.data.values() for p in patches), patches  # nothing deleted
+    assert not [a for a in d.actions if isinstance(a, rc.Create)]
+    assert d.status.created_epoch == 0
+    connected = next(c for c in d.status.conditions if c.type == "Connected")
+    assert connected.message == "2 of 3 ranks published"
+
+
+def test_a_lost_write_after_a_partly_created_gang_creates_the_rest() -> None:
+    """The creating round's parallel POSTs half failed, so its status was never written:
+    the ranks not yet created are created into the same epoch, not counted as lost."""
+    lost = RefitJobStatus(phase=Phase.PENDING, epoch=0, created_epoch=None)
+    pods = _pods(0, **{NAMES[0]: RUNNING, NAMES[1]: "gone", NAMES[2]: "gone"})
+    d = _run(lost, pods, _published(0, NAMES[:1]))
+    created = sorted(a.obj["metadata"]["name"] for a in d.actions if isinstance(a, rc.Create))
+    assert created == NAMES[1:]
+    assert all(
+        a.obj["metadata"]["labels"]["refit.dev/epoch"] == "0"
+        for a in d.actions
+        if isinstance(a, rc.Create)
+    )
+    assert not [a for a in d.actions if isinstance(a, rc.Delete)]
+    assert (d.status.epoch, d.status.restarts, d.status.preemptions) == (0, 0, 0)
+    assert d.status.created_epoch == 0
+
+
+def test_a_rank_gone_after_the_barrier_opened_is_lost_even_if_the_status_was() -> None:
+    """Once the barrier opened, bytes may have moved: a missing rank is a preemption."""
+    lost = RefitJobStatus(phase=Phase.RUNNING, epoch=0, created_epoch=None)
+    pods = _pods(0, **{NAMES[0]: RUNNING, NAMES[1]: RUNNING, NAMES[2]: "gone"})
+    barrier = BarrierEntry(
+        epoch=0,
+        policy_uids=(_uid(NAMES[0], 0),),
+        rollout_uids=(_uid(NAMES[1], 0), _uid(NAMES[2], 0)),
+    )
+    data = {**_published(0, NAMES), BARRIER_KEY: encode_entry(BARRIER_KEY, barrier)}
+    d = _run(lost, pods, data)
+    assert not [a for a in d.actions if isinstance(a, rc.Create)]
+    assert d.status.preemptions == 1 and "PodMissing" in d.status.message

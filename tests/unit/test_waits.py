@@ -171,3 +171,22 @@ async def test_async_timeout_and_sleeps_follow_the_backoff() -> None:
             sleep=clock.asleep,
         )
     assert clock.sleeps == pytest.approx([0.1, 0.2, 0.05])
+
+
+async def test_precise_sleep_sleeps_the_thread_below_asyncios_tick(monkeypatch) -> None:
+    """asyncio.sleep(50e-6) takes >= 1 ms (its selector rounds up): a short delay must go
+    to time.sleep (precise) and then yield once; a long one stays an asyncio sleep."""
+    from refit_worker import waits
+
+    calls: list[tuple[str, float]] = []
+    real_asleep = asyncio.sleep
+
+    async def asleep(delay: float) -> None:
+        calls.append(("asyncio", delay))
+        await real_asleep(0)
+
+    monkeypatch.setattr(waits.time, "sleep", lambda d: calls.append(("thread", d)))
+    monkeypatch.setattr(waits.asyncio, "sleep", asleep)
+    await waits.precise_sleep(50e-6)
+    await waits.precise_sleep(2e-3)
+    assert calls == [("thread", 50e-6), ("asyncio", 0), ("asyncio", 2e-3)]

@@ -31,9 +31,10 @@ import torch
 import torch.distributed as dist
 
 from refit_worker.contract.config import ConfigError, SyntheticWeights, WorkerConfig
-from refit_worker.contract.entries import ProgressState, Verification
+from refit_worker.contract.entries import Verification
+from refit_worker.contract.env import metrics_port_from_env
 from refit_worker.contract.exits import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_PREEMPTED
-from refit_worker.contract.progress import ProgressLog
+from refit_worker.metrics import RankLabels, serve
 from refit_worker.session import Preempted, RefitSession, RefitStats, StateDict, Verifier
 from refit_worker.signal_handler import DistributedSignalHandler
 from refit_worker.termination import write_termination_message
@@ -73,11 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         config = WorkerConfig.from_env()
-    except ConfigError as exc:
+        metrics_port = metrics_port_from_env()
+    except (ConfigError, ValueError) as exc:
         print(f"refit-worker: {exc}", file=sys.stderr)
         write_termination_message(f"refit-worker: {exc}")
         return EXIT_BAD_CONFIG
-    code = run(config)
+    code = run(config, metrics_port)
     # This rank has stopped; a preemption signal arriving during interpreter teardown
     # (NIXL/UCX and gloo threads take a moment) has nothing left to stop and must not turn
     # a clean exit into a signal death.
@@ -87,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def run(config: WorkerConfig) -> int:
-    """Run this rank to completion; returns the process exit code."""
+def run(config: WorkerConfig, metrics_port: int | None = None) -> int:
+    """Run this rank to completion; returns the process exit code.  With ``metrics_port``
+    its refit figures are served there for Prometheus while it runs."""
     who = f"{config.role} rank {config.rank} (epoch {config.epoch})"
     _join_group(config)
     # Everything, clean-up included, stays inside the handler: a preemption signal that
@@ -97,27 +100,31 @@ def run(config: WorkerConfig) -> int:
         config.preemption_signal, pid_dir=config.signal_pid_dir
     ) as handler:
         session = RefitSession(config, stop_requested=lambda: handler.received)
-        # What this rank did, for every report, the one after an error included.
-        progress = ProgressLog(config.first_refit, verification=_verification(config))
+        labels = RankLabels(config.job, config.role, config.rank, config.epoch)
+        # The rank's own figures, from the same log its progress reports come from.
+        exporter = (
+            serve(session.reporter.log, labels, metrics_port) if metrics_port is not None else None
+        )
         try:
             log.info("%s: connecting", who)
             session.connect()
-            asyncio.run(_refits(config, session, handler, progress))
+            asyncio.run(_refits(config, session, handler))
+            session.reporter.finish()
             log.info("%s: all %d refits done", who, config.transfer.refits)
             return 0
         except Preempted as exc:
             log.warning("%s: preempted: %s", who, exc)
-            _report(session, progress, "preempted", str(exc))
+            session.reporter.publish("preempted", str(exc))
             return EXIT_PREEMPTED
         except Exception as exc:
             # A peer that stopped for a preemption breaks our transfer or collective
             # first; the notice (or our own signal) follows within moments.
             if _preemption_follows(session, NOTICE_WAIT_S):
                 log.warning("%s: preempted (after %s: %s)", who, type(exc).__name__, exc)
-                _report(session, progress, "preempted", f"after {type(exc).__name__}: {exc}")
+                session.reporter.publish("preempted", f"after {type(exc).__name__}: {exc}")
                 return EXIT_PREEMPTED
             log.exception("%s: failed", who)
-            _report(session, progress, "failed", f"{type(exc).__name__}: {exc}")
+            session.reporter.publish("failed", f"{type(exc).__name__}: {exc}")
             write_termination_message(
                 f"{type(exc).__name__}: {exc}", config.termination_message_path
             )
@@ -125,6 +132,8 @@ def run(config: WorkerConfig) -> int:
         finally:
             session.close()
             dist.destroy_process_group()
+            if exporter is not None:
+                exporter.close()
 
 
 def _preemption_follows(session: RefitSession, seconds: float) -> bool:
@@ -153,47 +162,27 @@ def _join_group(config: WorkerConfig) -> None:
     )
 
 
-def _verification(config: WorkerConfig) -> Verification:
-    """How this rank checks each refit before committing it (policy ranks check none)."""
-    if config.role == "policy":
-        return "none"
-    if isinstance(config.weights, SyntheticWeights):
-        return "bit-exact"  # see _verifier
-    return "checksums" if config.transfer.checksum else "manifest"
-
-
-def _report(session: RefitSession, progress: ProgressLog, state: ProgressState, msg: str) -> None:
-    try:
-        session.store.write_progress(session.member, **progress.fields(state, msg))
-    except Exception:  # the exit code still tells the operator what happened
-        log.exception("could not report %s", state)
-
-
 async def _refits(
-    config: WorkerConfig,
-    session: RefitSession,
-    handler: DistributedSignalHandler,
-    progress: ProgressLog,
+    config: WorkerConfig, session: RefitSession, handler: DistributedSignalHandler
 ) -> None:
+    """The demo's refits; the session publishes each one's figures as it commits it."""
     state = load_weights(config.weights)
     first = config.first_refit
     for step in range(1, first + 1):
         advance(state, step)
-    for refit in range(first, config.transfer.refits):
+    verify = _verifier(config, state)
+    # Bit-exact against regenerated weights for a synthetic model; else what the engine
+    # itself checks (integrity hashes, the manifest): the status claims no more.
+    verified_as: Verification | None = "bit-exact" if verify is not None else None
+    for refit in session.pending_refits:
         _stop_at_boundary(config, session, handler)
         # Refit k carries the weights after training step k + 1.
         advance(state, refit + 1)
         if config.role == "policy":
             stats = await session.send(state.items(), refit_id=refit)
         else:
-            stats = await session.receive(refit_id=refit, verify=_verifier(config, state))
-        progress.record(refit, stats.bytes, stats.seconds)
+            stats = await session.receive(refit_id=refit, verify=verify, verified_as=verified_as)
         _log_refit(config, stats)
-        verb = "sent" if config.role == "policy" else "committed"
-        session.store.write_progress(
-            session.member, **progress.fields(message=f"refit {refit} {verb}")
-        )
-    session.store.write_progress(session.member, **progress.fields("done", "all refits done"))
 
 
 def _stop_at_boundary(
@@ -238,8 +227,9 @@ def _verifier(config: WorkerConfig, expected: StateDict) -> Verifier | None:
 
 def _log_refit(config: WorkerConfig, stats: RefitStats) -> None:
     verb = "sent" if config.role == "policy" else "committed"
+    # RefitStats.seconds: the transfer and the commit only (not generation or verification).
     log.info(
-        "%s rank %d: refit %d %s: %d bytes in %.3fs (%.2f GB/s)",
+        "%s rank %d: refit %d %s: %d bytes in %.3fs of transfer and commit (%.2f GB/s)",
         config.role,
         config.rank,
         stats.refit_id,

@@ -4,9 +4,21 @@ A session is built from the same ``REFIT_*`` environment the operator renders
 (:meth:`RefitSession.from_env`).  It owns the NIXL checkpoint engine and the rendezvous:
 :meth:`connect` publishes this rank's agent metadata, waits for the barrier of its epoch
 and connects to the peers; then a policy rank calls :meth:`send` with its
-``named_parameters()`` and a rollout rank calls :meth:`receive`, which stages the refit,
-verifies it (manifest completeness in the engine, plus an optional caller check) and only
-then commits it: :attr:`committed` never shows a half-received refit.
+``named_parameters()`` and a rollout rank receives each refit straight into final,
+registered tensors (no clone), verifies it (manifest completeness and integrity hashes in
+the engine, plus an optional caller check) and only then commits it:
+
+* :meth:`receive_into` ``(model, mode="double_buffer")``: into a spare copy of the model's
+  tensors, committed by swapping it with the served one; readers never see a partial refit;
+* :meth:`receive_into` ``(model, mode="in_place")``: straight into the live parameters while
+  the server has paused generation; a refit that stops part-way raises
+  :class:`PartialRefitError` (or :class:`Preempted` with ``weights_partial``): the live
+  weights are then partial and must not be served until a later refit completes;
+* :meth:`receive`: double-buffered into the session's own state, :attr:`committed`.
+
+:class:`RefitStats` times only the transfer and the commit: from the moment the transfer
+could start (landing memory ready, senders told) to the commit, leaving out waiting for the
+peer, weight generation, the caller's ``verify`` and control work (``control_seconds``).
 
 Every transfer runs beside a watcher that stops it at the next bucket boundary when this
 process got the preemption signal or the job posted a preemption notice; the call then
@@ -19,14 +31,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 
-from refit_worker.checkpoint_engines import NIXLCheckpointEngine
+from refit_worker.checkpoint_engines import LayoutMismatchError, NIXLCheckpointEngine
+from refit_worker.checkpoint_engines.base import dtype_from_name
+from refit_worker.checkpoint_engines.planning import TensorSpec
 from refit_worker.contract.config import WorkerConfig
+from refit_worker.contract.entries import Verification
 from refit_worker.rendezvous import (
     Member,
     PreemptedError,
@@ -35,6 +50,16 @@ from refit_worker.rendezvous import (
     open_store,
 )
 from refit_worker.rendezvous.watch import PreemptionWatch
+from refit_worker.reporting import ProgressReporter
+from refit_worker.targets import (
+    DoubleBuffer,
+    OwnState,
+    PartialRefitError,
+    ReceiveMode,
+    Target,
+    check_mode,
+    live_tensors,
+)
 
 T = TypeVar("T")
 
@@ -46,14 +71,34 @@ Verifier = Callable[[int, StateDict], None]
 
 
 class Preempted(Exception):
-    """The job is being preempted; stop at this safe point and exit as preempted."""
+    """The job is being preempted; stop at this safe point and exit as preempted.
+
+    ``weights_partial``: the stop came in the middle of an in-place refit, so the live
+    weights hold a mix of two refits and must not be served.
+    """
+
+    def __init__(self, message: str, *, weights_partial: bool = False) -> None:
+        super().__init__(message)
+        self.weights_partial = weights_partial
 
 
 @dataclass(frozen=True)
 class RefitStats:
+    """One refit as this rank saw it.
+
+    ``seconds`` covers the transfer and the commit only: from the moment the transfer could
+    start (a rollout rank: its landing memory was ready and it told the senders so; a
+    policy rank: every receiver was ready) to the commit (a policy rank: every receiver
+    confirmed).  Not included: waiting for the peer to start, generating or loading the
+    weights, the caller's ``verify``, and control work before the transfer (checks, the
+    first refit's allocation and registration of landing memory): ``control_seconds``.
+    """
+
     refit_id: int
     bytes: int
     seconds: float
+    #: Control work of the refit (checks, plans, allocating and registering memory).
+    control_seconds: float = 0.0
 
     @property
     def gbps(self) -> float:
@@ -97,6 +142,12 @@ class RefitSession:
         self._stop_requested = stop_requested
         self._engine: NIXLCheckpointEngine | None = None
         self._committed: CommittedRefit | None = None
+        self._own = OwnState()
+        self._doubles: dict[int, DoubleBuffer] = {}  # by id() of the caller's target
+        self._released: Any = None  # CUDA event: readers of the spare copy are done
+        self._partial = False
+        #: This rank's progress reports: every refit sent or committed is published.
+        self.reporter = ProgressReporter(self.store, self.member, config)
         # One long watch for the job-wide notice instead of a read per check: a thousand
         # ranks polling the ConfigMap would load the API server for nothing.
         self._watch = PreemptionWatch(self.store, self.member, lambda notice: None)
@@ -177,10 +228,29 @@ class RefitSession:
         self.connect()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        # Say how this rank stopped before it goes, so the job's status can tell.
+        if exc_type is not None and issubclass(exc_type, Preempted):
+            self.reporter.publish("preempted", str(exc[0])[:200])
+        elif exc_type is not None and issubclass(exc_type, Exception):
+            self.reporter.publish("failed", f"{exc_type.__name__}: {exc[0]}"[:200])
+        elif exc_type is None:
+            self.reporter.finish()
         self.close()
 
+    @property
+    def pending_refits(self) -> range:
+        """The refit ids this gang still has to move: from where a recreated gang resumes
+        (``first_refit``) to the job's ``refits``.  Loop over it, and the job's status,
+        ``refit run``'s table and a resumed gang all agree on what was done."""
+        return range(self.reporter.log.refits_completed, self.config.transfer.refits)
+
     # -- refits -----------------------------------------------------------------------
+
+    @property
+    def live_weights_partial(self) -> bool:
+        """Whether an in-place refit stopped part-way and no later one completed."""
+        return self._partial
 
     async def send(
         self, weights: Iterable[tuple[str, torch.Tensor]], *, refit_id: int
@@ -189,29 +259,174 @@ class RefitSession:
         engine = self._require("policy")
         items = [(name, tensor.detach()) for name, tensor in weights]
         nbytes = sum(t.numel() * t.element_size() for _, t in items)
-        started = time.perf_counter()
         await self._watched(engine.send_weights(iter(items), refit_id=refit_id))
-        return RefitStats(refit_id, nbytes, time.perf_counter() - started)
+        timing = engine.last_refit
+        seconds = timing.seconds if timing is not None else 0.0
+        control = timing.control_s if timing is not None else 0.0
+        self.reporter.refit(refit_id, nbytes, seconds, None)
+        return RefitStats(refit_id, nbytes, seconds, control)
 
-    async def receive(self, *, refit_id: int, verify: Verifier | None = None) -> RefitStats:
-        """Receive refit ``refit_id`` into a staging area, verify it, then commit it."""
+    async def receive(
+        self,
+        *,
+        refit_id: int,
+        verify: Verifier | None = None,
+        verified_as: Verification | None = None,
+    ) -> RefitStats:
+        """Receive refit ``refit_id`` into the session's own state, verify it, commit it.
+
+        Double-buffered: the refit lands in a spare copy (allocated when the first refit's
+        manifest arrives, the second right after that refit's commit, again when the
+        layout changes; registered once); the commit makes it
+        :attr:`committed` and keeps the previously committed memory as the next spare.  So
+        ``committed.state`` of refit ``k`` stays valid until refit ``k + 2`` starts; copy
+        out of it (or use :meth:`receive_into`) to keep it longer.
+
+        ``verified_as`` names what ``verify`` checks (e.g. ``"bit-exact"``) for the job's
+        status; without it the status claims only what the engine checked itself.
+        """
         engine = self._require("rollout")
-        staged: StateDict = {}
-        started = time.perf_counter()
+        device = engine.device
 
-        async def stage() -> None:
-            async for batch in engine.receive_weight_batches(refit_id=refit_id):
-                for name, view in batch:
-                    # The views alias a receive buffer that the next bucket reuses.
-                    staged[name] = view.clone()
+        def resolve(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
+            shapes = {s.name: (s.shape, dtype_from_name(s.dtype)) for s in specs}
+            return self._own.spare(shapes, device)
 
-        await self._watched(stage())
-        seconds = time.perf_counter() - started
+        filled = await self._land(engine, resolve, refit_id, partial=False)
         if verify is not None:
-            verify(refit_id, staged)
-        self._committed = CommittedRefit(refit_id, staged)  # one assignment: atomic to readers
-        nbytes = sum(t.numel() * t.element_size() for t in staged.values())
-        return RefitStats(refit_id, nbytes, seconds)
+            verify(refit_id, dict(filled))
+        started = time.perf_counter()
+        self._commit(refit_id, self._own.swap())
+        stats = self._stats(engine, time.perf_counter() - started, verified_as)
+        # Set up the second copy now, between refits, not while the next one streams in
+        # (once: from then on the two copies take turns).
+        self._own.spare(self._own.layout(), device)
+        return stats
+
+    async def receive_into(
+        self,
+        target: Target,
+        *,
+        refit_id: int,
+        mode: ReceiveMode = "double_buffer",
+        verify: Verifier | None = None,
+        verified_as: Verification | None = None,
+    ) -> RefitStats:
+        """Receive refit ``refit_id`` into ``target`` (an ``nn.Module`` or a state dict).
+
+        ``mode="double_buffer"``: into a spare copy of ``target``'s tensors, then swapped in
+        (a module's parameters point at the new memory, a mapping's values are replaced);
+        on any failure ``target`` is untouched.  ``mode="in_place"``: straight into
+        ``target``'s tensors; pause whatever reads them first.  On a failure after the
+        first byte could land this raises :class:`PartialRefitError` (a preemption:
+        :class:`Preempted` with ``weights_partial=True``) and :attr:`live_weights_partial`
+        turns true: do not serve those weights until a later refit completes.
+
+        The names, dtypes and shapes of ``target`` must match what the policy sends,
+        else :class:`~refit_worker.checkpoint_engines.LayoutMismatchError` before any byte
+        lands.  ``verify(refit_id, tensors)`` runs on the filled tensors before the commit.
+        """
+        engine = self._require("rollout")
+        mode = check_mode(mode)
+        if mode == "in_place":
+
+            def in_place(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
+                return live_tensors(target, [s.name for s in specs])
+
+            filled = await self._land(engine, in_place, refit_id, partial=True)
+            self._check(verify, refit_id, filled, partial=True)
+            started = time.perf_counter()
+            self._partial = False
+            self._commit(refit_id, dict(filled))
+            return self._stats(engine, time.perf_counter() - started, verified_as)
+        double = self._doubles.get(id(target))
+        if double is None or double.target is not target:
+            double = self._doubles[id(target)] = DoubleBuffer(target)
+        # The spare was served until the last swap: CUDA kernels may still read it.
+        if self._released is not None:
+            self._released.synchronize()
+
+        def spare(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
+            return double.spare([s.name for s in specs])
+
+        filled = await self._land(engine, spare, refit_id, partial=False)
+        self._check(verify, refit_id, filled, partial=False)
+        started = time.perf_counter()
+        self._commit(refit_id, double.swap())
+        return self._stats(engine, time.perf_counter() - started, verified_as)
+
+    async def _land(
+        self,
+        engine: NIXLCheckpointEngine,
+        targets: Callable[[Sequence[TensorSpec]], Mapping[str, torch.Tensor]],
+        refit_id: int,
+        *,
+        partial: bool,
+    ) -> Mapping[str, torch.Tensor]:
+        """Receive into ``targets``; an in-place failure after landing began says so."""
+        who = f"rollout rank {self.config.rank}: refit {refit_id}"
+        try:
+            return await self._watched(engine.receive_into(targets, refit_id=refit_id))
+        except LayoutMismatchError:
+            raise  # refused before any byte landed: nothing changed
+        except Preempted as exc:
+            if partial and engine.targets_exposed:
+                self._partial = True
+                raise Preempted(
+                    f"{exc}; the in-place refit {refit_id} stopped part-way, so the live "
+                    "weights are partial: do not serve them",
+                    weights_partial=True,
+                ) from exc
+            raise
+        except Exception as exc:
+            if partial and engine.targets_exposed:
+                self._partial = True
+                raise PartialRefitError(
+                    f"{who} failed part-way ({type(exc).__name__}: {exc}); the live weights "
+                    "now mix two refits: do not serve them until a later refit completes"
+                ) from exc
+            raise
+
+    def _check(
+        self,
+        verify: Verifier | None,
+        refit_id: int,
+        filled: Mapping[str, torch.Tensor],
+        *,
+        partial: bool,
+    ) -> None:
+        if verify is None:
+            return
+        try:
+            verify(refit_id, dict(filled))
+        except Exception as exc:
+            if not partial:
+                raise
+            self._partial = True
+            raise PartialRefitError(
+                f"rollout rank {self.config.rank}: refit {refit_id} landed in place but failed "
+                f"verification ({type(exc).__name__}: {exc}); do not serve the live weights"
+            ) from exc
+
+    def _commit(self, refit_id: int, state: StateDict) -> None:
+        self._committed = CommittedRefit(refit_id, state)  # one assignment: atomic to readers
+        engine = self._engine
+        if engine is not None and engine.device.type == "cuda":
+            # Readers queued on the old copy must finish before a refit refills it.
+            self._released = torch.cuda.current_stream(engine.device).record_event()
+
+    def _stats(
+        self, engine: NIXLCheckpointEngine, commit_s: float, verified_as: Verification | None
+    ) -> RefitStats:
+        """The committed refit's figures, published as this rank's progress."""
+        timing = engine.last_refit
+        if timing is None:
+            raise RuntimeError("the engine reported no refit")
+        stats = RefitStats(
+            timing.refit_id, timing.bytes, timing.seconds + commit_s, timing.control_s
+        )
+        self.reporter.refit(stats.refit_id, stats.bytes, stats.seconds, verified_as)
+        return stats
 
     def preemption_pending(self) -> bool:
         """Whether this process got the signal or the job posted a preemption notice."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -70,18 +70,18 @@ def _timed_out(what: str, timeout: float) -> str:
     return f"timed out after {timeout:g}s waiting for {what}"
 
 
-def poll_until(
+def _waiting(
     check: Callable[[], T | None],
     *,
     timeout: float,
     what: str,
-    backoff: Backoff = Backoff(),
-    cancel: CancelFlag | None = None,
-    error: ErrorFactory = WaitTimeout,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> T:
-    """Call ``check`` until it returns a result; blocks the calling thread."""
+    backoff: Backoff,
+    cancel: CancelFlag | None,
+    error: ErrorFactory,
+    clock: Callable[[], float],
+) -> Generator[float, None, T]:
+    """The one waiting rule, for both loops: yields how long to pause before the next check
+    (0.0 while spinning) and returns the result; raises on timeout or cancel."""
     if timeout < 0:
         raise ValueError(f"timeout must be >= 0, got {timeout}")
     start = clock()
@@ -97,9 +97,58 @@ def poll_until(
         now = clock()
         if now >= deadline:
             raise error(_timed_out(what, timeout))
-        if now < spin_until:
-            continue
-        sleep(min(next(delays), deadline - now))
+        yield 0.0 if now < spin_until else min(next(delays), deadline - now)
+
+
+def poll_until(
+    check: Callable[[], T | None],
+    *,
+    timeout: float,
+    what: str,
+    backoff: Backoff = Backoff(),
+    cancel: CancelFlag | None = None,
+    error: ErrorFactory = WaitTimeout,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Call ``check`` until it returns a result; blocks the calling thread."""
+    steps = _waiting(
+        check,
+        timeout=timeout,
+        what=what,
+        backoff=backoff,
+        cancel=cancel,
+        error=error,
+        clock=clock,
+    )
+    while True:
+        try:
+            pause = next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]  # the generator's T
+        if pause > 0:
+            sleep(pause)
+
+
+#: Below this, asyncio cannot sleep: its selector rounds timeouts up to whole milliseconds.
+ASYNCIO_TICK_S = 1e-3
+
+
+async def precise_sleep(delay: float) -> None:
+    """An asyncio sleep that honours sub-millisecond delays.
+
+    ``asyncio.sleep(50e-6)`` really sleeps >= 1 ms (the event loop's selector rounds its
+    timeout up), which adds a millisecond to every short wait.  A delay under
+    :data:`ASYNCIO_TICK_S` therefore sleeps the thread itself (``time.sleep`` is precise to
+    microseconds and frees the CPU and the GIL), then yields to the loop once; longer ones
+    are ordinary asyncio sleeps.  Use it with a :class:`Backoff` whose ``cap`` bounds how
+    long the loop can be held (e.g. 1 ms).
+    """
+    if delay < ASYNCIO_TICK_S:
+        time.sleep(delay)
+        await asyncio.sleep(0)
+    else:
+        await asyncio.sleep(delay)
 
 
 async def apoll_until(
@@ -117,22 +166,18 @@ async def apoll_until(
 
     While spinning it yields with ``sleep(0)``, so other tasks still run.
     """
-    if timeout < 0:
-        raise ValueError(f"timeout must be >= 0, got {timeout}")
-    start = clock()
-    deadline = start + timeout
-    spin_until = start + backoff.spin
-    delays = backoff.delays()
+    steps = _waiting(
+        check,
+        timeout=timeout,
+        what=what,
+        backoff=backoff,
+        cancel=cancel,
+        error=error,
+        clock=clock,
+    )
     while True:
-        result = check()
-        if _done(result):
-            return result  # type: ignore[return-value]  # not None/False: a T
-        if cancel is not None and cancel.is_set():
-            raise WaitCancelled(f"stopped waiting for {what}: cancelled")
-        now = clock()
-        if now >= deadline:
-            raise error(_timed_out(what, timeout))
-        if now < spin_until:
-            await sleep(0)
-            continue
-        await sleep(min(next(delays), deadline - now))
+        try:
+            pause = next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]  # the generator's T
+        await sleep(pause)

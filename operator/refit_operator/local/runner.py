@@ -63,6 +63,9 @@ class RunOptions:
     timeout: float = 3600.0
     #: PersistentVolumeClaim name -> local directory (a safetensors job's weights).
     claims: Mapping[str, Path] = field(default_factory=dict)
+    #: Seconds between two rounds of observe and reconcile (tests that time faults
+    #: against fast refits look more often).
+    tick_s: float = TICK_S
 
 
 @dataclass
@@ -278,7 +281,7 @@ def run_job(
             if time.monotonic() - started > options.timeout:
                 result.timed_out = True
                 return result
-            time.sleep(TICK_S)
+            time.sleep(options.tick_s)
     finally:
         cluster.close(timeout=float(spec.preemption.grace_period_seconds) + 5)
         if own_dir:

@@ -17,7 +17,7 @@ from .agent import (
     preinit_nixl_agent,
     resolve_nixl_backend_kwargs,
 )
-from .base import CheckpointEngine, TensorMeta
+from .base import CheckpointEngine, RefitTiming, TensorMeta
 from .layout import TargetWeightLayout
 from .mapping import (
     _source_rank_for_rollout,
@@ -28,7 +28,7 @@ from .mapping import (
 from .messages import BufferDesc, NixlAgentMetadata, ProtocolError
 from .nixl import NIXLCheckpointEngine
 from .planning import TensorSpec, plan_buckets
-from .receiver import IncompleteRefitError
+from .receiver import IncompleteRefitError, LayoutMismatchError
 
 __all__ = [
     "NIXL_DEFAULT_BACKEND_NAME",
@@ -36,12 +36,14 @@ __all__ = [
     "BufferDesc",
     "CheckpointEngine",
     "IncompleteRefitError",
+    "LayoutMismatchError",
     "NIXLCheckpointEngine",
     "NixlAgent",
     "NixlAgentMetadata",
     "PeerError",
     "ProtocolError",
     "RefitTimeoutError",
+    "RefitTiming",
     "TargetWeightLayout",
     "TensorMeta",
     "TensorSpec",

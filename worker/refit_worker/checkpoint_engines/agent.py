@@ -1,21 +1,26 @@
 """The NIXL transport boundary: :class:`NixlAgent` and backend set-up helpers.
 
 ``NixlAgent`` wraps one ``nixl_agent``: memory registration, WRITE transfers described by
-plain ``(addr, length, dev_id)`` tuples, and an inbox of notifications keyed by peer.  Every
-wait takes a deadline and a description of what it waits for, polls with a bounded
-exponential back-off (50 µs up to 0.5 ms, never a hot spin) and raises
-:class:`RefitTimeoutError` naming the peer and the awaited thing.  The agent runs without
+plain ``(addr, length, dev_id)`` tuples (or prepared descriptor lists whose transfer handles
+are reposted refit after refit, see :meth:`NixlAgent.prepare_writes`), and an inbox of
+notifications keyed by peer.  Every wait goes through :func:`refit_worker.waits.apoll_until`
+with a description of what it waits for and raises :class:`RefitTimeoutError` naming the
+peer and the awaited thing.  Waits inside a refit (:data:`REFIT_BACKOFF`) re-check for
+0.1 ms, then back off from 50 µs to 1 ms with :func:`~refit_worker.waits.precise_sleep`, so
+a message that arrives within microseconds is seen within microseconds, not after the 1 ms
+that asyncio rounds short sleeps up to; a peer that is slow costs ~1 kHz of polling, never a
+hot spin.  Waits between refits (:data:`IDLE_BACKOFF`) grow to 2 ms.  The agent runs without
 NIXL's progress thread by default: on a 2-core host that thread competes with the copy
 itself (measured ~3x slower); progress is made by our own polls.
 
 nixl is imported lazily so that planning, mapping and messages work without it.
 
-Must not import: torch.distributed, the engine module (``nixl.py``), the operator.
+Must not import: torch, torch.distributed, the engine module (``nixl.py``), the operator;
+of the worker only :mod:`refit_worker.waits`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -24,6 +29,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from refit_worker.waits import Backoff, apoll_until, precise_sleep
+
+from .backend import NIXL_DEFAULT_BACKEND_NAME, backend_params, resolve_nixl_backend_kwargs
 from .messages import (
     Abort,
     BucketReady,
@@ -40,11 +48,11 @@ from .messages import (
 
 log = logging.getLogger(__name__)
 
-NIXL_DEFAULT_BACKEND_NAME = "UCX"
 NIXL_TRANSFER_BUFFER_COUNT = 2
-_BACKOFF_START_S = 50e-6
-_BACKOFF_CAP_S = 5e-4
-_NIXL_KWARGS = frozenset({"backend_name", "backend_init_params"})
+#: Waits inside a refit: spin 0.1 ms, then 50 µs doubling to 1 ms (precise sleeps).
+REFIT_BACKOFF = Backoff(first=50e-6, cap=1e-3, spin=1e-4)
+#: Waits for a refit to begin (the peer may be training or generating): up to 2 ms.
+IDLE_BACKOFF = Backoff(first=50e-6, cap=2e-3, spin=1e-4)
 
 Region = tuple[int, int, int]  # (addr, length, dev_id)
 
@@ -55,48 +63,6 @@ class RefitTimeoutError(TimeoutError):
 
 class PeerError(RuntimeError):
     """A peer failed: a transfer to it went to ERR, or it aborted the refit."""
-
-
-class Backoff:
-    """Sleeps that start short and double up to a cap, so waiting costs little CPU."""
-
-    def __init__(self, start: float = _BACKOFF_START_S, cap: float = _BACKOFF_CAP_S) -> None:
-        self._start, self._cap, self._next = start, cap, start
-
-    def reset(self) -> None:
-        self._next = self._start
-
-    async def sleep(self) -> None:
-        await asyncio.sleep(self._next)
-        self._next = min(self._next * 2, self._cap)
-
-
-def resolve_nixl_backend_kwargs(nixl_kwargs: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
-    """Split ``{"backend_name": ..., "backend_init_params": {...}}`` into (name, params)."""
-    if not isinstance(nixl_kwargs, dict):
-        raise TypeError(f"nixl kwargs must be a dict, got {type(nixl_kwargs).__name__}")
-    unknown = sorted(set(nixl_kwargs) - _NIXL_KWARGS)
-    if unknown:
-        raise ValueError(f"unknown nixl kwargs {unknown}; allowed: {sorted(_NIXL_KWARGS)}")
-    name = nixl_kwargs.get("backend_name", NIXL_DEFAULT_BACKEND_NAME)
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"backend_name must be a non-empty string, got {name!r}")
-    params = nixl_kwargs.get("backend_init_params")
-    if params is not None and not isinstance(params, dict):
-        raise ValueError(f"backend_init_params must be a dict, got {params!r}")
-    return name, params
-
-
-def _backend_params(params: dict[str, Any] | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in (params or {}).items():
-        if isinstance(value, bool):
-            out[str(key)] = "true" if value else "false"
-        elif isinstance(value, str | int | float):
-            out[str(key)] = str(value)
-        else:
-            raise ValueError(f"backend_init_params[{key!r}] must be a scalar, got {value!r}")
-    return out
 
 
 class NixlAgent:
@@ -122,7 +88,7 @@ class NixlAgent:
                 f"NIXL backend {backend_name!r} is not available; "
                 f"available: {sorted(self._agent.get_plugin_list())}"
             )
-        self._agent.create_backend(backend_name, _backend_params(backend_init_params))
+        self._agent.create_backend(backend_name, backend_params(backend_init_params))
         self._raw: dict[str, list[bytes]] = {}
         self._control: dict[tuple[str, str, int, int], ControlMessage] = {}
 
@@ -160,6 +126,11 @@ class NixlAgent:
     def memory_metadata(self, handle: Any) -> bytes:
         """NIXL's partial metadata for one registration, for peers connected before it."""
         return bytes(self._agent.get_partial_agent_metadata(handle, False, []))
+
+    def regions_metadata(self, regions: Sequence[Region], mem_type: str) -> bytes:
+        """NIXL's partial metadata for registered ``regions`` (made by several registrations)."""
+        descs = self._agent.get_reg_descs([(a, n, d, "") for a, n, d in regions], mem_type)
+        return bytes(self._agent.get_partial_agent_metadata(descs, False, []))
 
     def add_remote_memory(self, peer: str, metadata: bytes) -> None:
         """Load ``peer``'s :meth:`memory_metadata` so WRITEs into that memory work."""
@@ -205,19 +176,74 @@ class NixlAgent:
 
     async def wait_transfer(self, handle: Any, peer: str, what: str, deadline: float) -> None:
         """Wait for a posted transfer; release its handle either way."""
-        backoff = Backoff()
         try:
-            while True:
-                state = self.transfer_state(handle)
-                if state == "DONE":
-                    return
-                if state == "ERR":
-                    raise PeerError(f"transfer of {what} to {peer!r} failed (peer gone?)")
-                if time.monotonic() > deadline:
-                    raise RefitTimeoutError(f"{what} to {peer!r} did not complete in time")
-                await backoff.sleep()
+            await self.wait_posted(handle, peer, what, deadline)
         finally:
             handle.release()
+
+    async def wait_posted(self, handle: Any, peer: str, what: str, deadline: float) -> None:
+        """Wait for a posted transfer to finish (the handle stays, to be posted again)."""
+
+        def finished() -> bool:
+            state = self.transfer_state(handle)
+            if state == "ERR":
+                raise PeerError(f"transfer of {what} to {peer!r} failed (peer gone?)")
+            return state == "DONE"
+
+        await apoll_until(
+            finished,
+            timeout=max(0.0, deadline - time.monotonic()),
+            what=f"{what} to {peer!r} to complete",
+            backoff=REFIT_BACKOFF,
+            error=RefitTimeoutError,
+            sleep=precise_sleep,
+        )
+
+    def prepare_writes(
+        self,
+        peer: str,
+        local: Sequence[Region],
+        remote: Sequence[Region],
+        mem_type: str,
+        groups: Sequence[Sequence[int]],
+    ) -> PreparedWrites:
+        """Prepare descriptor lists once and one WRITE handle per group of indices.
+
+        ``local[i]`` is written to ``remote[i]``; each group (a bucket) becomes one handle
+        that :meth:`post_prepared` posts again at every refit with a new notification.  The
+        handles stay valid while both sides' memory stays registered.
+        """
+        if len(local) != len(remote):
+            raise ValueError(f"need equal region lists, got {len(local)}/{len(remote)}")
+        try:
+            local_side = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", list(local), mem_type)
+            remote_side = self._agent.prep_xfer_dlist(peer, list(remote), mem_type)
+        except Exception as exc:  # nixl raises its own error types per status code
+            raise PeerError(
+                f"cannot prepare WRITEs to {peer!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        prepared = PreparedWrites(self, local_side, remote_side)
+        try:
+            for group in groups:
+                indices = list(group)
+                prepared.handles.append(
+                    self._agent.make_prepped_xfer(
+                        "WRITE", local_side, indices, remote_side, indices, b""
+                    )
+                    if indices
+                    else None
+                )
+        except Exception as exc:  # nixl raises its own error types per status code
+            prepared.release()
+            raise PeerError(
+                f"cannot prepare WRITEs to {peer!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        return prepared
+
+    def post_prepared(self, handle: Any, peer: str, notif: bytes) -> None:
+        """Post a prepared WRITE handle (again) with notification ``notif``."""
+        if self._agent.transfer(handle, notif) == "ERR":
+            raise PeerError(f"posting a WRITE to {peer!r} failed")
 
     # -- messages -----------------------------------------------------------------------
     def send_control(self, peer: str, message: ControlMessage, *, who: str = "") -> None:
@@ -280,51 +306,91 @@ class NixlAgent:
         return self._control.pop((peer, kind, refit, seq), None)
 
     async def wait_control(
-        self, peer: str, kind: str, refit: int, seq: int, *, what: str, deadline: float
+        self,
+        peer: str,
+        kind: str,
+        refit: int,
+        seq: int,
+        *,
+        what: str,
+        deadline: float,
+        backoff: Backoff = REFIT_BACKOFF,
     ) -> ControlMessage:
         """Wait for control message ``(kind, refit, seq)`` from ``peer``."""
-        backoff = Backoff()
-        while True:
-            found = self.take_control(peer, kind, refit, seq)
-            if found is not None:
-                return found
-            if time.monotonic() > deadline:
-                raise RefitTimeoutError(f"timed out waiting for {what} from {peer!r}")
-            await backoff.sleep()
+        return await apoll_until(
+            lambda: self.take_control(peer, kind, refit, seq),
+            timeout=max(0.0, deadline - time.monotonic()),
+            what=f"{what} from {peer!r}",
+            backoff=backoff,
+            error=RefitTimeoutError,
+            sleep=precise_sleep,
+        )
 
     async def read_message(self, agent_name: str, timeout: float = 60.0) -> dict[str, Any]:
         """The oldest JSON-object message from ``agent_name`` (see :meth:`send_message`)."""
-        deadline, backoff = time.monotonic() + timeout, Backoff()
-        while True:
+
+        def oldest() -> dict[str, Any] | None:
             self.poll()
-            for index, raw in enumerate(self._raw.get(agent_name, [])):
+            pending = self._raw.get(agent_name, [])
+            for index, raw in enumerate(pending):
                 try:
                     value = json.loads(raw)
                 except ValueError:
                     continue
                 if isinstance(value, dict):
-                    del self._raw[agent_name][index]
+                    del pending[index]
                     return value
-            if time.monotonic() > deadline:
-                raise RefitTimeoutError(f"timed out waiting for a message from {agent_name!r}")
-            await backoff.sleep()
+            return None
+
+        return await apoll_until(
+            oldest,
+            timeout=timeout,
+            what=f"a message from {agent_name!r}",
+            backoff=IDLE_BACKOFF,
+            error=RefitTimeoutError,
+            sleep=precise_sleep,
+        )
 
     async def wait_notification(
         self, agent_name: str, notify_key: bytes, timeout: float = 60.0
     ) -> None:
         """Wait for the notification ``notify_key`` (exact bytes) from ``agent_name``."""
-        deadline, backoff = time.monotonic() + timeout, Backoff()
-        while True:
+
+        def arrived() -> bool:
             self.poll()
             pending = self._raw.get(agent_name, [])
             if notify_key in pending:
                 pending.remove(notify_key)
-                return
-            if time.monotonic() > deadline:
-                raise RefitTimeoutError(
-                    f"timed out waiting for notification {notify_key!r} from {agent_name!r}"
-                )
-            await backoff.sleep()
+                return True
+            return False
+
+        await apoll_until(
+            arrived,
+            timeout=timeout,
+            what=f"notification {notify_key!r} from {agent_name!r}",
+            backoff=REFIT_BACKOFF,
+            error=RefitTimeoutError,
+            sleep=precise_sleep,
+        )
+
+
+class PreparedWrites:
+    """Prepared descriptor lists and their per-bucket WRITE handles (see ``prepare_writes``)."""
+
+    def __init__(self, agent: NixlAgent, local_side: Any, remote_side: Any) -> None:
+        self._agent, self._local, self._remote = agent, local_side, remote_side
+        self.handles: list[Any] = []
+
+    def release(self) -> None:
+        """Release the handles and lists; handles still in flight are left to NIXL's teardown."""
+        for handle in self.handles:
+            if handle is not None:
+                with contextlib.suppress(Exception):
+                    handle.release()
+        self.handles = []
+        for side in (self._local, self._remote):
+            with contextlib.suppress(Exception):
+                self._agent._agent.release_dlist_handle(side)
 
 
 _PREINIT: NixlAgent | None = None
@@ -357,15 +423,17 @@ def take_preinit_agent(
 
 
 __all__ = [
+    "IDLE_BACKOFF",
     "NIXL_DEFAULT_BACKEND_NAME",
     "NIXL_TRANSFER_BUFFER_COUNT",
-    "Backoff",
+    "REFIT_BACKOFF",
     "BucketReady",
     "Credit",
     "Done",
     "Manifest",
     "NixlAgent",
     "PeerError",
+    "PreparedWrites",
     "RefitTimeoutError",
     "preinit_nixl_agent",
     "resolve_nixl_backend_kwargs",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import AsyncGenerator, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -86,6 +87,30 @@ class TensorMeta(BaseModel):
     def is_whole(self) -> bool:
         """Whether this piece is the entire tensor."""
         return self.chunk_offset == 0 and self.chunk_size == self.nbytes
+
+
+@dataclass(frozen=True)
+class RefitTiming:
+    """What one refit cost on this rank, as measured by the engine.
+
+    ``seconds`` runs from the moment the transfer could start (a receiver: it told its
+    senders ``ready``; a sender: every target was ready) to the moment the refit was
+    complete and verified (a receiver: before it confirms ``done``; a sender: every
+    ``done`` arrived), so it leaves out waiting for the peer to begin.  ``control_s`` is the
+    control work of the refit (checks, planning, allocating and registering memory, route
+    set-up), on a receiver all of it before ``ready``, on a sender partly inside
+    ``seconds`` (route set-up once the targets are ready).
+    """
+
+    refit_id: int
+    role: str
+    bytes: int
+    seconds: float
+    control_s: float
+    #: NIXL registrations made in this refit (0 once they are reused).
+    registrations: int
+    #: Sets of prepared WRITE handles built in this refit (0 once they are reused).
+    routes_built: int = 0
 
 
 class CheckpointEngine(abc.ABC):

@@ -9,11 +9,17 @@ Control messages ride on NIXL notifications, framed as :data:`CONTROL_MAGIC` + J
 carries the protocol version and the refit id; per-bucket ones a sequence number, so a late
 notification of refit ``k-1`` can never be taken for refit ``k``:
 
-* ``manifest`` (sender -> receiver): every tensor of the refit, optional checksums;
+* ``manifest`` (sender -> receiver): every tensor of the refit, the bucket size and the
+  integrity hash in use; the receiver plans the buckets itself from it (the plan is a pure
+  function of the manifest, checked against the sender's ``digest``);
+* ``ready`` (receiver -> sender): the manifest checked; ``landing`` names the registered
+  memory the sender WRITEs tensors straight into (sent in full once per connection, then
+  by id);
+* ``credit`` (receiver -> sender): buffer ``b`` may now receive bucket ``seq``; only buckets
+  with a piece that does not land in landing memory need one;
 * ``bucket`` (sender -> receiver, as the notification of the WRITE that filled it);
-  ``landed`` names the tensors whose chunks went to their landing memory, not the buffer;
-* ``credit`` (receiver -> sender): buffer ``b`` may now receive bucket ``seq``; a source's
-  first credit of a refit may offer ``landing`` memory for tensors larger than a bucket;
+* ``digest`` (sender -> receiver): the integrity hash of every piece of bucket ``seq``,
+  computed off the transfer's thread and sent when ready;
 * ``done`` (receiver -> sender): the refit arrived complete and verified;
 * ``abort`` (either way): the refit failed on the peer, with its reason.
 
@@ -23,6 +29,7 @@ Must not import: torch, nixl, the transport modules of this package.
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -35,9 +42,11 @@ from pydantic import (
     ValidationError,
 )
 
-from .base import TensorMeta
-
 PROTOCOL_VERSION: Literal[1] = 1
+#: Version of the control messages.  2: the receiver plans from the manifest and answers
+#: ``ready`` with its landing memory; per-piece integrity digests (1 had credits with
+#: ``landing``, pieces in every ``bucket`` and per-tensor CRCs in the manifest).
+CONTROL_VERSION: Literal[2] = 2
 CONTROL_MAGIC = b"RFT1"
 
 
@@ -77,8 +86,31 @@ class NixlAgentMetadata(_Model):
     layout: dict[str, Any] | None = None
 
 
+MetadataLike = NixlAgentMetadata | str | dict[str, Any]
+
+
+def parse_metadata(metadata: Sequence[MetadataLike], expected: int) -> list[NixlAgentMetadata]:
+    if isinstance(metadata, str | bytes) or len(metadata) != expected:
+        got = "a string" if isinstance(metadata, str | bytes) else f"{len(metadata)} entries"
+        raise ValueError(
+            f"metadata must list {expected} ranks (policy ranks, then rollout ranks), got {got}"
+        )
+    """Validate the all-ranks metadata listing (policy ranks, then rollout ranks)."""
+    parsed: list[NixlAgentMetadata] = []
+    for index, item in enumerate(metadata):
+        if isinstance(item, NixlAgentMetadata):
+            parsed.append(item)
+        elif isinstance(item, str):
+            parsed.append(NixlAgentMetadata.model_validate_json(item))
+        elif isinstance(item, dict):
+            parsed.append(NixlAgentMetadata.model_validate(item))
+        else:
+            raise TypeError(f"metadata[{index}] is a {type(item).__name__}, not NixlAgentMetadata")
+    return parsed
+
+
 class _Control(_Model):
-    v: Literal[1] = PROTOCOL_VERSION
+    v: Literal[2] = CONTROL_VERSION
     refit: int = Field(ge=0)
 
 
@@ -88,7 +120,6 @@ class ManifestEntry(_Model):
     name: str = Field(min_length=1)
     dtype: str
     shape: tuple[int, ...]
-    checksum: int | None = None
 
 
 class Manifest(_Control):
@@ -96,39 +127,63 @@ class Manifest(_Control):
     seq: Literal[0] = 0
     total_buckets: int = Field(ge=1)
     digest: str
+    bucket_size: int = Field(gt=0)
+    #: Hash every piece is checked with before the refit is accepted; None: no check.
+    integrity: Literal["xxh3_64", "wsum64"] | None = None
     tensors: tuple[ManifestEntry, ...]
 
 
 class BucketReady(_Control):
     kind: Literal["bucket"] = "bucket"
     seq: int = Field(ge=0)
-    buffer: int = Field(ge=0)
-    total_buckets: int = Field(ge=1)
+    #: The receive buffer the bucket's non-landing pieces went to; -1: none (all landed).
+    buffer: int = Field(ge=-1)
     digest: str
-    pieces: tuple[TensorMeta, ...]
-    landed: tuple[str, ...] = ()
 
 
-class Landing(_Model):
-    """Registered memory where a sender may WRITE the chunks of one tensor in place.
-
-    ``metadata`` is NIXL's partial agent metadata for that registration (its own binary
-    format, as in :class:`NixlAgentMetadata`): the memory is registered after the peers
-    loaded this rank's metadata, so they need it to WRITE there.
-    """
+class LandingTensor(_Model):
+    """Registered memory where a sender WRITEs every byte of one tensor in place."""
 
     name: str = Field(min_length=1)
     nbytes: int = Field(gt=0)
     addr: int = Field(ge=0)
     dev_id: int = Field(0, ge=0)
+
+
+class LandingSet(_Model):
+    """Landing memory for a set of tensors, as plain data.
+
+    ``metadata`` is NIXL's partial agent metadata for the registrations behind it (its own
+    binary format, as in :class:`NixlAgentMetadata`): the memory may be registered after the
+    peers loaded this rank's metadata, so they need it to WRITE there.  ``id`` names the set
+    so that it crosses the network once per connection.
+    """
+
+    id: str = Field(min_length=1)
     metadata: B64Bytes
+    tensors: tuple[LandingTensor, ...]
+
+
+class Ready(_Control):
+    kind: Literal["ready"] = "ready"
+    seq: Literal[0] = 0
+    #: The landing set in full (first use on this connection) ...
+    landing: LandingSet | None = None
+    #: ... or the id of one sent earlier on this connection; both None: nothing lands.
+    landing_id: str | None = None
 
 
 class Credit(_Control):
     kind: Literal["credit"] = "credit"
     seq: int = Field(ge=0)
     buffer: int = Field(ge=0)
-    landing: tuple[Landing, ...] = ()
+
+
+class Digest(_Control):
+    kind: Literal["digest"] = "digest"
+    seq: int = Field(ge=0)
+    #: One hash per piece of bucket ``seq``, in plan order.
+    hashes: tuple[int, ...]
 
 
 class Done(_Control):
@@ -142,9 +197,8 @@ class Abort(_Control):
     reason: str
 
 
-ControlMessage = Annotated[
-    Manifest | BucketReady | Credit | Done | Abort, Field(discriminator="kind")
-]
+Message = Manifest | Ready | BucketReady | Credit | Digest | Done | Abort
+ControlMessage = Annotated[Message, Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[ControlMessage] = TypeAdapter(ControlMessage)
 
 
@@ -152,7 +206,7 @@ class ProtocolError(RuntimeError):
     """A peer sent a control message this version cannot accept."""
 
 
-def encode(message: Manifest | BucketReady | Credit | Done | Abort) -> bytes:
+def encode(message: Message) -> bytes:
     """Frame ``message`` for a NIXL notification."""
     return CONTROL_MAGIC + message.model_dump_json().encode()
 
@@ -162,7 +216,7 @@ def is_control(raw: bytes) -> bool:
     return raw.startswith(CONTROL_MAGIC)
 
 
-def decode(raw: bytes) -> Manifest | BucketReady | Credit | Done | Abort:
+def decode(raw: bytes) -> Message:
     """Parse a framed control message; ``ProtocolError`` naming the problem otherwise."""
     if not is_control(raw):
         raise ProtocolError(f"not a control message (starts with {raw[:8]!r})")

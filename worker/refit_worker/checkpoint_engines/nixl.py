@@ -3,7 +3,14 @@
 Same names and signatures as upstream ``nemo_rl.utils.checkpoint_engines.nixl``, plus:
 fan-out and striping (:mod:`.mapping`), push by WRITE of only the used bytes straight from
 the source tensors, typed JSON control messages with refit ids (:mod:`.messages`),
-timeouts on every wait, manifest completeness checks and optional checksums.
+timeouts on every wait, manifest completeness checks, integrity hashes computed beside the
+transfer (``checksum=True``; :mod:`.integrity`), and :meth:`NIXLCheckpointEngine.receive_into`,
+which lands a refit straight in the caller's final tensors (no receive buffer, no copy).
+
+Registrations of source and landing memory, the bucket plan and the prepared WRITE handles
+are made once and reused while the topology, the tensors' storage and the layout stay the
+same (:mod:`.registry`, :class:`~.sender.Routes`); :attr:`NIXLCheckpointEngine.last_refit`
+says what a refit cost, control work included.
 
 Flow on every rank::
 
@@ -14,6 +21,7 @@ Flow on every rank::
                                      rollout_world_size=R, metadata=all_meta)
     await engine.send_weights(model.named_parameters())         # policy
     async for batch in engine.receive_weight_batches(): ...     # rollout (copy the views)
+    await engine.receive_into(dict(model.named_parameters()))   # or: rollout, in place
     engine.finalize()
 
 Refit identity: :attr:`NIXLCheckpointEngine.refit_id` is the id of the next refit; each
@@ -31,7 +39,7 @@ Must not import: torch.distributed, the operator.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -42,41 +50,22 @@ from .agent import (
     NixlAgent,
     take_preinit_agent,
 )
-from .base import CheckpointEngine
+from .base import CheckpointEngine, RefitTiming
+from .integrity import Hasher, algorithm_for
 from .layout import TargetWeightLayout
 from .mapping import check_world_sizes, rollout_targets_for_policy, source_ranks_for_rollout
-from .messages import BufferDesc, NixlAgentMetadata
-from .planning import check_bucket_size
-from .receiver import RefitReceiver, Source
-from .sender import RefitSender, Target, prepare_sources
+from .messages import BufferDesc, MetadataLike, NixlAgentMetadata, parse_metadata
+from .planning import TensorSpec, check_bucket_size
+from .receiver import RefitReceiver, Shared, Source, TargetResolver
+from .registry import MemoryRegistry
+from .sender import RefitSender, Routes, Target, prepare_sources, sources_ready
 from .staging import Staging
-
-MetadataLike = NixlAgentMetadata | str | dict[str, Any]
 
 
 def _sync_device(device: torch.device) -> None:
-    """Finish queued device work before a buffer is exposed to NIXL or a peer."""
+    """Finish queued work on the current stream before memory is exposed to NIXL or a peer."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _parse_metadata(metadata: Sequence[MetadataLike], expected: int) -> list[NixlAgentMetadata]:
-    if isinstance(metadata, str | bytes) or len(metadata) != expected:
-        got = "a string" if isinstance(metadata, str | bytes) else f"{len(metadata)} entries"
-        raise ValueError(
-            f"metadata must list {expected} ranks (policy ranks, then rollout ranks), got {got}"
-        )
-    parsed: list[NixlAgentMetadata] = []
-    for index, item in enumerate(metadata):
-        if isinstance(item, NixlAgentMetadata):
-            parsed.append(item)
-        elif isinstance(item, str):
-            parsed.append(NixlAgentMetadata.model_validate_json(item))
-        elif isinstance(item, dict):
-            parsed.append(NixlAgentMetadata.model_validate(item))
-        else:
-            raise TypeError(f"metadata[{index}] is a {type(item).__name__}, not NixlAgentMetadata")
-    return parsed
+        torch.cuda.current_stream(device).synchronize()
 
 
 class NIXLCheckpointEngine(CheckpointEngine):
@@ -96,6 +85,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         stripe: bool = True,
         target_layout: TargetWeightLayout | None = None,
         buffer_count: int = NIXL_TRANSFER_BUFFER_COUNT,
+        hash_threads: int | None = None,
     ) -> None:
         self.bucket_size = check_bucket_size(bucket_size)
         self.device = torch.device(device)
@@ -121,12 +111,23 @@ class NIXLCheckpointEngine(CheckpointEngine):
         self._layout = target_layout
         self._agent: NixlAgent | None = None
         self._buffers: list[torch.Tensor] = []
-        self._staging: Staging | None = None  # reassembly memory kept across refits (CPU)
+        self._staging: Staging | None = None  # reassembly memory kept across refits
+        self._registry: MemoryRegistry | None = None
         self._registration: Any = None
         self._role: str | None = None
         self._rank = -1
         self._targets: list[Target] = []
         self._sources: list[Source] = []
+        self._routes: dict[str, Routes] = {}  # per target agent, this connection
+        self._sent: dict[str, set[str]] = {}  # landing sets sent per source agent
+        self._hash_threads = hash_threads
+        self._routes_built = 0
+        self._hasher: Hasher | None = None
+        #: Timing of the last refit this engine sent or received (None before the first).
+        self.last_refit: RefitTiming | None = None
+        #: Whether the last :meth:`receive_into` let senders write into its targets (after
+        #: a failure: whether they may hold a mix of old and new bytes).
+        self.targets_exposed = False
 
     # -- set-up -------------------------------------------------------------------------
     @property
@@ -158,6 +159,8 @@ class NIXLCheckpointEngine(CheckpointEngine):
             self._agent = take_preinit_agent(self.backend_name, self.backend_init_params) or (
                 NixlAgent(self.backend_name, self.backend_init_params)
             )
+        if self._registry is None:
+            self._registry = MemoryRegistry(self.agent, self.mem_type)
         if not self._buffers:
             self._buffers = [self._allocate_transfer_buffer() for _ in range(self.buffer_count)]
             _sync_device(self.device)
@@ -184,7 +187,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         metadata: Sequence[MetadataLike],
     ) -> None:
         check_world_sizes(train_world_size, rollout_world_size)
-        parsed = _parse_metadata(metadata, train_world_size + rollout_world_size)
+        parsed = parse_metadata(metadata, train_world_size + rollout_world_size)
         ranks = rollout_targets_for_policy(
             worker_rank,
             train_world_size=train_world_size,
@@ -234,7 +237,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         rollout_world_size: int,
         metadata: Sequence[MetadataLike],
     ) -> None:
-        parsed = _parse_metadata(metadata, train_world_size + rollout_world_size)
+        parsed = parse_metadata(metadata, train_world_size + rollout_world_size)
         ranks = source_ranks_for_rollout(
             rollout_rank,
             train_world_size=train_world_size,
@@ -266,51 +269,142 @@ class NIXLCheckpointEngine(CheckpointEngine):
                 f"init_{role}_process_group() first"
             )
 
+    @property
+    def registry(self) -> MemoryRegistry:
+        if self._registry is None:
+            raise RuntimeError("call prepare() first: the engine has no NIXL agent yet")
+        return self._registry
+
+    def _hash_pool(self) -> Hasher:
+        if self._hasher is None:
+            self._hasher = Hasher(self._hash_threads)
+        return self._hasher
+
     async def send_weights(
         self, weights: Iterable[tuple[str, torch.Tensor]], *, refit_id: int | None = None
     ) -> None:
         """Send all of ``weights`` to this rank's rollout peers; return once they confirm."""
         self._require("policy")
         items = prepare_sources(weights, self.device)
-        _sync_device(self.device)
+        refit = self._next_refit(refit_id)
+        registered = self.registry.registered
         sender = RefitSender(
             self.agent,
             rank=self._rank,
-            refit=self._next_refit(refit_id),
+            refit=refit,
             bucket_size=self.bucket_size,
             mem_type=self.mem_type,
             timeout_s=self.timeout_s,
-            with_checksums=self.checksum,
+            registry=self.registry,
+            routes=self._routes,
+            hasher=self._hash_pool() if self.checksum else None,
+            integrity=algorithm_for(self.device) if self.checksum else None,
         )
-        await sender.run(items, self._targets)
+        streams = sender.plan(items, self._targets)
+        # After the per-target slices: the NIC must not read a copy still in flight.
+        ready = sources_ready(self.device)
+        await sender.run(streams, ready)
+        built = sum(r.built for r in self._routes.values())
+        self.last_refit = RefitTiming(
+            refit_id=refit,
+            role="policy",
+            bytes=sum(t.numel() * t.element_size() for s in streams for t in s.tensors.values()),
+            seconds=sender.ended_at - sender.started_at,
+            control_s=sender.control_s,
+            registrations=self.registry.registered - registered,
+            routes_built=built - self._routes_built,
+        )
+        self._routes_built = built
         if self.release_after_refit:
             self._disconnect_peers()
+            self.registry.clear()
 
-    async def receive_weight_batches(
-        self, *, refit_id: int | None = None
-    ) -> AsyncGenerator[list[tuple[str, torch.Tensor]], None]:
-        """Yield lists of ``(name, tensor)``; tensors are views valid until the next batch."""
+    def _receiver(self, refit_id: int | None) -> RefitReceiver:
         self._require("rollout")
-        if self._staging is None and self.device.type == "cpu":
-            self._staging = Staging(self.agent, self.mem_type)
-        receiver = RefitReceiver(
+        if self._staging is None:
+            self._staging = Staging(self.registry)
+        return RefitReceiver(
             self.agent,
             rank=self._rank,
             refit=self._next_refit(refit_id),
             buffers=self._buffers,
             sources=self._sources,
             timeout_s=self.timeout_s,
-            staging=self._staging,
+            device=self.device,
+            shared=Shared(self.registry, self._hash_pool, self._sent, self._staging),
         )
-        async for batch in receiver.run():
-            yield batch
+
+    def _received(self, receiver: RefitReceiver, nbytes: int, registered: int) -> None:
+        self.last_refit = RefitTiming(
+            refit_id=receiver.refit,
+            role="rollout",
+            bytes=nbytes,
+            seconds=receiver.ended_at - receiver.started_at,
+            control_s=receiver.control_s,
+            registrations=self.registry.registered - registered,
+        )
         if self.release_after_refit:
             self.agent.flush()
             self._disconnect_peers()
             self._release_transfer_buffers()
 
+    async def receive_weight_batches(
+        self, *, refit_id: int | None = None
+    ) -> AsyncGenerator[list[tuple[str, torch.Tensor]], None]:
+        """Yield lists of ``(name, tensor)``; tensors are views valid until the next batch.
+
+        Tensors larger than a bucket are views of reassembly memory, valid until the next
+        refit starts.  Upstream's API: copy what you keep.  :meth:`receive_into` lands the
+        refit in your own tensors instead, with no copy.
+        """
+        receiver = self._receiver(refit_id)
+        registered, nbytes = self.registry.registered, 0
+        async for batch in receiver.batches():
+            nbytes += sum(t.numel() * t.element_size() for _, t in batch)
+            yield batch
+        self._received(receiver, nbytes, registered)
+
+    async def receive_into(
+        self,
+        targets: Mapping[str, torch.Tensor] | TargetResolver,
+        *,
+        refit_id: int | None = None,
+    ) -> Mapping[str, torch.Tensor]:
+        """Receive a refit straight into ``targets``: contiguous tensors by name.
+
+        ``targets`` must hold exactly the sent names with the sent dtypes and shapes
+        (otherwise :class:`~.receiver.LayoutMismatchError`, before any byte lands), or be a
+        function of the sent :class:`~.planning.TensorSpec` list returning such a mapping.
+        Their memory is registered with NIXL once and stays registered while later refits
+        land in it.  Returns the targets once every byte arrived and (with ``checksum``)
+        passed its integrity check.  If it raises instead, the targets may hold a mix of
+        old and new bytes.
+        """
+        resolve: TargetResolver
+        if callable(targets):
+            resolve = targets
+        else:
+            fixed = targets
+
+            def resolve(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
+                return fixed
+
+        receiver = self._receiver(refit_id)
+        registered = self.registry.registered
+        try:
+            resolved = await receiver.into(resolve)
+        finally:
+            self.targets_exposed = receiver.exposed
+        self._received(
+            receiver, sum(t.numel() * t.element_size() for t in resolved.values()), registered
+        )
+        return resolved
+
     # -- teardown -------------------------------------------------------------------------
     def _disconnect_peers(self) -> None:
+        for routes in self._routes.values():
+            routes.clear()  # prepared handles name the peer: release them first
+        self._routes, self._sent, self._routes_built = {}, {}, 0
         if self._agent is not None:
             for name in {t.agent for t in self._targets} | {s.agent for s in self._sources}:
                 self._agent.remove_remote_agent(name)
@@ -323,6 +417,8 @@ class NIXLCheckpointEngine(CheckpointEngine):
         if self._staging is not None:
             self._staging.clear()
         self._staging = None
+        if self._registry is not None:
+            self._registry.clear()
 
     def finalize(self) -> None:
         """Disconnect from all peers and free the transfer buffers (``prepare()`` redoes it)."""
@@ -330,3 +426,6 @@ class NIXLCheckpointEngine(CheckpointEngine):
             self._agent.flush()  # last control messages (e.g. "done") must leave first
         self._disconnect_peers()
         self._release_transfer_buffers()
+        if self._hasher is not None:
+            self._hasher.close()
+            self._hasher = None

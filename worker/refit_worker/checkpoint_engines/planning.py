@@ -23,7 +23,7 @@ import hashlib
 import json
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .base import TensorMeta, element_size
@@ -134,3 +134,74 @@ def plan_digest(specs: Sequence[TensorSpec], bucket_size: int) -> str:
         [bucket_size, [[s.name, s.dtype, list(s.shape)] for s in specs]], separators=(",", ":")
     )
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A cached plan: its digest and its buckets (read-only; shared between refits)."""
+
+    digest: str
+    bucket_size: int
+    specs: tuple[TensorSpec, ...]
+    buckets: tuple[tuple[TensorMeta, ...], ...]
+
+
+_PLANS: dict[tuple[tuple[TensorSpec, ...], int], Plan] = {}
+_PLAN_CACHE_SIZE = 8
+
+
+def cached_plan(specs: Sequence[TensorSpec], bucket_size: int) -> Plan:
+    """:func:`plan_buckets` memoised by its inputs: a layout that does not change between
+    refits is planned once (the last few layouts are kept)."""
+    key = (tuple(specs), bucket_size)
+    plan = _PLANS.get(key)
+    if plan is None:
+        buckets = plan_buckets(key[0], bucket_size)
+        plan = Plan(
+            plan_digest(key[0], bucket_size), bucket_size, key[0], tuple(map(tuple, buckets))
+        )
+        if len(_PLANS) >= _PLAN_CACHE_SIZE:
+            del _PLANS[next(iter(_PLANS))]
+        _PLANS[key] = plan
+    return plan
+
+
+def lands(piece: TensorMeta, landing: Mapping[str, int]) -> bool:
+    """Whether ``piece`` goes straight into landing memory (``landing``: name -> nbytes).
+
+    Both sides decide it with this function from the same plan and landing set, so they
+    agree on which buckets need a receive buffer without saying so on the wire.
+    """
+    return piece.chunk_size > 0 and landing.get(piece.name) == piece.nbytes
+
+
+def buffer_slots(
+    buckets: Sequence[Sequence[TensorMeta]], landing: Mapping[str, int], buffer_count: int
+) -> list[int]:
+    """Per bucket: the receive buffer it uses, or -1 when all of its bytes land.
+
+    Buckets that need a buffer take the buffers in turn (the j-th such bucket uses buffer
+    ``j % buffer_count``), so a refit that lands everything needs no buffer and no credit.
+    """
+    if buffer_count < 1:
+        raise ValueError(f"buffer_count must be >= 1, got {buffer_count}")
+    slots: list[int] = []
+    used = 0
+    for bucket in buckets:
+        if all(piece.chunk_size == 0 or lands(piece, landing) for piece in bucket):
+            slots.append(-1)
+        else:
+            slots.append(used % buffer_count)
+            used += 1
+    return slots
+
+
+def buffer_handoffs(slots: Sequence[int], buffer_count: int) -> tuple[list[int], dict[int, int]]:
+    """Credits for buffered buckets: the ones credited up front, and ``{earlier: later}``.
+
+    The first ``buffer_count`` buckets that use a buffer are credited at once; every later
+    one is credited when the receiver is done with the previous bucket in the same buffer.
+    """
+    buffered = [seq for seq, slot in enumerate(slots) if slot >= 0]
+    handoffs = {buffered[j - buffer_count]: buffered[j] for j in range(buffer_count, len(buffered))}
+    return buffered[:buffer_count], handoffs

@@ -1,47 +1,70 @@
-"""The rollout side of one refit: credit buffers, check every bucket, yield batches.
+"""The rollout side of one refit: check the manifest, offer landing memory, verify, confirm.
 
-Order of events for refit ``r`` with ``B`` buffers: the receiver credits buckets
-``0..B-1`` (this also tells the senders it is ready), takes the manifest from its first
-source, then for each bucket ``k`` waits for the WRITE's notification from
-``bucket_sender(k)``, checks every piece against the manifest, and yields the tensors that
-are complete.  Whole tensors are views of the bucket buffer, valid until the consumer asks
-for the next batch (copy them in the loop body, as upstream); chunks of larger tensors are
-reassembled in place.  When the consumer resumes, buffer ``k % B`` is credited for bucket
-``k + B``.
+Order of events for refit ``r``: the receiver takes the manifest from its first source and
+checks it (names, dtypes, and the bucket plan, which it computes itself from the manifest
+and compares with the sender's digest).  It then tells every source ``ready``, naming the
+memory tensors land in, and credits the receive buffers of the first buckets that need one.
+For each bucket ``k`` it waits for the WRITE's notification from ``bucket_sender(k)`` and
+hands the bucket's bytes to the hash pool; at the end it compares every hash with the
+sender's digest and only then confirms ``done``.
 
-Reassembly: with a :class:`~.staging.Staging` (the engine passes one on CPU) each such tensor
-is rebuilt in memory kept across refits, valid until the next refit starts; each source's
-first credit offers that memory as ``landing``, and chunks the sender WROTE there (named in
-the bucket's ``landed``) need no copy.  Without one (CUDA, whose caching allocator already
-reuses freed blocks) chunks are copied out of the buffer into fresh memory.
+Two ways to receive:
 
-Completeness (missing, extra, duplicate names, dtype/shape mismatch, checksums) is checked
-*before the final batch is yielded*: a refit that would end incomplete raises instead of
-yielding its last batch, so a caller that stages batches and commits after the loop never
-commits a partial refit.
+* :meth:`RefitReceiver.into` (``targets``): every tensor lands in a caller's tensor of the
+  same name, dtype and shape (its final memory: a model's parameters, or the spare copy of a
+  double-buffered state).  A layout that does not match raises :class:`LayoutMismatchError`
+  before ``ready`` is sent, i.e. before any byte lands.  No buffer, no credit: the senders
+  stream all buckets back to back.
+* :meth:`RefitReceiver.batches` (upstream's views API): whole tensors are views of a receive
+  buffer, valid until the consumer asks for the next batch; tensors larger than a bucket land
+  in reassembly memory kept across refits (:mod:`.staging`), valid until the next refit.  A
+  buffer is credited again once the consumer resumed and the hash of its bytes is done.
+
+Completeness and integrity are checked *before the last batch is yielded* (and before
+:meth:`~RefitReceiver.into` returns): a refit that would end incomplete or corrupted raises
+instead, so a caller that commits after the loop never commits a partial refit.
 
 Must not import: torch.distributed, the engine module (``nixl.py``), the operator.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
 
-from .agent import NixlAgent
+from .agent import IDLE_BACKOFF, REFIT_BACKOFF, NixlAgent
 from .base import TensorMeta, dtype_from_name
+from .integrity import Hasher, algorithm_for, as_bytes
 from .mapping import bucket_sender
-from .messages import BucketReady, Credit, Done, Landing, Manifest, ManifestEntry
-from .planning import check_unique_names
-from .sender import checksum
+from .messages import BucketReady, Credit, Digest, Done, LandingSet, Manifest, Ready
+from .planning import (
+    Plan,
+    TensorSpec,
+    buffer_handoffs,
+    buffer_slots,
+    cached_plan,
+    check_unique_names,
+    lands,
+)
+from .registry import MemoryRegistry
 from .staging import Staging
+
+#: Given the specs a manifest lists, the tensors to receive them into (by name).
+TargetResolver = Callable[[Sequence[TensorSpec]], Mapping[str, torch.Tensor]]
+_SHOWN = 8
 
 
 class IncompleteRefitError(RuntimeError):
-    """The received refit does not match its manifest."""
+    """The received refit does not match its manifest (or failed its integrity check)."""
+
+
+class LayoutMismatchError(IncompleteRefitError):
+    """The tensors to receive into do not match the refit's; raised before any byte lands."""
 
 
 @dataclass
@@ -52,8 +75,52 @@ class Source:
     agent: str
 
 
+@dataclass
+class Shared:
+    """What a receiver shares with the next refits on the same connection."""
+
+    registry: MemoryRegistry
+    hasher: Callable[[], Hasher]
+    #: Per source agent: landing set ids already sent in full on this connection.
+    sent: dict[str, set[str]]
+    staging: Staging | None = None
+
+
+def _listing(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:_SHOWN])
+    return shown + (f" (+{len(names) - _SHOWN} more)" if len(names) > _SHOWN else "")
+
+
+def layout_problems(
+    specs: Sequence[TensorSpec], targets: Mapping[str, torch.Tensor], device: torch.device
+) -> list[str]:
+    """Every way ``targets`` differ from the sent ``specs`` (empty: they match)."""
+    want = {spec.name: spec for spec in specs}
+    problems = []
+    missing = sorted(set(want) - set(targets))
+    extra = sorted(set(targets) - set(want))
+    if missing:
+        problems.append(f"sent but not in the target: {_listing(missing)}")
+    if extra:
+        problems.append(f"in the target but not sent: {_listing(extra)}")
+    for name in sorted(set(want) & set(targets)):
+        spec, tensor = want[name], targets[name]
+        if tensor.dtype != dtype_from_name(spec.dtype) or tuple(tensor.shape) != spec.shape:
+            problems.append(
+                f"{name!r}: sent {spec.dtype}{list(spec.shape)}, target has "
+                f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
+            )
+        elif not tensor.is_contiguous():
+            problems.append(f"{name!r}: the target tensor is not contiguous")
+        elif tensor.device.type != device.type:
+            problems.append(f"{name!r}: the target is on {tensor.device}, the engine on {device}")
+    return problems
+
+
 class RefitReceiver:
-    """Receives one refit into this rank's bucket buffers."""
+    """Receives one refit from this rank's sources."""
+
+    plan: Plan  # set once the manifest is checked
 
     def __init__(
         self,
@@ -64,171 +131,282 @@ class RefitReceiver:
         buffers: Sequence[torch.Tensor],
         sources: Sequence[Source],
         timeout_s: float,
-        staging: Staging | None = None,
+        device: torch.device,
+        shared: Shared,
     ) -> None:
         self.agent, self.rank, self.refit = agent, rank, refit
         self.buffers, self.sources, self.timeout_s = list(buffers), list(sources), timeout_s
-        self.staging = staging
-        self._landing: tuple[Landing, ...] = staging.offers() if staging else ()
-        self._offered = {offer.name: offer.nbytes for offer in self._landing}
-        self._credited: set[int] = set()
-        self._partial: dict[str, tuple[torch.Tensor, int]] = {}
-        self._complete: set[str] = set()
-        self._staged: set[str] = set()
+        self.device, self.shared = device, shared
+        self.who = f"rollout rank {rank}: refit {refit}"
+        self._memory: dict[str, torch.Tensor] = {}  # landing tensors as flat bytes, by name
+        self._sizes: dict[str, int] = {}
+        self._slots: list[int] = []
+        self._frees: dict[int, int] = {}  # bucket -> later bucket that reuses its buffer
+        self._hashes: dict[int, Future[tuple[int, ...]]] = {}
+        self._verified: set[int] = set()
+        self.integrity: str | None = None
+        self._views = False
+        self._offer: LandingSet | None = None
+        #: Whether senders were told where to land (from then on, targets may change).
+        self.exposed = False
+        #: When senders were told ready / the refit was verified (monotonic); control seconds.
+        self.started_at = self.ended_at = 0.0
+        self.control_s = 0.0
 
     def _sender(self, seq: int) -> Source:
-        ranks = tuple(range(len(self.sources)))
-        return self.sources[bucket_sender(seq, ranks)]
+        return self.sources[bucket_sender(seq, tuple(range(len(self.sources))))]
 
-    async def run(self) -> AsyncGenerator[list[tuple[str, torch.Tensor]], None]:
-        self.agent.forget_before(self.refit)
+    async def into(self, targets: TargetResolver) -> Mapping[str, torch.Tensor]:
+        """Receive the refit straight into ``targets(specs)``; returns them, verified."""
         try:
-            for seq in range(len(self.buffers)):
-                self._credit(seq)
-            manifest = await self._wait(self.sources[0], "manifest", 0, "the manifest")
-            if not isinstance(manifest, Manifest):
-                raise IncompleteRefitError(f"expected a manifest, got {manifest}")
-            entries = self._check_manifest(manifest)
-            for seq in range(manifest.total_buckets):
-                batch, last = await self._bucket(seq, manifest, entries)
-                if last:
-                    self._check_complete(entries)
-                    if self.staging is not None:
-                        # Renamed, resized or dropped tensors must not pin their memory.
-                        self.staging.keep_only(self._staged)
-                    for source in self.sources:
-                        self.agent.send_control(
-                            source.agent,
-                            Done(refit=self.refit),
-                            who=f"rollout rank {self.rank}: policy rank {source.rank}",
-                        )
-                    self.agent.poll()  # one progress call: usually enough to send it
-                if batch:
-                    yield batch
-                if seq + len(self.buffers) < manifest.total_buckets:
-                    self._credit(seq + len(self.buffers))
-            self.agent.poll()  # progress once more so "done" leaves; finalize() flushes
-        except Exception as exc:
-            for source in self.sources:
-                self.agent.abort(source.agent, self.refit, f"rollout rank {self.rank}: {exc}")
+            resolved = await self._begin(targets)
+            for seq in range(len(self.plan.buckets)):
+                await self._bucket(seq)
+            await self._finish()
+            return resolved
+        except BaseException as exc:
+            self._fail(exc)
             raise
 
-    def _credit(self, seq: int) -> None:
-        buffer = seq % len(self.buffers)
-        source = self._sender(seq)
-        landing = () if source.rank in self._credited else self._landing
-        self._credited.add(source.rank)
-        self.agent.send_control(
-            source.agent,
-            Credit(refit=self.refit, seq=seq, buffer=buffer, landing=landing),
-            who=f"rollout rank {self.rank}: policy rank {source.rank}",
-        )
+    async def batches(self) -> AsyncGenerator[list[tuple[str, torch.Tensor]], None]:
+        """Yield lists of ``(name, tensor)`` views (see the module docstring)."""
+        self._views = True
+        try:
+            await self._begin(None)
+            total = len(self.plan.buckets)
+            for seq in range(total):
+                batch = await self._bucket(seq)
+                if seq == total - 1:
+                    await self._finish()
+                if batch:
+                    yield batch
+                await self._free(seq)
+        except BaseException as exc:
+            self._fail(exc)
+            raise
 
-    async def _wait(self, source: Source, kind: str, seq: int, what: str) -> object:
-        deadline = time.monotonic() + self.timeout_s
+    def _fail(self, exc: BaseException) -> None:
+        for future in self._hashes.values():
+            future.cancel()
+        reason = f"rollout rank {self.rank}: {type(exc).__name__}: {exc}"
+        for source in self.sources:
+            self.agent.abort(source.agent, self.refit, reason)
+
+    # -- set-up -----------------------------------------------------------------------
+    async def _wait(
+        self, source: Source, kind: str, seq: int, what: str, idle: bool = False
+    ) -> object:
         return await self.agent.wait_control(
             source.agent,
             kind,
             self.refit,
             seq,
-            what=f"rollout rank {self.rank}: {what} of refit {self.refit} "
-            f"(policy rank {source.rank}, within {self.timeout_s}s)",
-            deadline=deadline,
+            what=f"{self.who}: {what} (policy rank {source.rank}, within {self.timeout_s}s)",
+            deadline=time.monotonic() + self.timeout_s,
+            backoff=IDLE_BACKOFF if idle else REFIT_BACKOFF,
         )
 
-    def _check_manifest(self, manifest: Manifest) -> dict[str, ManifestEntry]:
-        check_unique_names([entry.name for entry in manifest.tensors])
-        for entry in manifest.tensors:
-            dtype_from_name(entry.dtype)
-        return {entry.name: entry for entry in manifest.tensors}
+    async def _begin(self, targets: TargetResolver | None) -> Mapping[str, torch.Tensor]:
+        self.agent.forget_before(self.refit)
+        manifest = await self._wait(self.sources[0], "manifest", 0, "the manifest", idle=True)
+        t0 = time.perf_counter()
+        if not isinstance(manifest, Manifest):
+            raise IncompleteRefitError(f"{self.who}: expected a manifest, got {manifest}")
+        specs = self._check_manifest(manifest)
+        resolved: Mapping[str, torch.Tensor] = {}
+        if targets is not None:
+            resolved = targets(specs)
+            problems = layout_problems(specs, resolved, self.device)
+            if problems:
+                raise LayoutMismatchError(
+                    f"{self.who}: the tensors to receive into do not match the "
+                    f"{len(specs)} tensors sent; nothing was written. " + "; ".join(problems)
+                )
+            landing = {spec.name: resolved[spec.name] for spec in specs}
+        else:
+            landing = self._stage(specs, manifest.bucket_size)
+        self.shared.registry.next_refit()
+        offer = self.shared.registry.landing_set(landing) if landing else None
+        self._memory = {name: as_bytes(t) for name, t in landing.items() if t.numel()}
+        self._sizes = {t.name: t.nbytes for t in offer.tensors} if offer else {}
+        self._slots = buffer_slots(self.plan.buckets, self._sizes, len(self.buffers))
+        upfront, self._frees = buffer_handoffs(self._slots, len(self.buffers))
+        self.exposed = True
+        # The transfer can start now: what came before (checks, allocating and registering
+        # landing memory) is control work, counted in control_s.
+        self.started_at = time.monotonic()
+        for source in self.sources:
+            known = offer is not None and offer.id in self.shared.sent.get(source.agent, set())
+            self.agent.send_control(
+                source.agent,
+                Ready(
+                    refit=self.refit,
+                    landing=offer if offer is not None and not known else None,
+                    landing_id=offer.id if offer is not None and known else None,
+                ),
+                who=f"rollout rank {self.rank}: policy rank {source.rank}",
+            )
+        self._offer = offer
+        for seq in upfront:
+            self._credit(seq)
+        self.control_s += time.perf_counter() - t0
+        return resolved
 
-    async def _bucket(
-        self, seq: int, manifest: Manifest, entries: dict[str, ManifestEntry]
-    ) -> tuple[list[tuple[str, torch.Tensor]], bool]:
+    def _check_manifest(self, manifest: Manifest) -> list[TensorSpec]:
+        try:
+            check_unique_names([entry.name for entry in manifest.tensors])
+            for entry in manifest.tensors:
+                dtype_from_name(entry.dtype)
+            specs = [TensorSpec(e.name, e.dtype, e.shape) for e in manifest.tensors]
+            self.plan = cached_plan(specs, manifest.bucket_size)
+        except ValueError as exc:
+            raise IncompleteRefitError(f"{self.who}: bad manifest: {exc}") from exc
+        if (self.plan.digest, len(self.plan.buckets)) != (manifest.digest, manifest.total_buckets):
+            raise IncompleteRefitError(
+                f"{self.who}: the manifest lists tensors that plan into {len(self.plan.buckets)} "
+                f"buckets (digest {self.plan.digest}), but says {manifest.total_buckets} "
+                f"(digest {manifest.digest})"
+            )
+        if manifest.integrity is not None and manifest.integrity != algorithm_for(self.device):
+            raise IncompleteRefitError(
+                f"{self.who}: integrity hash {manifest.integrity!r} does not fit memory on "
+                f"{self.device} (expected {algorithm_for(self.device)!r})"
+            )
+        self.integrity = manifest.integrity
+        return specs
+
+    def _stage(self, specs: Sequence[TensorSpec], bucket_size: int) -> dict[str, torch.Tensor]:
+        """Reassembly memory for the tensors larger than a bucket (views API)."""
+        staging = self.shared.staging
+        if staging is None:
+            raise RuntimeError("the views API needs reassembly memory (engine bug)")
+        big = [spec for spec in specs if spec.nbytes > bucket_size]
+        staging.keep_only(spec.name for spec in big)
+        return {spec.name: staging.get(spec.name, spec.nbytes, self.device) for spec in big}
+
+    def _credit(self, seq: int) -> None:
         source = self._sender(seq)
+        self.agent.send_control(
+            source.agent,
+            Credit(refit=self.refit, seq=seq, buffer=self._slots[seq]),
+            who=f"rollout rank {self.rank}: policy rank {source.rank}",
+        )
+
+    # -- buckets ----------------------------------------------------------------------
+    async def _bucket(self, seq: int) -> list[tuple[str, torch.Tensor]]:
+        source, slot = self._sender(seq), self._slots[seq]
         message = await self._wait(source, "bucket", seq, f"bucket {seq}")
         if not isinstance(message, BucketReady):
-            raise IncompleteRefitError(f"expected bucket {seq}, got {message}")
-        if (message.total_buckets, message.digest) != (manifest.total_buckets, manifest.digest):
+            raise IncompleteRefitError(f"{self.who}: expected bucket {seq}, got {message}")
+        if message.digest != self.plan.digest:
             raise IncompleteRefitError(
-                f"policy rank {source.rank} planned {message.total_buckets} buckets "
-                f"(digest {message.digest}), the manifest {manifest.total_buckets} "
-                f"(digest {manifest.digest}): striping senders disagree on the weights"
+                f"{self.who}: policy rank {source.rank} sent bucket {seq} of plan "
+                f"{message.digest}, the manifest's is {self.plan.digest}: striping senders "
+                "disagree on the weights"
             )
-        if message.buffer != seq % len(self.buffers):
-            raise IncompleteRefitError(f"bucket {seq} landed in buffer {message.buffer}")
-        buffer = self.buffers[message.buffer]
-        if buffer.device.type == "cuda":
-            torch.cuda.synchronize(buffer.device)
-        landed = set(message.landed)
-        batch = [self._piece(p, entries, buffer, p.name in landed) for p in message.pieces]
-        return [item for item in batch if item is not None], seq == manifest.total_buckets - 1
+        if message.buffer != slot:
+            raise IncompleteRefitError(
+                f"{self.who}: bucket {seq} went to buffer {message.buffer}, expected {slot}"
+            )
+        views: list[torch.Tensor] = []
+        batch: list[tuple[str, torch.Tensor]] = []
+        for piece in self.plan.buckets[seq]:
+            data = self._bytes(piece, slot)
+            views.append(data)
+            item = self._complete(piece, data) if self._views else None
+            if item is not None:
+                batch.append(item)
+        if self.integrity is not None:
+            self._hashes[seq] = self.shared.hasher().submit(views, algorithm_for(self.device))
+            self._check_digests(block=False)
+        return batch
 
-    def _piece(
-        self,
-        piece: TensorMeta,
-        entries: dict[str, ManifestEntry],
-        buffer: torch.Tensor,
-        landed: bool,
-    ) -> tuple[str, torch.Tensor] | None:
-        entry = entries.get(piece.name)
-        if entry is None:
-            raise IncompleteRefitError(f"tensor {piece.name!r} is not in the manifest")
-        if (entry.dtype, entry.shape) != (piece.dtype, piece.shape):
-            raise IncompleteRefitError(
-                f"tensor {piece.name!r}: bucket says {piece.dtype}{list(piece.shape)}, "
-                f"manifest says {entry.dtype}{list(entry.shape)}"
-            )
-        if piece.name in self._complete:
-            raise IncompleteRefitError(f"tensor {piece.name!r} arrived twice")
+    def _bytes(self, piece: TensorMeta, slot: int) -> torch.Tensor:
         end = piece.chunk_offset + piece.chunk_size
-        if end > piece.nbytes or piece.offset + piece.chunk_size > buffer.numel():
-            raise IncompleteRefitError(f"piece {piece} lies outside its tensor or buffer")
-        if landed and self._offered.get(piece.name) != piece.nbytes:
-            raise IncompleteRefitError(
-                f"tensor {piece.name!r} landed in memory this rank did not offer for it"
-            )
-        dtype = dtype_from_name(piece.dtype)
-        data = buffer[piece.offset : piece.offset + piece.chunk_size]
-        if piece.is_whole and not landed:
-            tensor = (
-                data.view(dtype).view(piece.shape)
-                if piece.nbytes
-                else torch.empty(piece.shape, dtype=dtype, device=buffer.device)
-            )
-            return self._finish(entry, tensor)
-        whole, filled = self._partial.get(piece.name) or (self._stage(piece, buffer.device), 0)
-        if piece.chunk_offset != filled:
-            raise IncompleteRefitError(
-                f"tensor {piece.name!r}: chunk at byte {piece.chunk_offset} arrived, "
-                f"expected byte {filled}"
-            )
-        if not landed:
-            whole[piece.chunk_offset : end].copy_(data)
-        if end < piece.nbytes:
-            self._partial[piece.name] = (whole, end)
+        if lands(piece, self._sizes):
+            return self._memory[piece.name][piece.chunk_offset : end]
+        if piece.chunk_size == 0:
+            return torch.empty(0, dtype=torch.uint8, device=self.device)
+        buffer = self.buffers[slot]
+        if piece.offset + piece.chunk_size > buffer.numel():
+            raise IncompleteRefitError(f"{self.who}: piece {piece} lies outside its buffer")
+        return buffer[piece.offset : piece.offset + piece.chunk_size]
+
+    def _complete(self, piece: TensorMeta, data: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+        """The whole tensor once its last piece is in (views API), else None."""
+        if piece.chunk_offset + piece.chunk_size < piece.nbytes:
             return None
-        self._partial.pop(piece.name, None)
-        return self._finish(entry, whole.view(dtype).view(piece.shape))
+        dtype = dtype_from_name(piece.dtype)
+        if piece.nbytes == 0:
+            return piece.name, torch.empty(piece.shape, dtype=dtype, device=self.device)
+        whole = self._memory.get(piece.name, data) if not piece.is_whole else data
+        return piece.name, whole.view(dtype).view(piece.shape)
 
-    def _stage(self, piece: TensorMeta, device: torch.device) -> torch.Tensor:
-        """Memory to reassemble ``piece``'s tensor in (kept across refits when staging)."""
-        if self.staging is None:
-            return torch.empty(piece.nbytes, dtype=torch.uint8, device=device)
-        self._staged.add(piece.name)
-        return self.staging.get(piece.name, piece.nbytes, device)
+    async def _free(self, seq: int) -> None:
+        """The consumer is done with bucket ``seq``: credit the bucket that reuses its buffer."""
+        later = self._frees.get(seq)
+        if later is None:
+            return
+        if seq in self._hashes:
+            await asyncio.wrap_future(self._hashes[seq])  # the hash still reads the buffer
+        if self.device.type == "cuda":
+            # The consumer's copies out of the views may still be queued on its stream.
+            torch.cuda.current_stream(self.device).synchronize()
+        self._credit(later)
 
-    def _finish(self, entry: ManifestEntry, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
-        if entry.checksum is not None and checksum(tensor) != entry.checksum:
-            raise IncompleteRefitError(f"tensor {entry.name!r} failed its checksum")
-        self._complete.add(entry.name)
-        return entry.name, tensor
+    # -- completion -------------------------------------------------------------------
+    def _check_digests(self, *, block: bool) -> None:
+        for seq, future in self._hashes.items():
+            if seq in self._verified or not future.done():
+                continue
+            found = self.agent.take_control(self._sender(seq).agent, "digest", self.refit, seq)
+            if found is None:
+                continue
+            self._compare(seq, future.result(), found)
 
-    def _check_complete(self, entries: dict[str, ManifestEntry]) -> None:
-        missing = sorted(set(entries) - self._complete)
-        if missing:
-            shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
-            raise IncompleteRefitError(
-                f"rollout rank {self.rank}: refit {self.refit} ended without "
-                f"{len(missing)} tensor(s): {shown}"
+    def _compare(self, seq: int, mine: tuple[int, ...], theirs: object) -> None:
+        pieces = self.plan.buckets[seq]
+        if not isinstance(theirs, Digest) or len(theirs.hashes) != len(pieces):
+            raise IncompleteRefitError(f"{self.who}: bad digest for bucket {seq}: {theirs}")
+        for piece, got, want in zip(pieces, mine, theirs.hashes, strict=True):
+            if got != want:
+                raise IncompleteRefitError(
+                    f"{self.who}: tensor {piece.name!r} bytes {piece.chunk_offset}.."
+                    f"{piece.chunk_offset + piece.chunk_size} failed the {self.integrity} "
+                    "integrity check: the bytes that landed differ from those sent"
+                )
+        self._verified.add(seq)
+
+    async def _finish(self) -> None:
+        """Verify every bucket's hash, then confirm ``done`` to every source."""
+        if self.integrity is not None:
+            for seq, future in sorted(self._hashes.items()):
+                if seq in self._verified:
+                    continue
+                mine = await asyncio.wrap_future(future)
+                theirs = await self._wait(self._sender(seq), "digest", seq, f"digest {seq}")
+                self._compare(seq, mine, theirs)
+        self.shared.registry.sweep(keep=2)
+        for source in self.sources:
+            # Every source used this refit's landing set: from now on it is named by id.
+            # (Only now: a source that failed before reading it must get it in full again.)
+            if self._offer is not None:
+                self.shared.sent.setdefault(source.agent, set()).add(self._offer.id)
+            self.agent.send_control(
+                source.agent,
+                Done(refit=self.refit),
+                who=f"rollout rank {self.rank}: policy rank {source.rank}",
             )
+        self.agent.poll()  # one progress call: usually enough to send it
+        self.ended_at = time.monotonic()
+
+
+__all__ = [
+    "IncompleteRefitError",
+    "LayoutMismatchError",
+    "RefitReceiver",
+    "Shared",
+    "Source",
+    "TargetResolver",
+    "layout_problems",
+]

@@ -1,42 +1,67 @@
-"""The policy side of one refit: plan, register the source tensors, WRITE bucket by bucket.
+"""The policy side of one refit: plan, WRITE bucket by bucket, hash beside the transfer.
 
-No packing copy: each source tensor's own storage is registered with NIXL for the refit,
-and a bucket is one WRITE whose descriptors go straight from the tensors into the
-receiver's bucket buffer at the planned offsets, moving only the bytes the bucket uses.
-The receiver's credit for bucket ``k`` (buffer ``k % B`` is free) gates each WRITE, so
-bucket ``k+1`` moves while the receiver's consumer still works on bucket ``k``.  Chunks of a
-tensor larger than a bucket go straight into the receiver's reassembly memory when its first
-credit offered ``landing`` of the tensor's exact size (see :mod:`.staging`); the bucket
-message names them in ``landed``.
+No packing copy: each source tensor's storage is registered with NIXL (once, see
+:mod:`.registry`), and a bucket is one WRITE whose descriptors go straight from the tensors
+into the receiver's memory, moving only the bytes the bucket uses.  The receiver answers the
+manifest with ``ready``, naming the memory the tensors land in (its final tensors, or its
+reassembly memory for tensors larger than a bucket); a piece goes there when its tensor has
+landing memory of its exact size, else into the receive buffer the plan assigns its bucket.
+Only buckets that use a buffer wait for a credit, so a refit that lands everything streams
+its buckets back to back without waiting for anyone.
+
+Per target, the descriptor lists and one WRITE handle per bucket are prepared once and
+reposted refit after refit with the new notification (:class:`Routes`), for as long as the
+plan, the source addresses and the landing memory stay the same.
+
+With integrity on, a pool thread hashes each bucket's source bytes while the transfer runs
+(:mod:`.integrity`); digests follow the buckets as they are ready.
 
 Must not import: torch.distributed, the engine module (``nixl.py``), the operator.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-import zlib
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .agent import Backoff, NixlAgent, PeerError, RefitTimeoutError
+from refit_worker.waits import apoll_until, precise_sleep
+
+from .agent import (
+    IDLE_BACKOFF,
+    REFIT_BACKOFF,
+    NixlAgent,
+    PeerError,
+    PreparedWrites,
+    RefitTimeoutError,
+)
 from .base import dtype_name
+from .integrity import Algorithm, Hasher, as_bytes
 from .layout import WHOLE, TargetWeightLayout, select_slice
 from .mapping import bucket_sender
 from .messages import (
     BucketReady,
     BufferDesc,
     Credit,
+    Digest,
     Done,
-    Landing,
+    LandingSet,
     Manifest,
     ManifestEntry,
+    Ready,
     encode,
 )
-from .planning import Bucket, TensorSpec, check_unique_names, plan_buckets, plan_digest
+from .planning import Plan, TensorSpec, buffer_slots, cached_plan, check_unique_names, lands
+from .registry import MemoryRegistry, device_id
+
+Region = tuple[int, int, int]
+_ROUTES_KEPT = 4  # double buffering alternates two landing sets; room for a layout change
 
 
 @dataclass
@@ -51,20 +76,58 @@ class Target:
     dev_id: int = 0
 
 
+class Routes:
+    """Per target: landing sets received on this connection, and prepared WRITEs by route."""
+
+    def __init__(self) -> None:
+        self.landing: dict[str, LandingSet] = {}
+        self.manifests: dict[tuple[str, str | None], Manifest] = {}
+        self._prepared: OrderedDict[tuple[Any, ...], PreparedWrites] = OrderedDict()
+        #: Routes prepared (not reused), for the stats.
+        self.built = 0
+
+    def get(self, key: tuple[Any, ...]) -> PreparedWrites | None:
+        found = self._prepared.get(key)
+        if found is not None:
+            self._prepared.move_to_end(key)
+        return found
+
+    def put(self, key: tuple[Any, ...], prepared: PreparedWrites) -> None:
+        self.built += 1
+        self._prepared[key] = prepared
+        while len(self._prepared) > _ROUTES_KEPT:
+            self._prepared.popitem(last=False)[1].release()
+
+    def forget_prepared(self) -> None:
+        for prepared in self._prepared.values():
+            prepared.release()
+        self._prepared.clear()
+
+    def clear(self) -> None:
+        self.forget_prepared()
+        self.landing.clear()
+
+
 @dataclass
 class _Stream:
     target: Target
+    routes: Routes
     tensors: dict[str, torch.Tensor]
-    buckets: list[Bucket]
-    digest: str
-    pending: list[tuple[Any, str]] = field(default_factory=list)
-    landing: dict[str, Landing] = field(default_factory=dict)
+    plan: Plan
+    seqs: list[int] = field(default_factory=list)  # buckets this rank sends, in order
+    slots: list[int] = field(default_factory=list)
+    prepared: PreparedWrites | None = None
+    inflight: list[int] = field(default_factory=list)  # posted, not seen DONE yet
+    hashes: dict[int, Future[tuple[int, ...]]] = field(default_factory=dict)
 
+    def handle(self, seq: int) -> Any:
+        """The prepared WRITE of bucket ``seq`` (None: the bucket has no bytes)."""
+        if self.prepared is None:
+            raise RuntimeError("the stream's WRITEs are not prepared yet")
+        return self.prepared.handles[self.position[seq]]
 
-def checksum(tensor: torch.Tensor) -> int:
-    """CRC-32 of a tensor's bytes (host copy for device tensors)."""
-    flat = tensor.detach().reshape(-1).contiguous().cpu()
-    return zlib.crc32(flat.view(torch.uint8).numpy().tobytes()) if flat.numel() else 0
+    def __post_init__(self) -> None:
+        self.position = {seq: i for i, seq in enumerate(self.seqs)}
 
 
 def prepare_sources(
@@ -87,33 +150,33 @@ def prepare_sources(
     return items
 
 
-def _for_target(
+def for_target(
     items: Sequence[tuple[str, torch.Tensor]], layout: TargetWeightLayout | None
 ) -> dict[str, torch.Tensor]:
+    """The tensors (or tensor-parallel slices, made contiguous) that one target wants."""
     chosen: dict[str, torch.Tensor] = {}
     for name, tensor in items:
         part = select_slice(name, tuple(tensor.shape), layout)
         if part is None:
             continue
-        whole = part == WHOLE
-        chosen[name] = tensor if whole else tensor.narrow(part.dim, part.start, part.length)
-        chosen[name] = chosen[name].contiguous()
+        sent = tensor if part == WHOLE else tensor.narrow(part.dim, part.start, part.length)
+        chosen[name] = sent.contiguous()
     return chosen
 
 
-def _dev(tensor: torch.Tensor) -> int:
-    return tensor.device.index or 0 if tensor.device.type == "cuda" else 0
+def sources_ready(device: torch.device) -> torch.cuda.Event | None:
+    """After the last source copy or slice is queued: wait for it without a device sync.
 
-
-def _regions(tensors: Iterable[torch.Tensor]) -> list[tuple[int, int, int]]:
-    # Whole storages, deduplicated: views of one storage must not register overlapping ranges.
-    seen: dict[int, tuple[int, int]] = {}
-    for tensor in tensors:
-        storage = tensor.untyped_storage()
-        if storage.nbytes():
-            size = max(seen.get(storage.data_ptr(), (0, 0))[0], storage.nbytes())
-            seen[storage.data_ptr()] = (size, _dev(tensor))
-    return [(addr, size, dev) for addr, (size, dev) in seen.items()]
+    On CUDA the ``.to()``/``.contiguous()`` copies of :func:`prepare_sources` and
+    :func:`for_target` are queued on the current stream; the NIC must not read a source
+    before they finish.  Returns the recorded event (hash threads wait on it too).
+    """
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    event.record(torch.cuda.current_stream(device))
+    event.synchronize()
+    return event
 
 
 class RefitSender:
@@ -128,41 +191,77 @@ class RefitSender:
         bucket_size: int,
         mem_type: str,
         timeout_s: float,
-        with_checksums: bool,
+        registry: MemoryRegistry,
+        routes: dict[str, Routes],
+        hasher: Hasher | None,
+        integrity: Algorithm | None,
     ) -> None:
         self.agent, self.rank, self.refit = agent, rank, refit
         self.bucket_size, self.mem_type, self.timeout_s = bucket_size, mem_type, timeout_s
-        self.with_checksums = with_checksums
+        self.registry, self.routes = registry, routes
+        self.hasher, self.integrity = hasher, integrity
+        #: Seconds of control work (plan, registration, route set-up) in this refit.
+        self.control_s = 0.0
+        #: When every target was ready, and when every target confirmed (monotonic).
+        self.started_at = self.ended_at = 0.0
+        self._streams: list[_Stream] = []
 
-    async def run(
+    def plan(
         self, items: Sequence[tuple[str, torch.Tensor]], targets: Sequence[Target]
-    ) -> None:
+    ) -> list[_Stream]:
+        """Per target: its tensors and (cached) plan; registers the sources."""
+        t0 = time.perf_counter()
+        streams = []
+        for target in targets:
+            tensors = for_target(items, target.layout)
+            specs = [TensorSpec(n, dtype_name(t.dtype), tuple(t.shape)) for n, t in tensors.items()]
+            plan = cached_plan(specs, self.bucket_size)
+            seqs = [
+                seq
+                for seq in range(len(plan.buckets))
+                if bucket_sender(seq, target.sources) == self.rank
+            ]
+            routes = self.routes.setdefault(target.agent, Routes())
+            streams.append(_Stream(target, routes, tensors, plan, seqs))
+        self.registry.next_refit()
+        self.registry.ensure(t for s in streams for t in s.tensors.values())
+        self.registry.sweep(keep=1)
+        self.control_s += time.perf_counter() - t0
+        return streams
+
+    async def run(self, streams: list[_Stream], ready: torch.cuda.Event | None) -> None:
         self.agent.forget_before(self.refit)
-        streams = [self._plan(items, target) for target in targets]
-        all_tensors = [t for s in streams for t in s.tensors.values()]
-        registered = (
-            self.agent.register(_regions(all_tensors), self.mem_type)
-            if any(t.numel() for t in all_tensors)
-            else None
-        )
+        self._streams = streams
         try:
+            self._start_hashes(streams, ready)
             await self._stream_all(streams)
-        except Exception as exc:
+        except BaseException as exc:
             for stream in streams:
+                # In-flight handles must not be reposted: forget this target's prepared WRITEs
+                # (its landing sets stay known: the receiver names them by id from now on).
+                stream.routes.forget_prepared()
+                for future in stream.hashes.values():
+                    future.cancel()
                 self.agent.abort(stream.target.agent, self.refit, f"policy rank {self.rank}: {exc}")
             raise
-        finally:
-            for stream in streams:
-                for handle, _ in stream.pending:
-                    handle.release()
-            if registered is not None:
-                self.agent.deregister(registered)
 
-    def _plan(self, items: Sequence[tuple[str, torch.Tensor]], target: Target) -> _Stream:
-        tensors = _for_target(items, target.layout)
-        specs = [TensorSpec(n, dtype_name(t.dtype), tuple(t.shape)) for n, t in tensors.items()]
-        buckets = plan_buckets(specs, self.bucket_size)
-        return _Stream(target, tensors, buckets, plan_digest(specs, self.bucket_size))
+    def _start_hashes(self, streams: list[_Stream], ready: torch.cuda.Event | None) -> None:
+        if self.hasher is None or self.integrity is None:
+            return
+        # Fan-out sends the same bytes to several targets: hash each bucket once.
+        shared: dict[tuple[Any, ...], Future[tuple[int, ...]]] = {}
+        for stream in streams:
+            for seq in stream.seqs:
+                bucket = stream.plan.buckets[seq]
+                sources = [stream.tensors[p.name] for p in bucket]
+                key = (stream.plan.digest, seq, tuple(t.data_ptr() for t in sources))
+                if key not in shared:
+                    views = [
+                        as_bytes(t)[p.chunk_offset : p.chunk_offset + p.chunk_size]
+                        for t, p in zip(sources, bucket, strict=True)
+                    ]
+                    shared[key] = self.hasher.submit(views, self.integrity, ready)
+                stream.hashes[seq] = shared[key]
 
     async def _stream_all(self, streams: list[_Stream]) -> None:
         for stream in streams:
@@ -170,118 +269,201 @@ class RefitSender:
                 self.agent.send_control(
                     stream.target.agent, self._manifest(stream), who=self._who(stream.target)
                 )
-        longest = max((len(s.buckets) for s in streams), default=0)
+        for stream in streams:
+            await self._ready(stream)
+        self.started_at = time.monotonic()
+        longest = max((len(s.plan.buckets) for s in streams), default=0)
         for seq in range(longest):
             for stream in streams:
-                if seq < len(stream.buckets) and bucket_sender(seq, stream.target.sources) == (
+                if seq < len(stream.plan.buckets) and bucket_sender(seq, stream.target.sources) == (
                     self.rank
                 ):
                     await self._send_bucket(stream, seq)
+                    self._progress()
+                    self._send_digests(stream, block=False)
+        await apoll_until(
+            self._progress,
+            timeout=self.timeout_s,
+            what=f"policy rank {self.rank}: the WRITEs of refit {self.refit} to complete",
+            backoff=REFIT_BACKOFF,
+            error=RefitTimeoutError,
+            sleep=precise_sleep,
+        )
         for stream in streams:
-            deadline = time.monotonic() + self.timeout_s
-            for handle, what in stream.pending:
-                await self.agent.wait_transfer(handle, stream.target.agent, what, deadline)
-            stream.pending.clear()
+            for seq in sorted(stream.hashes):
+                await asyncio.wrap_future(stream.hashes[seq])
+            self._send_digests(stream, block=True)
         for stream in streams:
             await self._wait(stream, "done", 0, f"confirmation of refit {self.refit}")
+        self.ended_at = time.monotonic()
 
     def _who(self, target: Target) -> str:
         return f"policy rank {self.rank}: rollout rank {target.rank}"
 
     def _manifest(self, stream: _Stream) -> Manifest:
-        entries = tuple(
-            ManifestEntry(
-                name=name,
-                dtype=dtype_name(t.dtype),
-                shape=tuple(t.shape),
-                checksum=checksum(t) if self.with_checksums else None,
+        """The manifest: built once per (plan, integrity), restamped with the refit id."""
+        key = (stream.plan.digest, self.integrity)
+        cached = stream.routes.manifests.get(key)
+        if cached is None:
+            cached = Manifest(
+                refit=self.refit,
+                total_buckets=len(stream.plan.buckets),
+                digest=stream.plan.digest,
+                bucket_size=self.bucket_size,
+                integrity=self.integrity,
+                tensors=tuple(
+                    ManifestEntry(name=s.name, dtype=s.dtype, shape=s.shape)
+                    for s in stream.plan.specs
+                ),
             )
-            for name, t in stream.tensors.items()
-        )
-        return Manifest(
-            refit=self.refit,
-            total_buckets=len(stream.buckets),
-            digest=stream.digest,
-            tensors=entries,
-        )
+            stream.routes.manifests = {key: cached}
+        return cached.model_copy(update={"refit": self.refit})
 
-    async def _wait(self, stream: _Stream, kind: str, seq: int, what: str) -> Credit | Done:
-        """Wait for a control message while keeping this stream's WRITEs progressing."""
+    async def _wait(self, stream: _Stream, kind: str, seq: int, what: str) -> Any:
+        """Wait for a control message, driving this refit's WRITEs meanwhile.
+
+        Without NIXL's progress thread a posted WRITE advances only when someone asks for
+        its state (UCX's rendezvous needs both sides to progress), so every wait does.
+        """
         peer = stream.target.agent
-        deadline, backoff = time.monotonic() + self.timeout_s, Backoff()
-        label = f"{what} from rollout rank {stream.target.rank}"
-        while True:
-            self._reap(stream)
-            found = self.agent.take_control(peer, kind, self.refit, seq)
-            if isinstance(found, Credit | Done):
-                return found
-            if time.monotonic() > deadline:
-                raise RefitTimeoutError(
-                    f"policy rank {self.rank}: timed out after {self.timeout_s}s waiting for "
-                    f"{label} (agent {peer!r})"
-                )
-            await backoff.sleep()
 
-    def _reap(self, stream: _Stream) -> None:
-        still: list[tuple[Any, str]] = []
-        for handle, what in stream.pending:
-            state = self.agent.transfer_state(handle)
-            if state == "ERR":
-                raise PeerError(
-                    f"policy rank {self.rank}: {what} to rollout rank {stream.target.rank} "
-                    f"failed (peer gone?)"
+        def arrived() -> Any:
+            self._progress()
+            return self.agent.take_control(peer, kind, self.refit, seq)
+
+        return await apoll_until(
+            arrived,
+            timeout=self.timeout_s,
+            what=f"policy rank {self.rank}: {what} from rollout rank {stream.target.rank} "
+            f"(agent {peer!r})",
+            backoff=IDLE_BACKOFF if kind == "ready" else REFIT_BACKOFF,
+            error=RefitTimeoutError,
+            sleep=precise_sleep,
+        )
+
+    def _progress(self) -> bool:
+        """Check every WRITE in flight (which drives it); True once none is left."""
+        for stream in self._streams:
+            still = []
+            for seq in stream.inflight:
+                state = self.agent.transfer_state(stream.handle(seq))
+                if state == "ERR":
+                    raise PeerError(
+                        f"{self._who(stream.target)}: bucket {seq} of refit {self.refit} "
+                        "failed (peer gone?)"
+                    )
+                if state != "DONE":
+                    still.append(seq)
+            stream.inflight = still
+        return not any(stream.inflight for stream in self._streams)
+
+    async def _ready(self, stream: _Stream) -> None:
+        """Wait for the target's ``ready``; load its landing memory; prepare the WRITEs."""
+        found = await self._wait(stream, "ready", 0, f"readiness for refit {self.refit}")
+        if not isinstance(found, Ready):
+            raise PeerError(f"{self._who(stream.target)}: expected ready, got {found}")
+        t0 = time.perf_counter()
+        landing = self._landing(stream, found)
+        sizes = {t.name: t.nbytes for t in landing.tensors} if landing else {}
+        stream.slots = buffer_slots(stream.plan.buckets, sizes, len(stream.target.buffers))
+        key = (
+            stream.plan.digest,
+            tuple(t.data_ptr() for t in stream.tensors.values()),
+            # A handle prepared over a registration that was since dropped must not be reused.
+            self.registry.serials(stream.tensors.values()),
+            landing.id if landing else None,
+            stream.target.buffers,
+            tuple(stream.seqs),
+        )
+        stream.prepared = stream.routes.get(key)
+        if stream.prepared is None:
+            stream.prepared = self._prepare(stream, landing, sizes)
+            stream.routes.put(key, stream.prepared)
+        self.control_s += time.perf_counter() - t0
+
+    def _landing(self, stream: _Stream, ready: Ready) -> LandingSet | None:
+        routes, target = stream.routes, stream.target
+        if ready.landing is not None:
+            if ready.landing.id not in routes.landing:
+                if ready.landing.metadata:
+                    try:
+                        self.agent.add_remote_memory(target.agent, ready.landing.metadata)
+                    except PeerError as exc:
+                        raise PeerError(f"{self._who(target)}: landing memory: {exc}") from exc
+                routes.landing[ready.landing.id] = ready.landing
+            return ready.landing
+        if ready.landing_id is None:
+            return None
+        known = routes.landing.get(ready.landing_id)
+        if known is None:
+            raise PeerError(
+                f"{self._who(target)}: ready names landing set {ready.landing_id!r}, "
+                "which it never sent on this connection"
+            )
+        return known
+
+    def _prepare(
+        self, stream: _Stream, landing: LandingSet | None, sizes: dict[str, int]
+    ) -> PreparedWrites:
+        where = {t.name: t for t in landing.tensors} if landing else {}
+        local: list[Region] = []
+        remote: list[Region] = []
+        groups: list[list[int]] = []
+        for seq in stream.seqs:
+            group = []
+            slot = stream.slots[seq]
+            for piece in stream.plan.buckets[seq]:
+                if piece.chunk_size == 0:
+                    continue
+                source = stream.tensors[piece.name]
+                group.append(len(local))
+                local.append(
+                    (source.data_ptr() + piece.chunk_offset, piece.chunk_size, device_id(source))
                 )
-            if state == "DONE":
-                handle.release()
-            else:
-                still.append((handle, what))
-        stream.pending = still
+                if lands(piece, sizes):
+                    dest = where[piece.name]
+                    remote.append((dest.addr + piece.chunk_offset, piece.chunk_size, dest.dev_id))
+                else:
+                    desc = stream.target.buffers[slot]
+                    remote.append((desc.addr + piece.offset, piece.chunk_size, desc.dev_id))
+            groups.append(group)
+        return self.agent.prepare_writes(stream.target.agent, local, remote, self.mem_type, groups)
 
     async def _send_bucket(self, stream: _Stream, seq: int) -> None:
-        target = stream.target
-        buffer = seq % len(target.buffers)
-        credit = await self._wait(stream, "credit", seq, f"credit for bucket {seq}")
-        if not isinstance(credit, Credit) or credit.buffer != buffer:
-            raise PeerError(f"rollout rank {target.rank} offered buffer {credit} for bucket {seq}")
-        for offered in credit.landing:
-            try:
-                self.agent.add_remote_memory(target.agent, offered.metadata)
-            except PeerError as exc:
-                raise PeerError(f"{self._who(target)}: landing {offered.name!r}: {exc}") from exc
-            stream.landing[offered.name] = offered
-        pieces = stream.buckets[seq]
-        desc = target.buffers[buffer]
-        local, remote, landed = [], [], set()
-        for piece in pieces:
-            if piece.chunk_size == 0:
-                continue
-            source = stream.tensors[piece.name]
-            local.append((source.data_ptr() + piece.chunk_offset, piece.chunk_size, _dev(source)))
-            offer = stream.landing.get(piece.name)
-            if offer is not None and offer.nbytes == piece.nbytes and not piece.is_whole:
-                landed.add(piece.name)
-                remote.append((offer.addr + piece.chunk_offset, piece.chunk_size, offer.dev_id))
-            else:
-                remote.append((desc.addr + piece.offset, piece.chunk_size, target.dev_id))
-        message = BucketReady(
-            refit=self.refit,
-            seq=seq,
-            buffer=buffer,
-            total_buckets=len(stream.buckets),
-            digest=stream.digest,
-            pieces=tuple(pieces),
-            landed=tuple(sorted(landed)),
+        target, slot = stream.target, stream.slots[seq]
+        if slot >= 0:
+            credit = await self._wait(stream, "credit", seq, f"credit for bucket {seq}")
+            if not isinstance(credit, Credit) or credit.buffer != slot:
+                raise PeerError(f"rollout rank {target.rank} offered {credit} for bucket {seq}")
+        message = encode(
+            BucketReady(refit=self.refit, seq=seq, buffer=slot, digest=stream.plan.digest)
         )
-        if not local:
-            self.agent.send_control(target.agent, message, who=self._who(target))
+        handle = stream.handle(seq)
+        if handle is None:
+            self.agent.send_control(
+                target.agent,
+                BucketReady(refit=self.refit, seq=seq, buffer=slot, digest=stream.plan.digest),
+                who=self._who(target),
+            )
             return
         try:
-            handle = self.agent.post_write(
-                target.agent, local, remote, self.mem_type, encode(message)
-            )
+            self.agent.post_prepared(handle, target.agent, message)
         except PeerError as exc:
             raise PeerError(f"{self._who(target)}: bucket {seq}: {exc}") from exc
-        stream.pending.append((handle, f"bucket {seq} of refit {self.refit}"))
+        stream.inflight.append(seq)
+
+    def _send_digests(self, stream: _Stream, *, block: bool) -> None:
+        """Send the digests of finished hashes, in bucket order."""
+        for seq in sorted(stream.hashes):
+            future = stream.hashes[seq]
+            if not (block or future.done()):
+                return
+            self.agent.send_control(
+                stream.target.agent,
+                Digest(refit=self.refit, seq=seq, hashes=future.result()),
+                who=self._who(stream.target),
+            )
+            del stream.hashes[seq]
 
 
-__all__ = ["Done", "RefitSender", "Target", "checksum", "prepare_sources"]
+__all__ = ["Done", "RefitSender", "Routes", "Target", "for_target", "prepare_sources"]

@@ -4,7 +4,8 @@ preemption settings a user's own training loop reads from it.
 ``WorkerConfig`` (:mod:`.config`) is the whole environment of a RefitJob pod; two of its
 variables also matter to code that does not load it: ``refit-signal`` (a preStop hook,
 standard library only) and a user's own training loop, which wants the signal(s) to listen
-for and the pid directory to register in, and nothing else.  :meth:`Preemption.from_env`
+for and the pid directory to register in, and nothing else.  A third, optional one is set
+by users, not the operator: the port of a rank's metrics endpoint.  :meth:`Preemption.from_env`
 reads those two with the same parser :mod:`.config` uses.
 
 Must not import: anything outside the standard library.
@@ -27,7 +28,24 @@ PREEMPTION_SIGNAL_ENV = "REFIT_PREEMPTION_SIGNAL"
 #: ``DistributedSignalHandler`` registers its pid, for the preStop delivery command.
 SIGNAL_PID_DIR_ENV = "REFIT_SIGNAL_PID_DIR"
 
+#: Optional: the port where ``refit-worker`` serves its rank's refit figures for
+#: Prometheus (``/metrics``); set it in the RefitJob's pod template to scrape pods.
+METRICS_PORT_ENV = "REFIT_METRICS_PORT"
+
 DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM,)
+
+
+def metrics_port_from_env(environ: Mapping[str, str] | None = None) -> int | None:
+    """``REFIT_METRICS_PORT`` as a port number; None when unset or empty.
+
+    ``ValueError`` names the variable when it is not a port (1-65535)."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(METRICS_PORT_ENV, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise ValueError(f"{METRICS_PORT_ENV}={text!r}: not a port number (1-65535)")
+    return int(text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,15 +41,13 @@ class ProgressLog:
     def record(
         self, refit: int, nbytes: int, seconds: float, verification: Verification | None = None
     ) -> RefitReport:
-        """Account for refit ``refit`` (the next one in order), moved and committed."""
-        if refit != self.refits_completed:
-            raise ValueError(
-                f"refit {refit} reported after {self.refits_completed} refits: refits are "
-                "reported once each, in order"
-            )
+        """Account for one more refit, ``refit`` by its id (its place in the job's count
+        when the caller numbers from ``first_refit``, as ``RefitSession.pending_refits``)."""
+        if refit < 0 or nbytes < 0:
+            raise ValueError(f"a refit id and its bytes are >= 0, got {refit} and {nbytes}")
         report = RefitReport(refit=refit, bytes=nbytes, seconds=max(seconds, 0.0))
         self.recent.append(report)
-        self.refits_completed = refit + 1
+        self.refits_completed += 1
         self.bytes_total += nbytes
         self.seconds_total += report.seconds
         if verification is not None:

@@ -1,0 +1,93 @@
+"""Receiving into final tensors through ``RefitSession``: double-buffered and in place.
+
+Real: one policy and one rollout ``RefitSession`` in separate processes, the file-backed
+rendezvous store (the test opens the barrier, as the operator would), real NIXL (UCX)
+WRITEs straight into the rollout's tensors, integrity hashes on (the default), a real
+SIGTERM (``os.kill``) for a preemption and a real SIGKILL for a dead peer.  The one hook:
+the policy can be told to stall after the first bucket of a refit, so a refit is caught
+half-way every time (``tests.support.session_procs.SessionJob.pause_at``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.support.engine_procs import expected
+from tests.support.session_procs import SessionJob, run_session_job
+
+
+@pytest.mark.parametrize("mode", ["receive", "double_buffer", "in_place"])
+def test_refits_land_bit_exact_in_final_tensors(tmp_path: Path, mode: str) -> None:
+    job = SessionJob(mode=mode, refits=3)
+    reports = run_session_job(job, tmp_path)
+    rollout = reports["rollout"]
+    assert "error" not in rollout and "error" not in reports["policy"], reports
+    assert rollout["refits"] == [expected(k) for k in range(3)]
+    pointers = rollout["pointers"]
+    if mode == "in_place":
+        # Straight into the live tensors: the same memory every refit.
+        assert pointers[0] == pointers[1] == pointers[2]
+        assert rollout["live"] == expected(2)
+    elif mode == "double_buffer":
+        # The commit swaps the served tensors between two copies.
+        assert pointers[0] != pointers[1] and pointers[0] == pointers[2]
+        assert rollout["live"] == expected(2)
+    assert rollout["live_weights_partial"] is False
+
+
+def test_preemption_mid_in_place_refit_says_the_live_weights_are_partial(tmp_path: Path) -> None:
+    def preempt(procs: dict[str, Any]) -> None:
+        os.kill(procs["rollout"].pid, signal.SIGTERM)
+
+    job = SessionJob(mode="in_place", refits=2, pause_at=1)
+    rollout = run_session_job(job, tmp_path, on_paused=preempt, expect=("rollout",))["rollout"]
+    assert rollout["error_type"] == "Preempted", rollout
+    assert rollout["weights_partial"] is True and rollout["live_weights_partial"] is True
+    assert "live weights are partial: do not serve them" in rollout["error"]
+    assert len(rollout["refits"]) == 1  # refit 0 committed, refit 1 stopped half-way
+    live, old, new = rollout["live"], expected(0), expected(1)
+    assert live != old and live != new, "the live tensors must hold a mix of both refits"
+    assert any(live[n] == new[n] != old[n] for n in live), "some bytes of refit 1 landed"
+
+
+def test_dead_policy_mid_in_place_refit_raises_partial_refit_error(tmp_path: Path) -> None:
+    def kill_policy(procs: dict[str, Any]) -> None:
+        os.kill(procs["policy"].pid, signal.SIGKILL)
+
+    job = SessionJob(mode="in_place", refits=2, pause_at=1, timeout_s=3.0)
+    rollout = run_session_job(job, tmp_path, on_paused=kill_policy, expect=("rollout",))["rollout"]
+    assert rollout["error_type"] == "PartialRefitError", rollout
+    assert "now mix two refits: do not serve them" in rollout["error"]
+    assert "policy rank 0" in rollout["error"]  # says which peer it lost
+    assert rollout["live_weights_partial"] is True
+
+
+def test_dead_policy_mid_double_buffered_refit_leaves_the_served_copy_untouched(
+    tmp_path: Path,
+) -> None:
+    def kill_policy(procs: dict[str, Any]) -> None:
+        os.kill(procs["policy"].pid, signal.SIGKILL)
+
+    job = SessionJob(mode="double_buffer", refits=2, pause_at=1, timeout_s=3.0)
+    rollout = run_session_job(job, tmp_path, on_paused=kill_policy, expect=("rollout",))["rollout"]
+    assert rollout["error_type"] in {"RefitTimeoutError", "PeerError"}, rollout
+    assert rollout["live"] == expected(0), "the served copy must still be refit 0, whole"
+    assert rollout["live_weights_partial"] is False
+
+
+@pytest.mark.parametrize("mode", ["double_buffer", "in_place"])
+def test_layout_mismatch_is_refused_before_any_byte_lands(tmp_path: Path, mode: str) -> None:
+    job = SessionJob(mode=mode, refits=1, wrong_shape="embed.weight")
+    reports = run_session_job(job, tmp_path)
+    rollout, policy = reports["rollout"], reports["policy"]
+    assert rollout["error_type"] == "LayoutMismatchError", rollout
+    assert (
+        "'embed.weight': sent bfloat16[257, 64], target has bfloat16[258, 64]" in (rollout["error"])
+    )
+    assert "nothing was written" in rollout["error"]
+    assert rollout["live_weights_partial"] is False
+    assert policy["error_type"] == "PeerError" and "aborted refit 0" in policy["error"], policy

@@ -1,0 +1,66 @@
+"""``bench/refit_throughput.py`` runs and says what it measured, as JSON lines.
+
+Real: the bench's own processes, real NIXL (UCX) and gloo, a small payload.  No timing is
+asserted (timings belong to the bench, not to tests): only that every case ran, moved
+bit-exact data where it checks, and reports the fields the lead's tooling reads.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUIRED = {
+    "case": str,
+    "topology": str,
+    "bucket_mib": int,
+    "gbps": float,
+    "x_raw_nixl": float,
+    "x_gloo": float,
+    "raw_nixl_gbps": float,
+    "gloo_gbps": float,
+    "control_ms_cold": float,
+    "control_ms_warm": float,
+    "registrations_last": int,
+}
+
+
+def test_quick_bench_emits_one_valid_json_line_per_case() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "refit_throughput.py"),
+            "--quick",
+            "--runs",
+            "1",
+            "--json",
+            "--buckets",
+            "1",
+            "--topologies",
+            "1x1,2x2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    cases = sorted((line["case"], line["topology"]) for line in lines)
+    assert cases == sorted(
+        (case, topo)
+        for case in ("engine", "session", "session-in-place")
+        for topo in ("1x1", "2x2")
+    )
+    for line in lines:
+        for key, kind in REQUIRED.items():
+            assert isinstance(line[key], kind), (key, line)
+        assert line["bucket_mib"] == 1 and line["gbps"] > 0
+        assert abs(line["x_raw_nixl"] - line["gbps"] / line["raw_nixl_gbps"]) < 0.01
+        if line["case"].startswith("session"):
+            assert line["verified"] is True, line  # every rollout ended with the sent bytes
+            assert line["registrations_last"] == 0, line  # reused after the warm-up
+    assert "raw NIXL" in done.stdout and "x raw" in done.stdout  # the human table too

@@ -1,0 +1,173 @@
+"""Helpers for the receive-mode tests: ``RefitSession`` ranks as real processes.
+
+Each rank is a separate process (multiprocessing spawn) running a real ``RefitSession``
+over the file-backed rendezvous store; the test opens the barrier as the operator would.
+Transfers are real NIXL (UCX) WRITEs; preemption is a real SIGTERM sent with ``os.kill``.
+The only test hook: a policy rank can be told to stop sending after its first bucket
+(``pause_at``), so that a refit is reliably caught half-way; it reports ``paused`` then.
+Results cross back as JSON in queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import faulthandler
+import json
+import multiprocessing as mp
+import queue
+import signal
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tests.support.engine_procs import digest, state_dict
+
+CTX = mp.get_context("spawn")
+PATIENCE_S = 90.0
+
+
+@dataclass
+class SessionJob:
+    mode: str  # "receive", "double_buffer" or "in_place"
+    refits: int = 3
+    bucket_size: int = 64 << 10
+    timeout_s: float = 20.0
+    pause_at: int = -1  # the policy stops after the first bucket of this refit
+    wrong_shape: str = ""  # the rollout's target has this tensor with one more row
+    store: str = ""
+    device: str = "cpu"
+
+
+def _config(job: SessionJob, role: str) -> Any:
+    from refit_worker.contract.config import RendezvousConfig, TransferConfig, WorkerConfig
+
+    return WorkerConfig(
+        job="modes",
+        role=role,  # type: ignore[arg-type]
+        rank=0,
+        policy_world_size=1,
+        rollout_world_size=1,
+        pod_uid=str(uuid.uuid4()),
+        pod_name=f"modes-{role}-0",
+        transfer=TransferConfig(
+            bucket_size=job.bucket_size,
+            timeout_seconds=job.timeout_s,
+            device=job.device,  # type: ignore[arg-type]
+        ),
+        rendezvous=RendezvousConfig(store="file", location=job.store),
+    )
+
+
+def _pause_after_first_bucket(out_q: Any) -> None:
+    """Make this policy rank stop sending after the first bucket of the refit."""
+    from refit_worker.checkpoint_engines import sender
+
+    original = sender.RefitSender._send_bucket
+
+    async def send_then_stall(self: Any, stream: Any, seq: int) -> None:
+        await original(self, stream, seq)
+        self.agent.flush()
+        out_q.put(json.dumps({"role": "policy", "paused": seq}))
+        await asyncio.sleep(3600)
+
+    sender.RefitSender._send_bucket = send_then_stall  # type: ignore[method-assign]
+
+
+def _live(refit: int, wrong_shape: str, device: str) -> dict[str, torch.Tensor]:
+    live = {n: torch.empty_like(t, device=device) for n, t in state_dict(refit).items()}
+    if wrong_shape:
+        t = live[wrong_shape]
+        live[wrong_shape] = torch.empty(
+            (t.shape[0] + 1, *t.shape[1:]), dtype=t.dtype, device=device
+        )
+    return live
+
+
+def rank_main(job_json: str, role: str, out_q: Any) -> None:
+    """Process entry point: run the job's refits as ``role``; report JSON."""
+    from refit_worker.session import Preempted, RefitSession
+    from refit_worker.targets import PartialRefitError
+
+    job = SessionJob(**json.loads(job_json))
+    faulthandler.dump_traceback_later(0.95 * PATIENCE_S, exit=True)
+    stop = {"flag": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
+    report: dict[str, Any] = {"role": role, "refits": [], "pointers": []}
+    session = RefitSession(_config(job, role), stop_requested=lambda: stop["flag"])
+    live = _live(0, job.wrong_shape, job.device)
+    try:
+        session.connect()
+        for refit in range(job.refits):
+            if role == "policy":
+                if refit == job.pause_at:
+                    _pause_after_first_bucket(out_q)
+                sent = {n: t.to(job.device) for n, t in state_dict(refit).items()}
+                asyncio.run(session.send(sent.items(), refit_id=refit))
+                report["refits"].append({})
+                continue
+            if job.mode == "receive":
+                asyncio.run(session.receive(refit_id=refit))
+            else:
+                asyncio.run(session.receive_into(live, refit_id=refit, mode=job.mode))  # type: ignore[arg-type]
+            committed = session.committed
+            assert committed is not None and committed.refit_id == refit
+            report["refits"].append({n: digest(t) for n, t in committed.state.items()})
+            report["pointers"].append({n: t.data_ptr() for n, t in live.items() if t.numel()})
+    except (Preempted, PartialRefitError, Exception) as exc:
+        report["error_type"] = type(exc).__name__
+        report["error"] = str(exc)
+        report["weights_partial"] = getattr(exc, "weights_partial", None)
+    report["live_weights_partial"] = session.live_weights_partial
+    report["live"] = {n: digest(t) for n, t in live.items()}
+    with contextlib.suppress(Exception):
+        session.close()
+    out_q.put(json.dumps(report))
+
+
+def run_session_job(
+    job: SessionJob,
+    tmp: Path,
+    on_paused: Any = None,
+    expect: tuple[str, ...] = ("policy", "rollout"),
+) -> dict[str, Any]:
+    """Start both ranks, open the barrier, collect the ``expect``-ed reports; never hangs.
+
+    ``on_paused(procs)`` runs when the policy says it stalled (see ``pause_at``); ranks that
+    are still running once the expected reports are in are killed.
+    """
+    from refit_worker.rendezvous import FileStore, Layout
+
+    job.store = str(tmp / "rdzv")
+    out_qs = {role: CTX.Queue() for role in ("policy", "rollout")}
+    procs = {
+        role: CTX.Process(target=rank_main, args=(json.dumps(asdict(job)), role, out_qs[role]))
+        for role in out_qs
+    }
+    for proc in procs.values():
+        proc.start()
+    reports: dict[str, Any] = {}
+    try:
+        FileStore(Path(job.store), Layout(1, 1, 1)).open_barrier(0, timeout=60)
+        deadline = time.monotonic() + PATIENCE_S
+        while any(r not in reports and procs[r].exitcode in (None, 0) for r in expect):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ranks {sorted(set(procs) - set(reports))} did not report")
+            for role, out_q in out_qs.items():
+                with contextlib.suppress(queue.Empty):
+                    message = json.loads(out_q.get(timeout=0.05))
+                    if "paused" in message:
+                        if on_paused is not None:
+                            on_paused(procs)
+                    else:
+                        reports[role] = message
+    finally:
+        for proc in procs.values():
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=10)
+    return reports
