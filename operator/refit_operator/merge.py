@@ -278,9 +278,10 @@ def _ports(
                 port.get("name") == mine["name"]
                 or port.get("containerPort") == mine["containerPort"]
             ):
+                what = "rendezvous" if mine["name"] == "dist" else "metrics"
                 problems.append(
                     f"{where}[{i}]: port {port.get('name') or port.get('containerPort')!r} is the"
-                    f" ranks' rendezvous port ({mine['name']}, {mine['containerPort']})"
+                    f" ranks' {what} port ({mine['name']}, {mine['containerPort']})"
                 )
     return [*ours, *theirs]
 

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from refit_operator.names import MASTER_PORT
 from refit_operator.podtemplate import summarise
 from refit_operator.quantity import QuantityError, parse_quantity
 from refit_operator.roles import (
@@ -140,6 +141,33 @@ class WeightsSpec(Wire):
     def _exactly_one(self) -> WeightsSpec:
         if (self.synthetic is None) == (self.safetensors is None):
             raise ValueError("set exactly one of weights.synthetic and weights.safetensors")
+        return self
+
+
+class WorkerMetricsSpec(Wire):
+    """Each rank serves its own refit figures for Prometheus at ``:port/metrics``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.port != {MASTER_PORT}",
+                    "message": f"metrics.port {MASTER_PORT} is the ranks' rendezvous port",
+                }
+            ]
+        }
+    )
+    port: int = Field(
+        ge=1024,
+        le=65535,
+        description="The worker container's port named 'metrics' (1024-65535: the pods run"
+        " as non-root).",
+    )
+
+    @model_validator(mode="after")
+    def _not_rendezvous(self) -> WorkerMetricsSpec:
+        if self.port == MASTER_PORT:
+            raise ValueError(f"metrics.port {MASTER_PORT} is the ranks' rendezvous port")
         return self
 
 
@@ -278,6 +306,11 @@ class RefitJobSpec(Wire):
     transfer: TransferSpec = Field(default_factory=TransferSpec)
     preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+    metrics: WorkerMetricsSpec | None = Field(
+        None,
+        description="Set a port to have every rank serve its refit figures for Prometheus"
+        " (scrape the pods, e.g. with a PodMonitor); unset: the ranks serve none.",
+    )
     create_service_account: bool = Field(
         True,
         description="Pods whose template names no serviceAccountName run as a per-job"

@@ -26,6 +26,7 @@ from refit_worker.contract.config import (
     WorkerConfig,
     env_name,
 )
+from refit_worker.contract.env import METRICS_PORT_ENV
 from refit_worker.contract.roles import ROLES, Role
 
 CONTAINER = WORKER
@@ -155,7 +156,9 @@ _NOT_SHAPING = {
 
 def spec_hash(spec: RefitJobSpec) -> str:
     """A short digest of what shapes the pods (not failurePolicy, suspend or deadlines)."""
-    shape = spec.model_dump(mode="json", exclude=_NOT_SHAPING)
+    # Unset optional fields are left out, so a field added in a later version of the
+    # operator does not change the digest of a running job (and recreate its gang).
+    shape = spec.model_dump(mode="json", exclude=_NOT_SHAPING, exclude_none=True)
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -183,10 +186,13 @@ def _worker_parts(
         default_command=list(DEFAULT_COMMAND),
         command=list(role_spec.command),
         args=list(role_spec.args),
-        env=worker_env(config),
+        env=worker_env(config) + _metrics_env(spec),
         extra_env=[{"name": e.name, "value": e.value} for e in role_spec.env],
         resources=role_spec.resources.model_dump(exclude_defaults=True),
-        ports=[{"name": "dist", "containerPort": names.MASTER_PORT, "protocol": "TCP"}],
+        ports=[
+            {"name": "dist", "containerPort": names.MASTER_PORT, "protocol": "TCP"},
+            *_metrics_port(spec),
+        ],
         lifecycle=lifecycle,
         # The worker writes why it failed there; any other command's failure still gets
         # the end of its log into the pod's (and so the job's) status.
@@ -199,6 +205,18 @@ def _worker_parts(
             "runAsNonRoot": True,
         },
     )
+
+
+def _metrics_env(spec: RefitJobSpec) -> list[dict[str, Any]]:
+    if spec.metrics is None:
+        return []
+    return [{"name": METRICS_PORT_ENV, "value": str(spec.metrics.port)}]
+
+
+def _metrics_port(spec: RefitJobSpec) -> list[dict[str, Any]]:
+    if spec.metrics is None:
+        return []
+    return [{"name": "metrics", "containerPort": spec.metrics.port, "protocol": "TCP"}]
 
 
 def pod_account(job: JobRef, spec: RefitJobSpec, role: Role) -> str:

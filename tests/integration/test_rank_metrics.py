@@ -92,3 +92,22 @@ def test_refit_worker_exits_2_on_a_bad_port_before_joining_anything(
     monkeypatch.setattr(entry, "run", lambda *a: pytest.fail("run() must not start"))
     assert entry.main([]) == EXIT_BAD_CONFIG
     assert "REFIT_METRICS_PORT" in (tmp_path / "termination-log").read_text()
+
+
+def test_a_taken_metrics_port_costs_the_metrics_not_the_rank(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Several ranks on one machine (``refit run``) share one ``spec.metrics.port``: the
+    first serves it, the others say why they serve nothing and go on refitting."""
+    from refit_worker import __main__ as entry
+
+    labels = RankLabels("demo", "rollout", 1, 2)
+    first = serve(ProgressLog(0), labels, 0, addr="127.0.0.1")
+    try:
+        with caplog.at_level("WARNING"):
+            second = entry._serve_metrics(ProgressLog(0), labels, first.port, "rollout rank 1")
+        assert second is None
+        assert f"cannot serve metrics on port {first.port}" in caplog.text
+        assert "refit_rank_refits_total" in _scrape(first.port)  # the first still serves
+    finally:
+        first.close()

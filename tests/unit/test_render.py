@@ -66,7 +66,7 @@ GOLDEN_POD: dict[str, Any] = {
             "refit.dev/epoch": "3",
         },
         "ownerReferences": OWNER,
-        "annotations": {"refit.dev/spec-hash": "c14ba476e66eb600"},
+        "annotations": {"refit.dev/spec-hash": "7e3f5a3f0435050f"},
     },
     "spec": {
         "restartPolicy": "Never",
@@ -292,3 +292,4 @@ def test_spec_hash_follows_what_shapes_the_pods() -> None:
     assert spec_hash(_spec(failurePolicy={"maxRestarts": 9}, suspend=True)) == base
     assert spec_hash(_spec(rollout={"replicas": 2})) != base
     assert spec_hash(_spec(image="img:2")) != base
+    assert spec_hash(_spec(metrics={"port": 9400})) != base

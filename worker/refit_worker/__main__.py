@@ -34,7 +34,8 @@ from refit_worker.contract.config import ConfigError, SyntheticWeights, WorkerCo
 from refit_worker.contract.entries import Verification
 from refit_worker.contract.env import metrics_port_from_env
 from refit_worker.contract.exits import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_PREEMPTED
-from refit_worker.metrics import RankLabels, serve
+from refit_worker.contract.progress import ProgressLog
+from refit_worker.metrics import RankLabels, RankMetrics, serve
 from refit_worker.session import Preempted, RefitSession, RefitStats, StateDict, Verifier
 from refit_worker.signal_handler import DistributedSignalHandler
 from refit_worker.termination import write_termination_message
@@ -89,6 +90,20 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _serve_metrics(
+    progress: ProgressLog, labels: RankLabels, port: int | None, who: str
+) -> RankMetrics | None:
+    """The rank's figures on ``port``; a port already taken (several ranks on one machine,
+    as in ``refit run``) costs the metrics, never the refits."""
+    if port is None:
+        return None
+    try:
+        return serve(progress, labels, port)
+    except OSError as exc:
+        log.warning("%s: cannot serve metrics on port %d (%s); going on without", who, port, exc)
+        return None
+
+
 def run(config: WorkerConfig, metrics_port: int | None = None) -> int:
     """Run this rank to completion; returns the process exit code.  With ``metrics_port``
     its refit figures are served there for Prometheus while it runs."""
@@ -102,9 +117,7 @@ def run(config: WorkerConfig, metrics_port: int | None = None) -> int:
         session = RefitSession(config, stop_requested=lambda: handler.received)
         labels = RankLabels(config.job, config.role, config.rank, config.epoch)
         # The rank's own figures, from the same log its progress reports come from.
-        exporter = (
-            serve(session.reporter.log, labels, metrics_port) if metrics_port is not None else None
-        )
+        exporter = _serve_metrics(session.reporter.log, labels, metrics_port, who)
         try:
             log.info("%s: connecting", who)
             session.connect()

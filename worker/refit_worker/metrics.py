@@ -1,8 +1,9 @@
 """A rank's refit figures for Prometheus: ``/metrics`` on a port of the worker's own.
 
-Optional: ``refit-worker`` serves them when ``REFIT_METRICS_PORT`` is set (in the
-RefitJob's pod template, with a ``containerPort`` for a PodMonitor to find); a user's own
-loop calls :func:`serve` with its :class:`~refit_worker.contract.progress.ProgressLog`.
+Optional: ``refit-worker`` serves them when ``REFIT_METRICS_PORT`` is set (the operator
+sets it, and a ``containerPort`` named ``metrics``, from the RefitJob's ``metrics.port``);
+a user's own loop calls :func:`serve` with its
+:class:`~refit_worker.contract.progress.ProgressLog`.
 The figures are read from that log at scrape time, so they are exactly what the rank
 reports under its ``progress.<role>.<rank>`` key.  The operator's own metrics cover the
 whole job; these are per rank, for a look inside a slow or stuck gang.

@@ -29,7 +29,7 @@ PREEMPTION_SIGNAL_ENV = "REFIT_PREEMPTION_SIGNAL"
 SIGNAL_PID_DIR_ENV = "REFIT_SIGNAL_PID_DIR"
 
 #: Optional: the port where ``refit-worker`` serves its rank's refit figures for
-#: Prometheus (``/metrics``); set it in the RefitJob's pod template to scrape pods.
+#: Prometheus (``/metrics``); the operator sets it from the RefitJob's ``metrics.port``.
 METRICS_PORT_ENV = "REFIT_METRICS_PORT"
 
 DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM,)
