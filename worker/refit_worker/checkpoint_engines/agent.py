@@ -65,6 +65,11 @@ class PeerError(RuntimeError):
     """A peer failed: a transfer to it went to ERR, or it aborted the refit."""
 
 
+def _nixl(exc: BaseException) -> str:
+    """A nixl error as one line: its type (nixl's types name the status) and text."""
+    return f"{type(exc).__name__}: {exc}"
+
+
 class NixlAgent:
     """One NIXL agent with a backend, registered memory and a notification inbox."""
 
@@ -166,7 +171,12 @@ class NixlAgent:
             raise PeerError(
                 f"cannot start a WRITE to {peer!r}: {type(exc).__name__}: {exc}"
             ) from exc
-        if self._agent.transfer(handle) == "ERR":
+        try:
+            state = self._agent.transfer(handle)
+        except Exception as exc:  # a peer that died: nixl raises, e.g. RemoteDisconnect
+            handle.release()
+            raise PeerError(f"posting a WRITE to {peer!r} failed: {_nixl(exc)}") from exc
+        if state == "ERR":
             handle.release()
             raise PeerError(f"posting a WRITE to {peer!r} failed")
         return handle
@@ -185,7 +195,10 @@ class NixlAgent:
         """Wait for a posted transfer to finish (the handle stays, to be posted again)."""
 
         def finished() -> bool:
-            state = self.transfer_state(handle)
+            try:
+                state = self.transfer_state(handle)
+            except Exception as exc:  # a peer that died: nixl raises instead of "ERR"
+                raise PeerError(f"transfer of {what} to {peer!r} failed: {_nixl(exc)}") from exc
             if state == "ERR":
                 raise PeerError(f"transfer of {what} to {peer!r} failed (peer gone?)")
             return state == "DONE"
@@ -242,7 +255,11 @@ class NixlAgent:
 
     def post_prepared(self, handle: Any, peer: str, notif: bytes) -> None:
         """Post a prepared WRITE handle (again) with notification ``notif``."""
-        if self._agent.transfer(handle, notif) == "ERR":
+        try:
+            state = self._agent.transfer(handle, notif)
+        except Exception as exc:  # a peer that died: nixl raises, e.g. RemoteDisconnect
+            raise PeerError(f"posting a WRITE to {peer!r} failed: {_nixl(exc)}") from exc
+        if state == "ERR":
             raise PeerError(f"posting a WRITE to {peer!r} failed")
 
     # -- messages -----------------------------------------------------------------------
@@ -253,7 +270,7 @@ class NixlAgent:
         except Exception as exc:  # nixl raises its own error types per status code
             raise PeerError(
                 f"{who or 'peer'} (agent {peer!r}) unreachable while sending {message.kind} "
-                f"of refit {message.refit}: {type(exc).__name__}: {exc}"
+                f"of refit {message.refit}: {_nixl(exc)}"
             ) from exc
 
     def abort(self, peer: str, refit: int, reason: str) -> None:
