@@ -168,10 +168,17 @@ def test_close_leaves_no_process(tmp_path: Path) -> None:
     pids = kubelet.pids()
     for name in ("a", "b"):
         kubelet._pods[name].manifest["spec"]["terminationGracePeriodSeconds"] = 1
+    uids = {name: pod.manifest["metadata"]["uid"] for name, pod in kubelet._pods.items()}
     kubelet.close(timeout=10)
     for pid in pids.values():
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+    # Each exit is recorded, as for pods reaped while running.  A process stopped before
+    # it set its handler dies of SIGTERM (143); after, b exits 7 and a, which ignores it,
+    # is SIGKILLed (137).
+    codes = kubelet.exit_codes
+    assert set(codes) == {("a", uids["a"]), ("b", uids["b"])}
+    assert codes[("a", uids["a"])] in {143, 137} and codes[("b", uids["b"])] in {143, 7}
 
 
 def test_bad_manifests(tmp_path: Path) -> None:

@@ -218,6 +218,9 @@ class ProcessKubelet:
             for pod in self._pods.values():
                 _kill_group(pod.process)
                 pod.process.wait(5)
+                # Every process that ended is in exit_codes, those stopped here included:
+                # a pod drained just as its job finished still shows how it went.
+                self._reap(pod)
                 shutil.rmtree(pod.root, ignore_errors=True)
             self._pods.clear()
 
