@@ -31,7 +31,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _start_gang(
-    tmp_path: Path, *, policy: int, rollout: int, refits: int, weights: SyntheticWeights
+    tmp_path: Path,
+    *,
+    policy: int,
+    rollout: int,
+    refits: int,
+    weights: SyntheticWeights,
+    first_refit: int = 0,
 ) -> tuple[list[subprocess.Popen[bytes]], FileStore]:
     store_dir = tmp_path / "rdzv"
     ports = {"policy": free_port(), "rollout": free_port()}
@@ -47,6 +53,7 @@ def _start_gang(
                 pod_uid=str(uuid.uuid4()),
                 pod_name=f"e2e-{role}-{rank}",
                 master_port=ports[role],
+                first_refit=first_refit,
                 weights=weights,
                 transfer=TransferConfig(bucket_size=64 << 10, refits=refits, timeout_seconds=30),
                 rendezvous=RendezvousConfig(store="file", location=str(store_dir)),
@@ -101,6 +108,25 @@ def test_two_by_two_three_refits_verified(tmp_path: Path) -> None:
     for rank in range(2):
         text = (tmp_path / f"rollout-{rank}.log").read_text()
         assert [f"refit {k} committed" in text for k in range(3)] == [True] * 3
+
+
+def test_a_gang_with_no_refit_left_finishes_without_connecting(tmp_path: Path) -> None:
+    """A gang recreated after the last commit (a drain that met the final refit) has
+    nothing to move: every rank reports done and exits 0 at once.  No rank publishes
+    metadata or waits for a barrier (nobody opens one here), so none can reach for a peer
+    that already left."""
+    weights = SyntheticWeights(layers=2, hidden=64, vocab=256, dtype="bfloat16", seed=3)
+    procs, store = _start_gang(
+        tmp_path, policy=1, rollout=2, refits=3, weights=weights, first_refit=3
+    )
+    codes = _wait_all(procs, timeout=25)  # under the 30 s barrier timeout
+    assert codes == [0, 0, 0], _logs(tmp_path)
+    snap = store.snapshot(0)
+    assert not snap.meta and snap.barrier is None, snap
+    for member in (("policy", 0), ("rollout", 0), ("rollout", 1)):
+        report = snap.progress[member]
+        assert (report.state, report.refits_completed, report.bytes_total) == ("done", 3, 0)
+    assert "nothing to connect for" in _logs(tmp_path)
 
 
 def test_preemption_notice_stops_every_rank(tmp_path: Path) -> None:

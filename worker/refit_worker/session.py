@@ -30,6 +30,7 @@ Must not import: the operator, kubernetes (the store does that lazily).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ from refit_worker.targets import (
     live_tensors,
 )
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: How often a transfer's watcher looks for a signal or a preemption notice.
@@ -165,8 +167,22 @@ class RefitSession:
     # -- set-up -----------------------------------------------------------------------
 
     def connect(self) -> None:
-        """Publish metadata, wait for the barrier of this epoch, connect to the peers."""
+        """Publish metadata, wait for the barrier of this epoch, connect to the peers.
+
+        A gang recreated after the last refit was committed (a drain that met the final
+        commit) has nothing to move: it connects to no one, so no rank reaches for a peer
+        that already finished and left; ``reporter.finish()`` then reports it done."""
         cfg, transfer = self.config, self.config.transfer
+        if not self.pending_refits:
+            log.info(
+                "%s rank %d (epoch %d): all %d refits were committed in earlier epochs;"
+                " nothing to connect for",
+                cfg.role,
+                cfg.rank,
+                cfg.epoch,
+                transfer.refits,
+            )
+            return
         engine = NIXLCheckpointEngine(
             transfer.bucket_size,
             device=transfer.device,
