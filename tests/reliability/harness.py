@@ -430,9 +430,9 @@ def run_with(
 ) -> tuple[RunResult, Observer, RefitJobSpec]:
     spec = parse_spec(job["spec"])
     observer = Observer(plan, max_faults=max_faults)
-    # A refit of the test's model takes tens of milliseconds: look four times as often as
+    # A refit of the test's model takes tens of milliseconds: look ten times as often as
     # refit run does, so a drain aimed at a stage lands in it.
-    options = RunOptions(workdir=workdir, timeout=timeout, tick_s=0.05)
+    options = RunOptions(workdir=workdir, timeout=timeout, tick_s=0.02)
     result = run_job(job, spec, options, on_tick=observer)
     return result, observer, spec
 

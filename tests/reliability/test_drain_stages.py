@@ -37,7 +37,10 @@ REFITS = 8
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("topo", TOPOLOGIES, ids=str)
 def test_drain_at_every_stage(tmp_path: Path, topo: Topology) -> None:
-    job = manifest("drain", topo, refits=REFITS)
+    # A ~27 MiB model in 16 KiB buckets: a refit outlasts the session's watch interval
+    # (0.2 s), so a drain aimed inside one is seen there, at a bucket boundary; with the
+    # 9 MiB model in 64 KiB buckets a refit was often over before the watcher looked.
+    job = manifest("drain", topo, refits=REFITS, layers=12, bucket="16Ki")
     workdir = tmp_path / "work"
     result, observer, _ = run_with(
         job, stage_plan("drain", topo, REFITS), workdir, max_faults=len(STAGES), timeout=300
@@ -49,8 +52,12 @@ def test_drain_at_every_stage(tmp_path: Path, topo: Topology) -> None:
     assert [f.stage for f in observer.faults] == [s.value for s in STAGES]
     # A drain that met the last rank already done (its final refit committed first) takes
     # nothing away: no new gang.  Every other drain is a preemption.
+    # The observer sees the reports a tick late: a drain it aimed before the final commit
+    # may still meet the rank already done when the reconcile takes it in.
     after_done = observer.faults[-1].committed == REFITS
-    assert result.status.preemptions == len(STAGES) - after_done
+    expected = {len(STAGES) - 1} if after_done else {len(STAGES) - 1, len(STAGES)}
+    assert result.status.preemptions in expected, result.status
+    assert result.status.epoch == result.status.preemptions  # each one, a new gang
     # A drain is never a failure: no rank exited 1 (a failed bit-exact check) or was
     # SIGKILLed after its grace period.
     assert result.status.restarts == 0, result.status.message
@@ -75,8 +82,9 @@ def test_drain_at_every_stage(tmp_path: Path, topo: Topology) -> None:
     # committed; on a slow tick the final refit may land first. Either way it is the last
     # refit's window, and the job must still end with every refit committed.
     assert by_stage[Stage.FINAL_COMMIT].committed in (REFITS - 1, REFITS)
-    # Every gang of every epoch stopped (the kubelet saw each process exit).
-    assert all(f.stopped_s is not None for f in observer.faults)
+    # Every gang of every epoch stopped: the kubelet saw each process exit (the last gang's
+    # maybe only as the run closed, when its drain met it already done).
+    assert all(key in observer.exit_codes for f in observer.faults for key in f.old_pods)
     # No rollout rank exposed a partial refit: each commit follows the bit-exact check,
     # a rank commits a contiguous run of refits from where its gang resumed, and every
     # refit of the job was committed by some rank.
