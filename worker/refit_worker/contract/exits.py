@@ -16,3 +16,9 @@ EXIT_FAILED = 1
 EXIT_BAD_CONFIG = 2
 #: Stopped at a safe point because of a preemption signal or the job's preemption notice.
 EXIT_PREEMPTED = 83
+#: A failure no restart can cure (an unsupported dtype, a missing checkpoint file, an
+#: unknown backend): the operator fails the job at once instead of retrying with backoff.
+EXIT_NOT_RETRYABLE = 84
+
+#: Exit codes that fail the job at once: a restart would meet the same input again.
+NOT_RETRYABLE = frozenset({EXIT_BAD_CONFIG, EXIT_NOT_RETRYABLE})
