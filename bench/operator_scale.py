@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator"), str(ROOT / "worker")]
 
 from tests.emulator import ApiEmulator  # noqa: E402
-from tests.integration.support import JOBS, NS, PODS, OperatorRun, load_job  # noqa: E402
+from tests.support.operator_run import JOBS, NS, PODS, OperatorRun, load_job  # noqa: E402
 
 from refit_operator.kube import Kube  # noqa: E402
 from refit_operator.models import parse_spec  # noqa: E402

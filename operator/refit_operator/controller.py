@@ -1,12 +1,7 @@
 """The doing half of the operator: read a job and its children, call the pure reconcile,
-apply its actions, write the status.  One coalescing loop per job serialises the work.
-
-Order of effects: creates go first (they are idempotent, and the status records them only
-once they succeeded), in dependency waves (:func:`creation_waves`: a RoleBinding only once
-its Role exists, pods only once their ServiceAccount and RoleBinding do); then the status
-is written, conditional on the resourceVersion read; then deletes, rendezvous clearing and
-Events.  So a lost status write can never make a failure look like a preemption on the
-next round.
+apply its actions through the one applier (``apply.py``, with the API writes of
+``kube_writes.py``).  One coalescing loop per job serialises the work, retries a round
+the apiserver refused with back-off, and says so in an Event.
 
 Must not import: kopf (the handlers wrap this; a local runner could drive it too).
 """
@@ -16,19 +11,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from refit_operator import kube, names, reconcile
-from refit_operator.coordinate import PatchData
-from refit_operator.decision import Action, Decision
+from refit_operator import kube, names
+from refit_operator.apply import Applier
+from refit_operator.core.decision import JobView
+from refit_operator.core.observe import Observed, observe
+from refit_operator.core.reconcile import reconcile
+from refit_operator.kube_writes import KubeWrites
 from refit_operator.metrics import OperatorMetrics
-from refit_operator.models import API_VERSION, KIND, parse_status
-from refit_operator.observe import observe
+from refit_operator.models import API_VERSION, KIND, RefitJobStatus, parse_status
 from refit_operator.render import JobRef, RenderOptions
-from refit_operator.writes import WriteError
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +32,6 @@ log = logging.getLogger(__name__)
 CONFLICT_RETRIES = 5
 RETRY_MIN_S = 0.5
 RETRY_MAX_S = 30.0
-#: Concurrent writes of one reconcile round (a 128-pod gang is created in 8 waves).
-PARALLEL_CALLS = 16
 
 
 @dataclass
@@ -193,7 +187,7 @@ class Controller:
     async def _timed(self, namespace: str, name: str) -> float | None:
         started = time.perf_counter()
         try:
-            return await self._once(namespace, name)
+            return await self._reconcile_round(namespace, name)
         except Exception:
             if self.metrics is not None:
                 self.metrics.reconcile_errors.inc()
@@ -210,7 +204,8 @@ class Controller:
         for pod in await self._api.list("v1", "Pod", namespace, {names.LABEL_JOB: name}):
             await self._api.delete("v1", "Pod", namespace, pod["metadata"]["name"])
 
-    async def _once(self, namespace: str, name: str) -> float | None:
+    async def _reconcile_round(self, namespace: str, name: str) -> float | None:
+        """Read the job and its children, decide, apply; returns when to look again."""
         self._guard()
         job = await self._api.get(API_VERSION, KIND, namespace, name)
         if job is None or job["metadata"].get("deletionTimestamp"):
@@ -218,7 +213,23 @@ class Controller:
                 self.metrics.job_gone(namespace, name)
             return None
         self.reconciles += 1
+        view, observed = await self._observe(job)
+        decision = reconcile(view, observed, self._clock(), self._options)
+        if decision.hands_off:
+            return None  # another controller's job (spec.managedBy): not even its status
+
+        def on_status(status: RefitJobStatus) -> None:
+            if self.metrics is not None:
+                self.metrics.job_round(namespace, name, status, observed.entries)
+
+        writes = KubeWrites(self._api, job, on_status=on_status)
+        applier = Applier(writes, clock=self._clock)
+        return (await applier.apply(view, observed, decision)).requeue_after
+
+    async def _observe(self, job: dict[str, Any]) -> tuple[JobView, Observed]:
+        """The job as the reconcile reads it, and the children this very job owns."""
         meta = job["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
         uid = str(meta.get("uid", ""))
         selector = {names.LABEL_JOB: name}
         pods = _owned(await self._api.list("v1", "Pod", namespace, selector), uid)
@@ -230,7 +241,7 @@ class Controller:
             for o in others
             if o["kind"] == "ConfigMap"
         }
-        view = reconcile.JobView(
+        view = JobView(
             ref=JobRef(
                 name=name,
                 namespace=namespace,
@@ -241,150 +252,7 @@ class Controller:
             raw_spec=job.get("spec"),
             status=parse_status(job.get("status")),
         )
-        observed = observe(pods, others, rendezvous)
-        decision = reconcile.reconcile(view, observed, self._clock(), self._options)
-        if decision.hands_off:
-            return None  # another controller's job (spec.managedBy): not even its status
-        errors: list[WriteError] = []
-        creates = [a.obj for a in decision.actions if isinstance(a, reconcile.Create)]
-        for wave in creation_waves(creates):
-            errors += await _bounded([self._create(obj) for obj in wave])
-            if errors:
-                break  # the next waves need this one (a Pod its ServiceAccount)
-        decision = reconcile.after_writes(view, observed, decision, errors, self._clock())
-        version = await self._write_status(job, decision, meta["resourceVersion"])
-        if self.metrics is not None:
-            self.metrics.job_round(namespace, name, decision.status, rendezvous)
-        # Patches and Events keep their order; deletes of many pods go out together.
-        later: list[WriteError] = []
-        deletes = [a for a in decision.actions if isinstance(a, reconcile.Delete)]
-        for action in decision.actions:
-            if not isinstance(action, reconcile.Delete):
-                later += await _bounded([self._apply_after(job, action)])
-            elif action is deletes[0]:
-                later += await _bounded([self._apply_after(job, a) for a in deletes])
-        if later:
-            # Refused deletes or gate lifts: said in the status too, then tried again.
-            view = replace(view, status=decision.status)
-            done = replace(decision, actions=())
-            amended = reconcile.after_writes(view, observed, done, later, self._clock())
-            await self._write_status(job, amended, version)
-            if self.metrics is not None:
-                self.metrics.job_round(namespace, name, amended.status, rendezvous)
-            for event in amended.actions:
-                if isinstance(event, reconcile.Emit):
-                    await self._apply_after(job, event)
-            return amended.requeue_after
-        return decision.requeue_after
-
-    async def _write_status(self, job: dict[str, Any], decision: Decision, version: str) -> str:
-        """The status, conditional on ``version``; returns the job's new resourceVersion."""
-        meta = job["metadata"]
-        written = await self._api.merge_patch(
-            API_VERSION,
-            KIND,
-            meta["namespace"],
-            meta["name"],
-            {
-                "metadata": {"resourceVersion": version},
-                "status": decision.status.model_dump(mode="json", by_alias=True),
-            },
-            subresource="status",
-        )
-        return str(((written or {}).get("metadata") or {}).get("resourceVersion", version))
-
-    async def _create(self, obj: dict[str, Any]) -> WriteError | None:
-        try:
-            await self._api.create(obj)
-        except kube.ConflictError:
-            raise
-        except kube.ApiError as exc:
-            return _refused("create", obj["kind"], obj["metadata"]["name"], exc)
-        return None
-
-    async def _apply_after(self, job: dict[str, Any], action: Action) -> WriteError | None:
-        namespace = job["metadata"]["namespace"]
-        if isinstance(action, reconcile.Delete):
-            try:
-                await self._api.delete(action.api_version, action.kind, namespace, action.name)
-            except kube.ApiError as exc:
-                if action.kind == "PodGroup" and exc.status == 404:
-                    return None  # no PodGroup API installed: nothing to delete
-                return _refused("delete", action.kind, action.name, exc)
-        elif isinstance(action, reconcile.LiftGate):
-            gates = [{"name": g} for g in action.gates] or None
-            patch = {
-                "metadata": {"resourceVersion": action.resource_version},
-                "spec": {"schedulingGates": gates},
-            }
-            try:
-                await self._api.merge_patch("v1", "Pod", namespace, action.name, patch)
-            except kube.ConflictError:
-                return None  # the pod changed since it was read: the next round sees it
-            except kube.ApiError as exc:
-                if exc.status == 404:
-                    return None
-                return _refused("patch", "Pod", action.name, exc)
-        elif isinstance(action, reconcile.DeleteJob):
-            meta = job["metadata"]
-            log.info("deleting %s/%s: its ttlSecondsAfterFinished ran out", namespace, meta["name"])
-            await self._api.delete(API_VERSION, KIND, namespace, meta["name"])
-        elif isinstance(action, PatchData):
-            patch = {"data": dict(action.data)}
-            try:
-                await self._api.merge_patch("v1", "ConfigMap", namespace, action.name, patch)
-            except kube.ApiError as exc:
-                if exc.status != 404:
-                    raise
-        elif isinstance(action, reconcile.Emit):
-            try:
-                await self._api.post_event(job, action.type, action.reason, action.message)
-            except kube.ApiError as exc:  # an Event is a courtesy; its loss must not stall
-                log.warning("could not post event %s: %s", action.reason, exc)
-        return None
-
-
-def _refused(verb: str, kind: str, name: str, exc: kube.ApiError) -> WriteError:
-    log.warning("%s %s %s refused: HTTP %s %s", verb, kind, name, exc.status, exc.message)
-    return WriteError(verb, kind, name, exc.status, exc.reason, exc.message)
-
-
-#: Kinds a create depends on, by wave: the apiserver looks each up while admitting the next.
-#: A RoleBinding's escalation check reads its Role (404 while that Role is still being
-#: created); a Pod's ServiceAccount admission reads its ServiceAccount.
-_WAVE_OF_KIND = {"ServiceAccount": 0, "Role": 0, "RoleBinding": 1, "PodGroup": 1, "Pod": 2}
-_DEFAULT_WAVE = 0
-
-
-def creation_waves(objs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """``objs`` grouped into waves to create one after another, in dependency order:
-    ServiceAccounts, Roles, Services and ConfigMaps first, RoleBindings next, Pods last.
-    Within a wave the order is kept; empty waves are left out."""
-    waves: dict[int, list[dict[str, Any]]] = {}
-    for obj in objs:
-        waves.setdefault(_WAVE_OF_KIND.get(str(obj.get("kind")), _DEFAULT_WAVE), []).append(obj)
-    return [waves[index] for index in sorted(waves)]
-
-
-async def _bounded(
-    calls: list[Coroutine[Any, Any, WriteError | None]],
-) -> list[WriteError]:
-    """Run API calls concurrently, at most PARALLEL_CALLS at a time.  Returns the writes the
-    apiserver refused; re-raises any other error once every call has ended."""
-    gate = asyncio.Semaphore(PARALLEL_CALLS)
-
-    async def one(call: Coroutine[Any, Any, WriteError | None]) -> WriteError | None:
-        async with gate:
-            return await call
-
-    results = await asyncio.gather(*(one(c) for c in calls), return_exceptions=True)
-    refused: list[WriteError] = []
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-        if result is not None:
-            refused.append(result)
-    return refused
+        return view, observe(pods, others, rendezvous)
 
 
 def _owned(objs: list[dict[str, Any]], uid: str) -> list[dict[str, Any]]:

@@ -11,14 +11,15 @@ report is identified by (job, epoch, role, rank, refit).
 The operator's own work: reconcile duration and errors, the API's error answers by
 status, and whether this replica leads.
 
-Must not import: kopf, kubernetes, aiohttp (the HTTP side is ``endpoints``); decoding
-of the ranks' entries comes from the worker contract.
+Must not import: kopf, kubernetes, aiohttp (the HTTP side is ``endpoints``).  The ranks'
+entries arrive decoded: the reconcile round decoded the rendezvous map once
+(``Observed.entries``), and the metrics read that decoding.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -32,14 +33,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from refit_operator.core.coordinate import Decoded
 from refit_operator.models import Phase, RefitJobStatus
-from refit_worker.contract.rendezvous import (
-    EntryError,
-    ProgressEntry,
-    RefitReport,
-    decode_entry,
-    parse_key,
-)
+from refit_worker.contract.rendezvous import ProgressEntry, RefitReport
 
 #: Refit durations: from a small model on one host (~0.1 s) to a large one over a slow
 #: network (~10 min).
@@ -130,13 +126,14 @@ class OperatorMetrics:
         namespace: str,
         name: str,
         status: RefitJobStatus,
-        rendezvous: Mapping[str, Mapping[str, str]],
+        entries: Decoded,
     ) -> None:
-        """One reconcile round of a job wrote ``status``, reading ``rendezvous``."""
+        """One reconcile round of a job wrote ``status``, having decoded ``entries``."""
         key = (namespace, name)
         self._track_resume(key, self._jobs.get(key), status)
         self._jobs[key] = status
-        for role, duration in new_refit_reports(namespace, name, rendezvous, self._reports):
+        reports = new_refit_reports(namespace, name, entries.progress(), self._reports)
+        for role, duration in reports:
             self.refit_seconds.labels(role=role).observe(duration)
 
     def job_gone(self, namespace: str, name: str) -> None:
@@ -182,33 +179,24 @@ def resumed(epoch: int, refits: int, status: RefitJobStatus) -> bool:
 def new_refit_reports(
     namespace: str,
     name: str,
-    rendezvous: Mapping[str, Mapping[str, str]],
+    progress: Iterable[ProgressEntry],
     seen: dict[RankKey, int],
 ) -> Iterator[tuple[str, float]]:
-    """(role, seconds) of every itemised refit in ``rendezvous`` not yet in ``seen``.
+    """(role, seconds) of every itemised refit in the ranks' ``progress`` entries not yet
+    in ``seen``.
 
     Ranks report their refits in order, so the highest refit seen per rank and epoch is
     enough to tell a new report from one already counted; ``seen`` is updated.  Entries
-    that do not decode are skipped (the reconcile reports them in the status).
+    that did not decode are not among them (the reconcile reports those in the status).
     """
-    for data in rendezvous.values():
-        for key, value in data.items():
-            parsed = parse_key(key)
-            if parsed is None or parsed.kind != "progress":
-                continue
-            try:
-                entry = decode_entry(key, value)
-            except EntryError:
-                continue
-            if not isinstance(entry, ProgressEntry):
-                continue
-            rank: RankKey = (namespace, name, entry.epoch, entry.role, entry.rank)
-            last = seen.get(rank, -1)
-            fresh: list[RefitReport] = [r for r in entry.recent if r.refit > last]
-            for report in fresh:
-                yield entry.role, report.seconds
-            if fresh:
-                seen[rank] = fresh[-1].refit
+    for entry in progress:
+        rank: RankKey = (namespace, name, entry.epoch, entry.role, entry.rank)
+        last = seen.get(rank, -1)
+        fresh: list[RefitReport] = [r for r in entry.recent if r.refit > last]
+        for report in fresh:
+            yield entry.role, report.seconds
+        if fresh:
+            seen[rank] = fresh[-1].refit
 
 
 class _JobCollector(Collector):

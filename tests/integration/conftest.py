@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from tests.emulator import ApiEmulator
-from tests.integration.support import OperatorRun
+from tests.support.operator_run import OperatorRun
 
 
 @pytest.fixture()

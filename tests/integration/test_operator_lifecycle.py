@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from tests.emulator import ApiEmulator
-from tests.integration.support import (
+from tests.support.operator_run import (
     JOBS,
     NS,
     PODS,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tests.emulator import ApiEmulator
 from tests.emulator.faults import ApiFault
-from tests.integration.support import JOBS, NS, PODS, OperatorRun, eventually, load_job
+from tests.support.operator_run import JOBS, NS, PODS, OperatorRun, eventually, load_job
 
 
 async def test_a_refused_list_is_announced_in_an_event_and_retried(

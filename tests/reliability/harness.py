@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from refit_operator import names
-from refit_operator.coordinate import merged
+from refit_operator.core.coordinate import merged
 from refit_operator.local.runner import LocalCluster, RunOptions, RunResult, run_job
 from refit_operator.models import RefitJobSpec, RefitJobStatus, parse_spec
 from refit_worker.contract.rendezvous import EntryError, Snapshot, read_snapshot

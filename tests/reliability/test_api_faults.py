@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from tests.emulator import ApiEmulator, ApiFault
-from tests.integration.support import (
+from tests.support.operator_run import (
     JOBS,
     NS,
     PODS,

@@ -6,7 +6,7 @@ value (another epoch, another pod's uid, garbage bytes, an oversized value, a pi
 misplaced entry) on top of an honest 1 policy + 1 rollout epoch 0, and both readers judge
 it:
 
-- the operator (:func:`refit_operator.coordinate.coordinate`, before the barrier opens):
+- the operator (:func:`refit_operator.core.coordinate.coordinate`, before the barrier opens):
   ``opened`` the barrier for the honest pods, ``rewritten`` a forged barrier into the
   honest one, ``waits``, or ``refused`` with a message;
 - a worker (a real :class:`FileStore` on disk, after the barrier opened: snapshot,
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from refit_operator.coordinate import coordinate
+from refit_operator.core.coordinate import coordinate, decode
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     PREEMPT_KEY,
@@ -230,7 +230,7 @@ def operator_outcome(row: Tamper, marker: Path) -> str:
     data = {**honest(), row.key: row.value(marker).decode("utf-8", errors="replace")}
     result = coordinate(
         "job",
-        {"job-rendezvous": data},
+        decode({"job-rendezvous": data}),
         epoch=0,
         world=(1, 1),
         pod_uids={("policy", 0): "p0", ("rollout", 0): "r0"},

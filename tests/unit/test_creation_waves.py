@@ -3,9 +3,9 @@ created beside its Role met HTTP 404 from the apiserver's escalation check)."""
 
 from __future__ import annotations
 
-from tests.integration.support import load_job
+from tests.support.operator_run import load_job
 
-from refit_operator.controller import creation_waves
+from refit_operator.apply import creation_waves
 from refit_operator.models import parse_spec
 from refit_operator.render import JobRef, RenderOptions, render_gang, render_static
 

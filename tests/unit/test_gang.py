@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 
-from refit_operator import gang, kube
-from refit_operator import reconcile as rc
-from refit_operator.controller import creation_waves
+from refit_operator import kube
+from refit_operator.apply import creation_waves
+from refit_operator.core import gang
+from refit_operator.core.decision import Delete, JobView
+from refit_operator.core.observe import observe
+from refit_operator.core.reconcile import reconcile
 from refit_operator.models import Phase, RefitJobStatus, parse_spec
-from refit_operator.observe import observe
 from refit_operator.render import JobRef, RenderOptions, render_gang
 
 JOB = JobRef(name="job", namespace="ns", uid="u-1")
@@ -108,9 +110,9 @@ def test_a_restart_drops_the_old_epochs_group(scheduler: str) -> None:
     for pod in pods:
         pod["metadata"]["uid"] = "uid-" + pod["metadata"]["name"]
         pod["status"] = {"phase": "Failed"}
-    view = rc.JobView(JOB, 1, raw, RefitJobStatus(phase=Phase.RUNNING, created_epoch=0))
-    d = rc.reconcile(view, observe(pods, []), NOW, RenderOptions())
-    groups = [a for a in d.actions if isinstance(a, rc.Delete) and a.kind == "PodGroup"]
+    view = JobView(JOB, 1, raw, RefitJobStatus(phase=Phase.RUNNING, created_epoch=0))
+    d = reconcile(view, observe(pods, []), NOW, RenderOptions())
+    groups = [a for a in d.actions if isinstance(a, Delete) and a.kind == "PodGroup"]
     assert [(g.api_version, g.name) for g in groups] == [
         (gang.pod_group_api(parse_spec(raw).gang), "job-gang-0")
     ]

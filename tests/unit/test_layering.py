@@ -66,9 +66,9 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
             "The operator imports only refit_worker.contract of the worker BROKEN",
         ),
         (
-            "operator/refit_operator/phases.py",
+            "operator/refit_operator/core/steps/failure_policy.py",
             "import aiohttp",
-            "Pure operator modules import neither kopf, kubernetes nor aiohttp BROKEN",
+            "The pure core imports neither kopf, kubernetes nor aiohttp BROKEN",
         ),
         (
             "worker/refit_worker/checkpoint_engines/planning.py",
@@ -172,3 +172,22 @@ def test_no_test_module_imports_another() -> None:
             if any(n.rsplit(".", 1)[-1].startswith("test_") for n in names):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert offenders == [], "test modules imported as libraries: " + ", ".join(offenders)
+
+
+def test_pure_modules_import_neither_kopf_nor_kubernetes() -> None:
+    """Loading the pure core, the renderers and the CLI pulls in no kopf nor kubernetes."""
+    code = (
+        "import sys\n"
+        "import refit_operator.models, refit_operator.crd, refit_operator.names\n"
+        "import refit_operator.render, refit_operator.quantity, refit_operator.apply\n"
+        "import refit_operator.core.reconcile, refit_operator.local.runner\n"
+        "import refit_operator.cli\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('kopf', 'kubernetes'))\n"
+        "print(','.join(bad))\n"
+    )
+    env = {"PYTHONPATH": f"{ROOT / 'operator'}:{ROOT / 'worker'}", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""

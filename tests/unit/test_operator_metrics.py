@@ -10,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from refit_operator.core.coordinate import decode
 from refit_operator.metrics import OperatorMetrics
 from refit_operator.models import Phase, RefitJobStatus
 from refit_worker.contract.rendezvous import ProgressEntry, RefitReport, encode_entry, progress_key
@@ -21,6 +22,10 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+#: A round that read no rendezvous entries.
+NO_ENTRIES = decode({})
 
 
 def _samples(metrics: OperatorMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -63,8 +68,10 @@ def test_job_series_are_the_status() -> None:
         epoch=3,
         last_throughput_bytes_per_second=5.5e9,
     )
-    metrics.job_round("team-a", "demo", status, {})
-    metrics.job_round("team-b", "other", _job(phase=Phase.SUCCEEDED, refits_completed=3), {})
+    metrics.job_round("team-a", "demo", status, NO_ENTRIES)
+    metrics.job_round(
+        "team-b", "other", _job(phase=Phase.SUCCEEDED, refits_completed=3), NO_ENTRIES
+    )
     got = _samples(metrics)
     job = (("job", "demo"), ("namespace", "team-a"))
     assert got[("refit_job_refits_total", job)] == 7
@@ -87,19 +94,20 @@ def test_each_itemised_refit_is_observed_once() -> None:
     status = _job(phase=Phase.RUNNING)
     shard = {**_progress("rollout", 0, 0, [(0, 0.2), (1, 0.3)]), **_progress("policy", 0, 0, [])}
     for _ in range(3):  # the same reports, read on three rounds
-        metrics.job_round("ns", "j", status, {"j-rendezvous": shard})
+        metrics.job_round("ns", "j", status, decode({"j-rendezvous": shard}))
     shard = _progress("rollout", 0, 0, [(0, 0.2), (1, 0.3), (2, 7.0)])
-    metrics.job_round("ns", "j", status, {"j-rendezvous": shard})
+    metrics.job_round("ns", "j", status, decode({"j-rendezvous": shard}))
     # A recreated gang (epoch 1) resumes at refit 3: its reports are new ones.
     shard = _progress("rollout", 0, 1, [(3, 0.4)])
-    metrics.job_round("ns", "j", status, {"j-rendezvous": shard})
+    metrics.job_round("ns", "j", status, decode({"j-rendezvous": shard}))
     got = _samples(metrics)
     rollout = (("role", "rollout"),)
     assert got[("refit_refit_duration_seconds_count", rollout)] == 4
     assert round(got[("refit_refit_duration_seconds_sum", rollout)], 6) == 7.9
     assert got[("refit_refit_duration_seconds_bucket", (("le", "0.25"), ("role", "rollout")))] == 1
     # A bad entry is skipped (the status reports it), not fatal to the metrics.
-    metrics.job_round("ns", "j", status, {"j-rendezvous": {"progress.rollout.0": "{broken"}})
+    broken = decode({"j-rendezvous": {"progress.rollout.0": "{broken"}})
+    metrics.job_round("ns", "j", status, broken)
     assert _samples(metrics)[("refit_refit_duration_seconds_count", rollout)] == 4
 
 
@@ -107,21 +115,27 @@ def test_time_to_resume_after_a_preemption() -> None:
     clock = Clock()
     metrics = OperatorMetrics(clock=clock, process_metrics=False)
     run = {"phase": Phase.RUNNING, "epoch": 0, "refits_completed": 4}
-    metrics.job_round("ns", "j", _job(**run), {})
+    metrics.job_round("ns", "j", _job(**run), NO_ENTRIES)
     clock.now = 100.0  # drained: the operator counts a preemption, bumps the epoch
     metrics.job_round(
-        "ns", "j", _job(**{**run, "phase": Phase.RESTARTING, "epoch": 1, "preemptions": 1}), {}
+        "ns",
+        "j",
+        _job(**{**run, "phase": Phase.RESTARTING, "epoch": 1, "preemptions": 1}),
+        NO_ENTRIES,
     )
     clock.now = 130.0  # a second preemption before the gang resumed: the wait goes on
     metrics.job_round(
-        "ns", "j", _job(**{**run, "phase": Phase.RESTARTING, "epoch": 2, "preemptions": 2}), {}
+        "ns",
+        "j",
+        _job(**{**run, "phase": Phase.RESTARTING, "epoch": 2, "preemptions": 2}),
+        NO_ENTRIES,
     )
     clock.now = 140.0  # the new gang is up, but has committed nothing yet
-    metrics.job_round("ns", "j", _job(**{**run, "epoch": 2, "preemptions": 2}), {})
+    metrics.job_round("ns", "j", _job(**{**run, "epoch": 2, "preemptions": 2}), NO_ENTRIES)
     assert _samples(metrics)[("refit_resume_seconds_count", ())] == 0
     clock.now = 145.5  # its first refit: 45.5 s after the first preemption
     metrics.job_round(
-        "ns", "j", _job(**{**run, "epoch": 2, "preemptions": 2, "refits_completed": 5}), {}
+        "ns", "j", _job(**{**run, "epoch": 2, "preemptions": 2, "refits_completed": 5}), NO_ENTRIES
     )
     got = _samples(metrics)
     assert got[("refit_resume_seconds_count", ())] == 1

@@ -5,16 +5,28 @@ Pods are given as manifests (the way the API returns them) and read by ``observe
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from tests.support.reconcile_harness import (
+    NOW,
+    RUNNING,
+    SUCCEEDED,
+    Harness,
+)
+from tests.support.reconcile_harness import creates as _creates
+from tests.support.reconcile_harness import deletes as _deletes
+from tests.support.reconcile_harness import events as _events
 
-from refit_operator import reconcile as rc
+from refit_operator.core.coordinate import PatchData
+from refit_operator.core.decision import Create, Delete, Emit, JobView
+from refit_operator.core.observe import observe, observe_pod
+from refit_operator.core.phases import PhaseFacts, next_phase
+from refit_operator.core.reconcile import reconcile
+from refit_operator.core.steps.restart import POLL_DELETING_S
 from refit_operator.models import Phase, RefitJobStatus
-from refit_operator.observe import observe, observe_pod
-from refit_operator.phases import PhaseFacts, next_phase
-from refit_operator.render import JobRef, RenderOptions, render_gang, render_static
+from refit_operator.render import JobRef, RenderOptions
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     PREEMPT_KEY,
@@ -29,8 +41,6 @@ from refit_worker.contract.rendezvous import (
     progress_key,
 )
 
-NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-REF = JobRef(name="job", namespace="ns", uid="u-1")
 SPEC: dict[str, Any] = {
     "image": "img",
     "policy": {"replicas": 2},
@@ -38,51 +48,12 @@ SPEC: dict[str, Any] = {
     "failurePolicy": {"maxRestarts": 1, "backoffSeconds": 10},
 }
 POD_NAMES = ["job-policy-0", "job-policy-1", "job-rollout-0"]
+JOB = Harness(SPEC)
+_pods, _run = JOB.pods, JOB.run
 
 
 def _status(**kw: Any) -> RefitJobStatus:
     return RefitJobStatus(**kw)
-
-
-def _pods(epoch: int, **status_by_name: dict[str, Any]) -> list[dict[str, Any]]:
-    spec = rc.parse_spec(SPEC)
-    pods = render_gang(REF, spec, epoch, RenderOptions())
-    for pod in pods:
-        pod["metadata"]["uid"] = f"uid-{pod['metadata']['name']}-{epoch}"
-        pod["status"] = status_by_name.get(pod["metadata"]["name"], {"phase": "Pending"})
-    return pods
-
-
-RUNNING = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
-SUCCEEDED = {"phase": "Succeeded"}
-
-
-def _run(
-    status: RefitJobStatus,
-    pods: list[dict[str, Any]],
-    *,
-    spec: dict[str, Any] | None = None,
-    generation: int = 1,
-    now: datetime = NOW,
-    static: bool = True,
-    rendezvous: dict[str, dict[str, str]] | None = None,
-) -> rc.Decision:
-    raw = SPEC if spec is None else spec
-    others = render_static(REF, rc.parse_spec(SPEC)) if static else []
-    job = rc.JobView(ref=REF, generation=generation, raw_spec=raw, status=status)
-    return rc.reconcile(job, observe(pods, others, rendezvous), now, RenderOptions())
-
-
-def _creates(d: rc.Decision) -> list[str]:
-    return sorted(a.obj["metadata"]["name"] for a in d.actions if isinstance(a, rc.Create))
-
-
-def _deletes(d: rc.Decision) -> list[str]:
-    return sorted(a.name for a in d.actions if isinstance(a, rc.Delete))
-
-
-def _events(d: rc.Decision) -> list[tuple[str, str]]:
-    return [(a.type, a.reason) for a in d.actions if isinstance(a, rc.Emit)]
 
 
 def test_new_job_creates_every_child_and_stays_pending() -> None:
@@ -133,11 +104,11 @@ def test_disruption_target_restarts_the_gang_as_a_preemption() -> None:
     assert s.restart_at == NOW + timedelta(seconds=10)
     assert _deletes(d) == POD_NAMES
     # The job-wide notice goes out before the deletes, so ranks stop at a safe point.
-    notice = d.actions.index(next(a for a in d.actions if isinstance(a, rc.PatchData)))
-    first_delete = d.actions.index(next(a for a in d.actions if isinstance(a, rc.Delete)))
+    notice = d.actions.index(next(a for a in d.actions if isinstance(a, PatchData)))
+    first_delete = d.actions.index(next(a for a in d.actions if isinstance(a, Delete)))
     assert notice < first_delete
     patch = d.actions[notice]
-    assert isinstance(patch, rc.PatchData) and patch.name == "job-rendezvous"
+    assert isinstance(patch, PatchData) and patch.name == "job-rendezvous"
     entry = decode_entry(PREEMPT_KEY, str(patch.data[PREEMPT_KEY]))
     assert isinstance(entry, PreemptNotice)
     assert (entry.epoch, entry.pod, entry.uid) == (0, "job-policy-1", "uid-job-policy-1-0")
@@ -212,7 +183,7 @@ def test_new_gang_waits_for_old_pods_then_backoff() -> None:
     restarting = _status(phase=Phase.RESTARTING, epoch=1, restart_at=NOW + timedelta(seconds=10))
     d = _run(restarting, _pods(0))  # old epoch still there
     assert _creates(d) == [] and _deletes(d) == POD_NAMES
-    assert d.status.phase is Phase.RESTARTING and d.requeue_after == rc.POLL_DELETING_S
+    assert d.status.phase is Phase.RESTARTING and d.requeue_after == POLL_DELETING_S
     d = _run(restarting, [])  # gone, backoff still running
     assert _creates(d) == [] and d.status.phase is Phase.RESTARTING
     assert d.requeue_after == pytest.approx(10.0)
@@ -220,9 +191,7 @@ def test_new_gang_waits_for_old_pods_then_backoff() -> None:
     assert _creates(d) == POD_NAMES and d.status.created_epoch == 1
     assert d.status.phase is Phase.PENDING and d.status.restart_at is None
     labels = {
-        a.obj["metadata"]["labels"]["refit.dev/epoch"]
-        for a in d.actions
-        if isinstance(a, rc.Create)
+        a.obj["metadata"]["labels"]["refit.dev/epoch"] for a in d.actions if isinstance(a, Create)
     }
     assert labels == {"1"}
 
@@ -266,18 +235,18 @@ def test_invalid_spec_fails_with_a_message_and_creates_nothing(
     d = _run(_status(), [], spec=spec, static=False)
     assert d.status.phase is Phase.FAILED and message in d.status.message
     assert _creates(d) == []
-    assert [(a.type, a.reason) for a in d.actions if isinstance(a, rc.Emit)] == [
+    assert [(a.type, a.reason) for a in d.actions if isinstance(a, Emit)] == [
         ("Warning", "InvalidSpec")
     ]
-    assert message in next(a.message for a in d.actions if isinstance(a, rc.Emit))
+    assert message in next(a.message for a in d.actions if isinstance(a, Emit))
     again = _run(d.status, [], spec=spec, static=False)
     assert again.actions == ()  # no second Event for the same problem
 
 
 def test_too_long_job_name_is_invalid() -> None:
     ref = JobRef(name="j" * 60, namespace="ns", uid="u")
-    job = rc.JobView(ref=ref, generation=1, raw_spec=SPEC, status=_status())
-    d = rc.reconcile(job, observe([], []), NOW, RenderOptions())
+    job = JobView(ref=ref, generation=1, raw_spec=SPEC, status=_status())
+    d = reconcile(job, observe([], []), NOW, RenderOptions())
     assert d.status.phase is Phase.FAILED and "too long" in d.status.message
 
 
@@ -327,29 +296,6 @@ def test_spec_change_recreates_the_gang_without_counting() -> None:
     assert _creates(later) == sorted([*POD_NAMES, "job-rollout-1"])
 
 
-def test_pure_modules_import_neither_kopf_nor_kubernetes() -> None:
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    code = (
-        "import sys\n"
-        "import refit_operator.models, refit_operator.crd, refit_operator.names\n"
-        "import refit_operator.render, refit_operator.reconcile, refit_operator.phases\n"
-        "import refit_operator.conditions, refit_operator.observe, refit_operator.quantity\n"
-        "import refit_operator.cli\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('kopf', 'kubernetes'))\n"
-        "print(','.join(bad))\n"
-    )
-    env = {"PYTHONPATH": f"{root / 'operator'}:{root / 'worker'}", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == ""
-
-
 def _meta(role: str, rank: int, epoch: int, uid: str) -> tuple[str, str]:
     key = meta_key(role, rank)  # type: ignore[arg-type]
     entry = MetadataEntry(epoch=epoch, uid=uid, role=role, rank=rank, agent='{"agent": 1}')
@@ -374,16 +320,16 @@ def test_barrier_opens_once_every_rank_of_the_epoch_published() -> None:
     partial = _run(
         running, pods, rendezvous={"job-rendezvous": _published(0, skip="job-rollout-0")}
     )
-    assert not [a for a in partial.actions if isinstance(a, rc.PatchData)]
+    assert not [a for a in partial.actions if isinstance(a, PatchData)]
     full = _run(running, pods, rendezvous={"job-rendezvous": _published(0)})
-    (patch,) = [a for a in full.actions if isinstance(a, rc.PatchData)]
+    (patch,) = [a for a in full.actions if isinstance(a, PatchData)]
     barrier = decode_entry(BARRIER_KEY, str(patch.data[BARRIER_KEY]))
     assert isinstance(barrier, BarrierEntry) and barrier.epoch == 0
     assert barrier.rollout_uids == ("uid-job-rollout-0-0",)
     assert barrier.policy_uids == ("uid-job-policy-0-0", "uid-job-policy-1-0")
     # Entries of another epoch do not count.
     old = _run(running, pods, rendezvous={"job-rendezvous": _published(7)})
-    assert not [a for a in old.actions if isinstance(a, rc.PatchData)]
+    assert not [a for a in old.actions if isinstance(a, PatchData)]
 
 
 def test_an_entry_from_another_pod_is_flagged_not_trusted() -> None:
@@ -392,7 +338,7 @@ def test_an_entry_from_another_pod_is_flagged_not_trusted() -> None:
     d = _run(
         _status(phase=Phase.RUNNING, created_epoch=0), pods, rendezvous={"job-rendezvous": data}
     )
-    assert not [a for a in d.actions if isinstance(a, rc.PatchData)]
+    assert not [a for a in d.actions if isinstance(a, PatchData)]
     flag = next(c for c in d.status.conditions if c.type == "RendezvousReadable")
     assert flag.status == "False" and "someone-else" in flag.message
 
@@ -424,12 +370,12 @@ def test_stale_entries_are_cleared_before_the_new_gang_starts() -> None:
     waiting = _status(phase=Phase.RESTARTING, epoch=1, refits_completed=2)
     data = {"job-rendezvous": _published(0)}
     d = _run(waiting, [], rendezvous=data)
-    (patch,) = [a for a in d.actions if isinstance(a, rc.PatchData)]
+    (patch,) = [a for a in d.actions if isinstance(a, PatchData)]
     assert patch.data == dict.fromkeys(sorted(data["job-rendezvous"]))
-    assert _creates(d) == [] and d.requeue_after == rc.POLL_DELETING_S
+    assert _creates(d) == [] and d.requeue_after == POLL_DELETING_S
     clean = _run(waiting, [], rendezvous={"job-rendezvous": {}})
     assert _creates(clean) == POD_NAMES
-    pod = next(a.obj for a in clean.actions if isinstance(a, rc.Create))
+    pod = next(a.obj for a in clean.actions if isinstance(a, Create))
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env["REFIT_FIRST_REFIT"] == "2"  # the new gang resumes after the refits done
 

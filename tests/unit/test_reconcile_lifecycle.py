@@ -5,20 +5,31 @@ Restarting condition, conditions as ``metav1.Condition``, and the apiserver's re
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from tests.support.reconcile_harness import NOW, REF, RUNNING, Harness
+from tests.support.reconcile_harness import condition as _condition
+from tests.support.reconcile_harness import of as _of
 
-from refit_operator import reconcile as rc
+from refit_operator.core.coordinate import PatchData
+from refit_operator.core.decision import (
+    Create,
+    Decision,
+    Delete,
+    DeleteJob,
+    Emit,
+    JobView,
+    LiftGate,
+)
+from refit_operator.core.observe import observe, observe_pod
+from refit_operator.core.reconcile import reconcile
+from refit_operator.core.write_refusals import RETRY_WRITE_S, after_writes
+from refit_operator.core.writes import WriteError
 from refit_operator.models import Phase, RefitJobStatus
-from refit_operator.observe import observe, observe_pod
-from refit_operator.refusals import RETRY_WRITE_S
-from refit_operator.render import JobRef, RenderOptions, render_gang, render_static
-from refit_operator.writes import WriteError
+from refit_operator.render import RenderOptions
 
-NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-REF = JobRef(name="job", namespace="ns", uid="u-1")
 SPEC: dict[str, Any] = {
     "image": "img",
     "policy": {"replicas": 2},
@@ -26,40 +37,8 @@ SPEC: dict[str, Any] = {
     "failurePolicy": {"maxRestarts": 0, "backoffSeconds": 10},
 }
 NAMES = ["job-policy-0", "job-policy-1", "job-rollout-0"]
-RUNNING = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
-
-
-def _pods(epoch: int, spec: dict[str, Any] | None = None, **status: dict[str, Any]) -> list[Any]:
-    pods = render_gang(REF, rc.parse_spec(spec or SPEC), epoch, RenderOptions())
-    for pod in pods:
-        name = pod["metadata"]["name"]
-        pod["metadata"]["uid"] = f"uid-{name}-{epoch}"
-        pod["metadata"]["resourceVersion"] = "41"
-        pod["status"] = status.get(name, {"phase": "Pending"})
-    return pods
-
-
-def _run(
-    status: RefitJobStatus,
-    pods: list[dict[str, Any]],
-    *,
-    spec: dict[str, Any] | None = None,
-    now: datetime = NOW,
-    generation: int = 3,
-    static: bool = True,
-) -> rc.Decision:
-    raw = SPEC if spec is None else spec
-    others = render_static(REF, rc.parse_spec(raw)) if static else []
-    job = rc.JobView(ref=REF, generation=generation, raw_spec=raw, status=status)
-    return rc.reconcile(job, observe(pods, others), now, RenderOptions())
-
-
-def _of(decision: rc.Decision, kind: type) -> list[Any]:
-    return [a for a in decision.actions if isinstance(a, kind)]
-
-
-def _condition(status: RefitJobStatus, kind: str) -> Any:
-    return next(c for c in status.conditions if c.type == kind)
+JOB = Harness(SPEC, generation=3)
+_pods, _run = JOB.pods, JOB.run
 
 
 # -- gang admission ------------------------------------------------------------------------
@@ -69,12 +48,12 @@ def test_the_gate_comes_off_every_pod_together_once_all_exist() -> None:
     created = RefitJobStatus(created_epoch=0, epoch_start_time=NOW)
     partial = _pods(0)[:2]
     d = _run(created, partial)  # one pod went missing before release: a preemption
-    assert _of(d, rc.LiftGate) == []
+    assert _of(d, LiftGate) == []
     d = _run(created.model_copy(update={"created_epoch": None}), partial)
-    assert _of(d, rc.LiftGate) == []  # not all created yet: the rest is created, no gate off
-    assert sorted(c.obj["metadata"]["name"] for c in _of(d, rc.Create)) == NAMES[2:]
+    assert _of(d, LiftGate) == []  # not all created yet: the rest is created, no gate off
+    assert sorted(c.obj["metadata"]["name"] for c in _of(d, Create)) == NAMES[2:]
     d = _run(created, _pods(0))
-    lifts = _of(d, rc.LiftGate)
+    lifts = _of(d, LiftGate)
     assert sorted(a.name for a in lifts) == NAMES
     assert all(a.gates == () and a.resource_version == "41" for a in lifts)
     assert d.status.phase is Phase.PENDING
@@ -85,24 +64,24 @@ def test_a_gate_of_someone_elses_is_kept() -> None:
     for pod in pods:
         pod["spec"]["schedulingGates"].insert(0, {"name": "example.com/quota"})
     d = _run(RefitJobStatus(created_epoch=0, epoch_start_time=NOW), pods)
-    assert {a.gates for a in _of(d, rc.LiftGate)} == {("example.com/quota",)}
+    assert {a.gates for a in _of(d, LiftGate)} == {("example.com/quota",)}
 
 
 def test_no_gates_without_scheduling_gate_admission() -> None:
     spec = {**SPEC, "gang": {"admission": "None"}}
     pods = _pods(0, spec)
     assert all("schedulingGates" not in p["spec"] for p in pods)
-    assert _of(_run(RefitJobStatus(created_epoch=0), pods, spec=spec), rc.LiftGate) == []
+    assert _of(_run(RefitJobStatus(created_epoch=0), pods, spec=spec), LiftGate) == []
 
 
 def test_partly_created_gang_keeps_its_rendezvous_entries() -> None:
     # A create failed last round: the pods that exist are this epoch's, their entries too.
     status = RefitJobStatus(epoch=1, epoch_start_time=NOW)
-    job = rc.JobView(ref=REF, generation=1, raw_spec=SPEC, status=status)
+    job = JobView(ref=REF, generation=1, raw_spec=SPEC, status=status)
     data = {"job-rendezvous": {"meta.policy.0": "{}"}}
-    d = rc.reconcile(job, observe(_pods(1)[:1], [], data), NOW, RenderOptions())
-    assert not [a for a in d.actions if isinstance(a, rc.PatchData)]
-    assert len(_of(d, rc.Create)) > 0
+    d = reconcile(job, observe(_pods(1)[:1], [], data), NOW, RenderOptions())
+    assert not [a for a in d.actions if isinstance(a, PatchData)]
+    assert len(_of(d, Create)) > 0
 
 
 # -- suspend and managedBy -----------------------------------------------------------------
@@ -110,10 +89,10 @@ def test_partly_created_gang_keeps_its_rendezvous_entries() -> None:
 
 def test_a_suspended_new_job_creates_nothing() -> None:
     d = _run(RefitJobStatus(), [], spec={**SPEC, "suspend": True}, static=False)
-    assert _of(d, rc.Create) == [] and d.status.phase is Phase.SUSPENDED
+    assert _of(d, Create) == [] and d.status.phase is Phase.SUSPENDED
     assert _condition(d.status, "Suspended").status == "True"
     resumed = _run(d.status, [], static=False)
-    assert len(_of(resumed, rc.Create)) == 3 + 2 + 1 + 3  # RBAC, Services, ConfigMap, pods
+    assert len(_of(resumed, Create)) == 3 + 2 + 1 + 3  # RBAC, Services, ConfigMap, pods
 
 
 def test_a_job_managed_elsewhere_is_left_alone() -> None:
@@ -122,7 +101,7 @@ def test_a_job_managed_elsewhere_is_left_alone() -> None:
     d = _run(status, _pods(0), spec=spec)
     assert d.hands_off and d.actions == () and d.status == status
     mine = _run(RefitJobStatus(), [], spec={**SPEC, "managedBy": "refit.dev/refit-operator"})
-    assert not mine.hands_off and _of(mine, rc.Create)
+    assert not mine.hands_off and _of(mine, Create)
 
 
 # -- deadlines and TTL ---------------------------------------------------------------------
@@ -168,7 +147,7 @@ def test_start_deadline_fails_the_epoch_with_each_pods_reason() -> None:
     assert "job-rollout-0: Unschedulable: 0/2 nodes are available" in message
     assert "job-policy-1" not in message  # it was Ready
     assert _condition(late.status, "Failed").reason == "StartDeadlineExceeded"
-    assert sorted(a.name for a in _of(late, rc.Delete)) == NAMES
+    assert sorted(a.name for a in _of(late, Delete)) == NAMES
 
 
 def test_a_gang_that_was_ready_once_has_no_start_deadline() -> None:
@@ -193,7 +172,7 @@ def test_active_deadline_fails_the_job() -> None:
     assert after.status.phase is Phase.FAILED
     assert after.status.message == "the job ran past activeDeadlineSeconds (60 s)"
     assert _condition(after.status, "Failed").reason == "DeadlineExceeded"
-    assert sorted(a.name for a in _of(after, rc.Delete)) == NAMES
+    assert sorted(a.name for a in _of(after, Delete)) == NAMES
 
 
 def test_a_suspend_restarts_the_active_deadline() -> None:
@@ -208,18 +187,18 @@ def test_ttl_after_finished_deletes_the_job(phase: Phase) -> None:
     spec = {**SPEC, "ttlSecondsAfterFinished": 5}
     done = RefitJobStatus(phase=phase, completion_time=NOW)
     soon = _run(done, [], spec=spec, now=NOW + timedelta(seconds=2))
-    assert _of(soon, rc.DeleteJob) == [] and soon.requeue_after == pytest.approx(3.0)
+    assert _of(soon, DeleteJob) == [] and soon.requeue_after == pytest.approx(3.0)
     due = _run(done, [], spec=spec, now=NOW + timedelta(seconds=5))
-    assert len(_of(due, rc.DeleteJob)) == 1
+    assert len(_of(due, DeleteJob)) == 1
     forever = _run(done, [], now=NOW + timedelta(days=9))
-    assert _of(forever, rc.DeleteJob) == []
+    assert _of(forever, DeleteJob) == []
 
 
 def test_ttl_applies_to_a_job_refused_as_invalid() -> None:
     spec = {**SPEC, "ttlSecondsAfterFinished": 0, "policy": {"replicas": 0}}
     d = _run(RefitJobStatus(), [], spec=spec, static=False)
     assert d.status.phase is Phase.FAILED and d.status.completion_time == NOW
-    assert len(_of(d, rc.DeleteJob)) == 1
+    assert len(_of(d, DeleteJob)) == 1
 
 
 # -- conditions ----------------------------------------------------------------------------
@@ -260,9 +239,9 @@ def _refused(status: int, reason: str, kind: str = "Pod", verb: str = "create") 
     return WriteError(verb, kind, "job-rollout-0", status, reason, text)
 
 
-def _after(decision: rc.Decision, errors: list[WriteError], status: RefitJobStatus) -> Any:
-    job = rc.JobView(ref=REF, generation=3, raw_spec=SPEC, status=status)
-    return rc.after_writes(job, observe([], []), decision, errors, NOW)
+def _after(decision: Decision, errors: list[WriteError], status: RefitJobStatus) -> Any:
+    job = JobView(ref=REF, generation=3, raw_spec=SPEC, status=status)
+    return after_writes(job, observe([], []), decision, errors, NOW)
 
 
 def test_a_refused_create_is_said_in_status_condition_and_event_then_retried() -> None:
@@ -275,16 +254,16 @@ def test_a_refused_create_is_said_in_status_condition_and_event_then_retried() -
         'create Pod job-rollout-0: HTTP 403: pods "job-rollout-0" is forbidden: forbidden says no'
     )
     assert failure.message == text and d.status.message == text
-    assert [(e.type, e.reason, e.message) for e in _of(d, rc.Emit)] == [
+    assert [(e.type, e.reason, e.message) for e in _of(d, Emit)] == [
         ("Warning", "FailedCreate", text)
     ]
     assert d.status.created_epoch is None  # the next round creates what is missing
     assert d.requeue_after == pytest.approx(RETRY_WRITE_S)
-    assert _of(d, rc.Create) == []  # the creates were done; only what follows remains
+    assert _of(d, Create) == []  # the creates were done; only what follows remains
     # The next round starts from the status written: the same refusal, no second Event.
     second = _run(d.status, _pods(0)[:2], static=False)
     again = _after(second, [_refused(403, "Forbidden")], d.status)
-    assert _of(again, rc.Emit) == [] and _condition(again.status, "ChildFailure").status == "True"
+    assert _of(again, Emit) == [] and _condition(again.status, "ChildFailure").status == "True"
     fixed = _after(second, [], d.status)
     assert _condition(fixed.status, "ChildFailure").status == "False"
     assert fixed.status.created_epoch == 0
@@ -296,16 +275,16 @@ def test_a_create_refused_for_good_fails_the_job_until_the_spec_changes() -> Non
     assert d.status.phase is Phase.FAILED
     assert _condition(d.status, "Failed").reason == "ChildRejected"
     assert "the apiserver refused a child: create Pod job-rollout-0: HTTP 422" in d.status.message
-    assert ("Warning", "ChildRejected") in [(e.type, e.reason) for e in _of(d, rc.Emit)]
+    assert ("Warning", "ChildRejected") in [(e.type, e.reason) for e in _of(d, Emit)]
     stays = _run(d.status, [], generation=3)
-    assert stays.status.phase is Phase.FAILED and _of(stays, rc.Create) == []
+    assert stays.status.phase is Phase.FAILED and _of(stays, Create) == []
     retried = _run(d.status, [], generation=4)
-    assert retried.status.phase is Phase.PENDING and _of(retried, rc.Create)
+    assert retried.status.phase is Phase.PENDING and _of(retried, Create)
 
 
 def test_a_refused_delete_of_a_finished_job_keeps_its_message() -> None:
     done = RefitJobStatus(phase=Phase.FAILED, message="maxRestarts used up")
-    decision = rc.Decision((), done)
+    decision = Decision((), done)
     d = _after(decision, [_refused(403, "Forbidden", verb="delete")], done)
     assert d.status.message == "maxRestarts used up"
     assert _condition(d.status, "ChildFailure").status == "True"

@@ -4,15 +4,15 @@ codes alone.  The pure reconcile only: pods as manifests, the rendezvous as data
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from tests.support.reconcile_harness import GONE, NOW, RUNNING, SUCCEEDED, Harness
+from tests.support.reconcile_harness import uid as _uid
 
-from refit_operator import reconcile as rc
+from refit_operator.core.coordinate import PatchData
+from refit_operator.core.decision import Create, Delete
 from refit_operator.models import Phase, RefitJobStatus
-from refit_operator.observe import observe
-from refit_operator.render import JobRef, RenderOptions, render_gang, render_static
 from refit_worker.contract.entries import ProgressState, Verification
 from refit_worker.contract.progress import ProgressLog
 from refit_worker.contract.rendezvous import (
@@ -26,8 +26,6 @@ from refit_worker.contract.rendezvous import (
 )
 from refit_worker.contract.roles import Role
 
-NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-REF = JobRef(name="job", namespace="ns", uid="u-1")
 SPEC: dict[str, Any] = {
     "image": "img",
     "policy": {"replicas": 1},
@@ -36,31 +34,14 @@ SPEC: dict[str, Any] = {
     "failurePolicy": {"maxRestarts": 2, "backoffSeconds": 10},
 }
 NAMES = ["job-policy-0", "job-rollout-0", "job-rollout-1"]
-RUNNING = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
-SUCCEEDED = {"phase": "Succeeded"}
 DRAINED_AFTER_SUCCESS = {
     "phase": "Succeeded",
     "conditions": [
         {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
     ],
 }
-
-
-def _uid(name: str, epoch: int) -> str:
-    return f"uid-{name}-{epoch}"
-
-
-def _pods(epoch: int, **status_by_name: dict[str, Any]) -> list[dict[str, Any]]:
-    pods = render_gang(REF, rc.parse_spec(SPEC), epoch, RenderOptions())
-    out = []
-    for pod in pods:
-        name = pod["metadata"]["name"]
-        if status_by_name.get(name) == "gone":
-            continue
-        pod["metadata"]["uid"] = _uid(name, epoch)
-        pod["status"] = status_by_name.get(name, {"phase": "Pending"})
-        out.append(pod)
-    return out
+JOB = Harness(SPEC)
+_pods, _run = JOB.pods, JOB.run
 
 
 def _report(
@@ -85,15 +66,6 @@ def _report(
         **log.fields(state),
     )
     return progress_key(role, rank), encode_entry(progress_key(role, rank), entry)
-
-
-def _run(
-    status: RefitJobStatus, pods: list[dict[str, Any]], data: dict[str, str] | None = None
-) -> rc.Decision:
-    job = rc.JobView(ref=REF, generation=1, raw_spec=SPEC, status=status)
-    others = render_static(REF, rc.parse_spec(SPEC))
-    observed = observe(pods, others, {"job-rendezvous": data or {}})
-    return rc.reconcile(job, observed, NOW, RenderOptions())
 
 
 def _done_by_all(epoch: int = 0, refits: int = 3, **kw: Any) -> dict[str, str]:
@@ -169,7 +141,7 @@ def test_rollouts_done_while_the_policy_still_runs_is_not_yet_success() -> None:
 def test_a_finished_pod_that_is_drained_or_gone_triggers_no_new_gang() -> None:
     running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
     data = dict([_report(0, "rollout", 0, 3, state="done"), _report(0, "rollout", 1, 1)])
-    for rollout0 in (DRAINED_AFTER_SUCCESS, "gone"):
+    for rollout0 in (DRAINED_AFTER_SUCCESS, GONE):
         pods = _pods(
             0, **{"job-policy-0": RUNNING, "job-rollout-0": rollout0, "job-rollout-1": RUNNING}
         )
@@ -178,7 +150,7 @@ def test_a_finished_pod_that_is_drained_or_gone_triggers_no_new_gang() -> None:
         assert d.status.phase is not Phase.RESTARTING
     # ... and once the others finish, the job succeeds with the gone pod's report.
     pods = _pods(
-        0, **{"job-policy-0": SUCCEEDED, "job-rollout-0": "gone", "job-rollout-1": SUCCEEDED}
+        0, **{"job-policy-0": SUCCEEDED, "job-rollout-0": GONE, "job-rollout-1": SUCCEEDED}
     )
     assert _run(running, pods, _done_by_all()).status.phase is Phase.SUCCEEDED
 
@@ -204,7 +176,7 @@ def test_draining_a_pod_whose_rank_reported_done_is_no_preemption() -> None:
 
 def test_a_running_pod_that_goes_missing_is_still_a_preemption() -> None:
     running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
-    pods = _pods(0, **{"job-policy-0": RUNNING, "job-rollout-0": "gone", "job-rollout-1": RUNNING})
+    pods = _pods(0, **{"job-policy-0": RUNNING, "job-rollout-0": GONE, "job-rollout-1": RUNNING})
     d = _run(running, pods, dict([_report(0, "rollout", 0, 1)]))
     assert d.status.preemptions == 1 and "job-rollout-0: PodMissing" in d.status.message
 
@@ -262,7 +234,7 @@ def test_a_forged_barrier_is_removed_until_every_rank_published() -> None:
     forged = BarrierEntry(epoch=0, policy_uids=("x",), rollout_uids=("y", "z"))
     data = {**_published(0, NAMES[:1]), BARRIER_KEY: encode_entry(BARRIER_KEY, forged)}
     d = _run(running, pods, data)
-    (patch,) = [a for a in d.actions if isinstance(a, rc.PatchData)]
+    (patch,) = [a for a in d.actions if isinstance(a, PatchData)]
     assert patch.data == {BARRIER_KEY: None}
     flag = next(c for c in d.status.conditions if c.type == "RendezvousReadable")
     assert "did not write; removed" in flag.message
@@ -292,9 +264,9 @@ def test_a_lost_status_write_does_not_wipe_what_the_live_gang_published() -> Non
     lost = RefitJobStatus(phase=Phase.PENDING, epoch=0, created_epoch=None)
     pods = _pods(0, **dict.fromkeys(NAMES, RUNNING))
     d = _run(lost, pods, _published(0, NAMES[:2]))
-    patches = [a for a in d.actions if isinstance(a, rc.PatchData)]
+    patches = [a for a in d.actions if isinstance(a, PatchData)]
     assert all(None not in p.data.values() for p in patches), patches  # nothing deleted
-    assert not [a for a in d.actions if isinstance(a, rc.Create)]
+    assert not [a for a in d.actions if isinstance(a, Create)]
     assert d.status.created_epoch == 0
     connected = next(c for c in d.status.conditions if c.type == "Connected")
     assert connected.message == "2 of 3 ranks published"
@@ -304,16 +276,16 @@ def test_a_lost_write_after_a_partly_created_gang_creates_the_rest() -> None:
     """The creating round's parallel POSTs half failed, so its status was never written:
     the ranks not yet created are created into the same epoch, not counted as lost."""
     lost = RefitJobStatus(phase=Phase.PENDING, epoch=0, created_epoch=None)
-    pods = _pods(0, **{NAMES[0]: RUNNING, NAMES[1]: "gone", NAMES[2]: "gone"})
+    pods = _pods(0, **{NAMES[0]: RUNNING, NAMES[1]: GONE, NAMES[2]: GONE})
     d = _run(lost, pods, _published(0, NAMES[:1]))
-    created = sorted(a.obj["metadata"]["name"] for a in d.actions if isinstance(a, rc.Create))
+    created = sorted(a.obj["metadata"]["name"] for a in d.actions if isinstance(a, Create))
     assert created == NAMES[1:]
     assert all(
         a.obj["metadata"]["labels"]["refit.dev/epoch"] == "0"
         for a in d.actions
-        if isinstance(a, rc.Create)
+        if isinstance(a, Create)
     )
-    assert not [a for a in d.actions if isinstance(a, rc.Delete)]
+    assert not [a for a in d.actions if isinstance(a, Delete)]
     assert (d.status.epoch, d.status.restarts, d.status.preemptions) == (0, 0, 0)
     assert d.status.created_epoch == 0
 
@@ -321,7 +293,7 @@ def test_a_lost_write_after_a_partly_created_gang_creates_the_rest() -> None:
 def test_a_rank_gone_after_the_barrier_opened_is_lost_even_if_the_status_was() -> None:
     """Once the barrier opened, bytes may have moved: a missing rank is a preemption."""
     lost = RefitJobStatus(phase=Phase.RUNNING, epoch=0, created_epoch=None)
-    pods = _pods(0, **{NAMES[0]: RUNNING, NAMES[1]: RUNNING, NAMES[2]: "gone"})
+    pods = _pods(0, **{NAMES[0]: RUNNING, NAMES[1]: RUNNING, NAMES[2]: GONE})
     barrier = BarrierEntry(
         epoch=0,
         policy_uids=(_uid(NAMES[0], 0),),
@@ -329,5 +301,5 @@ def test_a_rank_gone_after_the_barrier_opened_is_lost_even_if_the_status_was() -
     )
     data = {**_published(0, NAMES), BARRIER_KEY: encode_entry(BARRIER_KEY, barrier)}
     d = _run(lost, pods, data)
-    assert not [a for a in d.actions if isinstance(a, rc.Create)]
+    assert not [a for a in d.actions if isinstance(a, Create)]
     assert d.status.preemptions == 1 and "PodMissing" in d.status.message

@@ -30,10 +30,10 @@ from typing import Any, TextIO
 import yaml
 
 from refit_operator import names
+from refit_operator.core.decision import Emit
 from refit_operator.local import sizing, view, workdir
 from refit_operator.local.runner import LocalCluster, RunOptions, run_job
 from refit_operator.models import API_VERSION, InvalidSpecError, RefitJobSpec, parse_spec
-from refit_operator.reconcile import Emit
 from refit_worker.contract.synthetic import synthetic_nbytes
 
 EXIT_FAILED, EXIT_BAD_MANIFEST = 1, 2

@@ -1,7 +1,7 @@
 """``refit run``: one RefitJob on one machine, decided by the operator's own reconcile.
 
 The loop is the operator's, minus the API server: observe (the process kubelet's pods, the
-file-backed rendezvous), :func:`refit_operator.reconcile.reconcile`, apply the actions
+file-backed rendezvous), :func:`refit_operator.core.reconcile.reconcile`, apply the actions
 (start or stop processes, patch the rendezvous files), repeat until the job's phase is
 final.  Pods are rendered by the operator's renderers; the only local differences are
 what one host needs (see :func:`local_env`): Service names resolve to loopback, each
@@ -15,6 +15,7 @@ job's ConfigMaps on one machine.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 import uuid
@@ -25,21 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from refit_operator import names
-from refit_operator.coordinate import PatchData, merged
+from refit_operator.apply import Applier
+from refit_operator.core.coordinate import PatchData, merged
+from refit_operator.core.decision import Delete, Emit, JobView, LiftGate
+from refit_operator.core.observe import Observed, observe
+from refit_operator.core.reconcile import reconcile
+from refit_operator.core.writes import WriteError
 from refit_operator.local.kubelet import KubeletError, ProcessKubelet
 from refit_operator.local.ledger import RefitLedger
 from refit_operator.local.workdir import create_own
 from refit_operator.models import Phase, RefitJobSpec, RefitJobStatus
-from refit_operator.observe import Observed, observe
-from refit_operator.reconcile import (
-    Create,
-    Decision,
-    Delete,
-    Emit,
-    JobView,
-    LiftGate,
-    reconcile,
-)
 from refit_operator.render import WEIGHTS_DIR, JobRef, RenderOptions
 from refit_worker.contract.config import RendezvousConfig, SafetensorsWeights, WorkerConfig
 from refit_worker.contract.rendezvous import Layout
@@ -110,6 +106,9 @@ class LocalCluster:
         )
         self.others: dict[tuple[str, str], dict[str, Any]] = {}
         self._ports = LoopbackPorts()
+        #: The job's status as the last round wrote it, and where its Events go.
+        self.status = RefitJobStatus()
+        self.on_event: Callable[[Emit], None] = lambda e: None
 
     def _local_env(self, pod: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
         return local_env(
@@ -129,28 +128,39 @@ class LocalCluster:
             for shard in range(self.layout.shards)
         }
 
-    def apply(self, decision: Decision, on_event: Callable[[Emit], None]) -> None:
-        for action in decision.actions:
-            if isinstance(action, Create):
-                obj = action.obj
-                if obj.get("kind") == "Pod":
-                    self.kubelet.create(obj)
-                else:
-                    self.others[(str(obj["kind"]), str(obj["metadata"]["name"]))] = obj
-            elif isinstance(action, Delete):
-                if action.kind == "Pod":
-                    self.kubelet.delete(action.name)
-                else:
-                    self.others.pop((action.kind, action.name), None)
-            elif isinstance(action, PatchData):
-                self.store.patch_shard(self._shard_of(action.name), action.data)
-            elif isinstance(action, LiftGate):
-                # One machine, no scheduler: a pod runs from creation; the gate only
-                # leaves its manifest, as it would leave the API's.
-                self.kubelet.set_scheduling_gates(action.name, action.gates)
-            elif isinstance(action, Emit):
-                on_event(action)
-            # DeleteJob: the run ends with the job's final phase; there is nothing to delete.
+    # -- the applier's Writes (``refit_operator.apply``) ------------------------------
+
+    async def create(self, obj: dict[str, Any]) -> WriteError | None:
+        if obj.get("kind") == "Pod":
+            self.kubelet.create(obj)  # raises KubeletError: the run cannot go on
+        else:
+            self.others[(str(obj["kind"]), str(obj["metadata"]["name"]))] = obj
+        return None
+
+    async def delete(self, action: Delete) -> WriteError | None:
+        if action.kind == "Pod":
+            self.kubelet.delete(action.name)
+        else:
+            self.others.pop((action.kind, action.name), None)
+        return None
+
+    async def lift_gate(self, action: LiftGate) -> WriteError | None:
+        # One machine, no scheduler: a pod runs from creation; the gate only leaves its
+        # manifest, as it would leave the API's.
+        self.kubelet.set_scheduling_gates(action.name, action.gates)
+        return None
+
+    async def patch_data(self, action: PatchData) -> None:
+        self.store.patch_shard(self._shard_of(action.name), action.data)
+
+    async def delete_job(self) -> None:
+        """The run ends with the job's final phase: there is nothing to delete."""
+
+    async def emit(self, event: Emit) -> None:
+        self.on_event(event)
+
+    async def write_status(self, status: RefitJobStatus) -> None:
+        self.status = status
 
     def _shard_of(self, configmap: str) -> int:
         for shard in range(self.layout.shards):
@@ -224,6 +234,7 @@ def run_job(
     # Absolute: every pod runs in a directory of its own, so a relative path would miss.
     workdir = create_own(job.name) if options.workdir is None else options.workdir.resolve()
     cluster = LocalCluster(job, spec, workdir, options.claims)
+    applier = Applier(cluster, clock=lambda: datetime.now(UTC))
     view = JobView(job, int(meta.get("generation") or 1), manifest["spec"], RefitJobStatus())
     result = RunResult(view.status)
     started = time.monotonic()
@@ -233,6 +244,7 @@ def run_job(
         result.events.append(event)
         on_event(event)
 
+    cluster.on_event = emit
     try:
         while True:
             observed = observe(
@@ -243,7 +255,7 @@ def run_job(
             _keep_failed_logs(result, cluster, observed)
             decision = reconcile(view, observed, datetime.now(UTC), RenderOptions())
             try:
-                cluster.apply(decision, emit)
+                decision = asyncio.run(applier.apply(view, observed, decision))
             except KubeletError as exc:
                 # As a pod whose container cannot start: nothing a restart would fix here.
                 emit(Emit("Warning", "StartError", str(exc)))

@@ -6,9 +6,9 @@ Must not import: kopf, kubernetes.
 
 from __future__ import annotations
 
+from refit_operator.core.decision import Emit
 from refit_operator.local.runner import RunResult
 from refit_operator.models import RefitJobSpec, RefitJobStatus
-from refit_operator.reconcile import Emit
 
 
 def human_bytes(n: float) -> str:

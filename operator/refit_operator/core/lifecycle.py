@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from refit_operator.observe import ObservedPod
+from refit_operator.core.observe import ObservedPod
 
 #: Late pods named in a start-deadline message; past this many, the rest are counted.
 MAX_NAMED = 4

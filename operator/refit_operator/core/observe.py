@@ -1,15 +1,24 @@
-"""Reading observed children: a pod manifest reduced to what the reconcile decides on.
+"""Reading observed children: a pod manifest reduced to what the reconcile decides on, and
+the rendezvous map decoded once per round (:attr:`Observed.entries`).
 
-Pure; must not import kopf or kubernetes.
+A pod's failure says why in the kubelet's terms: a rank killed by a signal is "killed by
+SIGKILL (exit code 137)" and an OOM kill "OOMKilled", never a log line (the container's
+log tail is what a signal death leaves as its termination message, and it says nothing
+about the kill); an exit of its own quotes its termination message.
+
+Pure; must not import kopf, kubernetes or aiohttp.
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from refit_operator import names
+from refit_operator.core.coordinate import Decoded, decode
 from refit_worker.contract.exits import EXIT_PREEMPTED
 
 #: status.reason values of pods the kubelet pushed out (node pressure, shutdown).
@@ -38,6 +47,8 @@ class ObservedPod:
     #: Its scheduling gates (the gang's is lifted once every pod of the epoch exists).
     gates: tuple[str, ...] = ()
     resource_version: str = ""
+    #: The exit code of its terminated container when it failed on its own (else None).
+    exit_code: int | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,12 @@ class Observed:
     others: frozenset[tuple[str, str]] = frozenset()
     #: Rendezvous ConfigMap name -> its data (``coordinate.py`` decides from it).
     rendezvous: Mapping[str, Mapping[str, str]] | None = None
+
+    @cached_property
+    def entries(self) -> Decoded:
+        """The rendezvous map decoded, once for the whole round (the reconcile and the
+        metrics both read it)."""
+        return decode(self.rendezvous)
 
 
 def _int_label(labels: Mapping[str, Any], key: str) -> int:
@@ -75,6 +92,48 @@ def _last_line(message: str) -> str:
     """The line that says why: a worker's own reason, or a traceback's exception line."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     return lines[-1][:MESSAGE_CHARS] if lines else ""
+
+
+#: Exit codes above this one are a signal's (128 + n), as a shell and the kubelet report.
+_SIGNAL_BASE = 128
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _failure_detail(term: Mapping[str, Any] | None) -> tuple[str, bool]:
+    """What a failed container's terminated state says, and whether its termination
+    message is worth quoting (not after a kill: it is then only the log's tail)."""
+    if term is None:
+        return "no exit code", True
+    code = term.get("exitCode")
+    if term.get("reason") == "OOMKilled":
+        return f"OOMKilled (exit code {code})", False
+    number = term.get("signal")
+    if not number and isinstance(code, int) and _SIGNAL_BASE < code <= _SIGNAL_BASE + 64:
+        number = code - _SIGNAL_BASE
+    if isinstance(number, int) and number > 0:
+        return f"killed by {_signal_name(number)} (exit code {code})", False
+    return f"exit code {code}", True
+
+
+def _failure(name: str, status: Mapping[str, Any], terminated: list[Mapping[str, Any]]) -> str:
+    failed = next((t for t in terminated if t.get("exitCode")), None)
+    term = failed or (terminated[0] if terminated else None)
+    detail, quote = _failure_detail(term)
+    if status.get("reason"):
+        detail, quote = str(status["reason"]), True
+    why = _last_line(next((str(t["message"]) for t in terminated if t.get("message")), ""))
+    return f"pod {name} failed: {detail}" + (f": {why}" if why and quote else "")
+
+
+def _exit_code(terminated: list[Mapping[str, Any]]) -> int | None:
+    codes = [t.get("exitCode") for t in terminated if isinstance(t.get("exitCode"), int)]
+    return next((c for c in codes if c), codes[0] if codes else None)
 
 
 def _waiting(status: Mapping[str, Any], gates: tuple[str, ...]) -> str | None:
@@ -119,12 +178,8 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         disruption = f"Evicted: {status.get('reason')}"
     elif any(t.get("exitCode") == EXIT_PREEMPTED for t in terminated):
         disruption = f"WorkerPreempted: exit code {EXIT_PREEMPTED}"
-    failure: str | None = None
-    if disruption is None and phase == "Failed":
-        codes = [t.get("exitCode") for t in terminated]
-        detail = status.get("reason") or (f"exit code {codes[0]}" if codes else "no exit code")
-        why = _last_line(next((str(t["message"]) for t in terminated if t.get("message")), ""))
-        failure = f"pod {meta.get('name')} failed: {detail}" + (f": {why}" if why else "")
+    failed = disruption is None and phase == "Failed"
+    failure = _failure(str(meta.get("name")), status, terminated) if failed else None
     gates = tuple(
         str(g.get("name", "")) for g in (pod.get("spec") or {}).get("schedulingGates") or []
     )
@@ -143,6 +198,7 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         waiting=None if phase != "Pending" else _waiting(status, gates),
         gates=gates,
         resource_version=str(meta.get("resourceVersion", "")),
+        exit_code=_exit_code(terminated) if failed else None,
     )
 
 

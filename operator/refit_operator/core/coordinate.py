@@ -3,28 +3,34 @@ the job-wide preemption notice.  Decisions come from ``refit_worker.contract.ren
 (shared with the local runner); this module turns them into ConfigMap patches.
 
 The operator never writes a rank's own keys; it writes only ``barrier`` and ``preempt``
-(both in shard 0), and clears the map between epochs.
+(both in shard 0), and clears the map between epochs.  The map is decoded once per round
+(:func:`decode`, kept in ``Observed.entries``); the barrier, progress and the operator's
+metrics all read that one decoding.
 
-Must not import: kopf, kubernetes.
+Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from refit_operator import names
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     PREEMPT_KEY,
+    Entry,
     EntryError,
+    ProgressEntry,
     ProgressSummary,
     aggregate_progress,
     barrier_ready,
     configmap_name,
+    decode_entry,
     encode_entry,
     make_barrier,
     make_preempt_notice,
+    parse_key,
     read_snapshot,
 )
 from refit_worker.contract.roles import Role
@@ -58,9 +64,46 @@ def merged(rendezvous: Mapping[str, Mapping[str, str]] | None) -> dict[str, str]
     return out
 
 
+@dataclass(frozen=True)
+class Decoded:
+    """Every protocol entry of a job's rendezvous map, decoded once: key -> the entry, or
+    the :class:`EntryError` that says why it does not decode."""
+
+    data: Mapping[str, str]
+    entries: Mapping[str, Entry | EntryError]
+
+    def entry(self, key: str, value: str) -> Entry:
+        """The decoding of ``key`` (a ``decode`` for ``read_snapshot``); raises its error."""
+        found = self.entries.get(key)
+        if found is None or self.data.get(key) != value:
+            return decode_entry(key, value)
+        if isinstance(found, EntryError):
+            raise found
+        return found
+
+    def progress(self) -> Iterator[ProgressEntry]:
+        """Every rank's progress entry that decodes, of any epoch."""
+        for found in self.entries.values():
+            if isinstance(found, ProgressEntry):
+                yield found
+
+
+def decode(rendezvous: Mapping[str, Mapping[str, str]] | None) -> Decoded:
+    data = merged(rendezvous)
+    entries: dict[str, Entry | EntryError] = {}
+    for key, value in data.items():
+        if parse_key(key) is None:
+            continue
+        try:
+            entries[key] = decode_entry(key, value)
+        except EntryError as exc:
+            entries[key] = exc
+    return Decoded(data, entries)
+
+
 def coordinate(
     job: str,
-    rendezvous: Mapping[str, Mapping[str, str]] | None,
+    decoded: Decoded,
     *,
     epoch: int,
     world: tuple[int, int],
@@ -69,7 +112,7 @@ def coordinate(
     """Open the barrier of ``epoch`` once every rank published, and read its progress."""
     policy, rollout = world
     try:
-        snap = read_snapshot(merged(rendezvous), epoch, policy, rollout)
+        snap = read_snapshot(decoded.data, epoch, policy, rollout, decoded.entry)
         ready = barrier_ready(snap, policy, rollout, pod_uids)
         want = make_barrier(snap, policy, rollout) if ready else None
         progress = aggregate_progress(snap, policy, rollout)
@@ -97,12 +140,11 @@ def coordinate(
     )
 
 
-def progress_of(
-    rendezvous: Mapping[str, Mapping[str, str]] | None, *, epoch: int, world: tuple[int, int]
-) -> ProgressSummary | None:
+def progress_of(decoded: Decoded, *, epoch: int, world: tuple[int, int]) -> ProgressSummary | None:
     """What the ranks of ``epoch`` reported, or None when it cannot be read."""
     try:
-        return aggregate_progress(read_snapshot(merged(rendezvous), epoch, *world), *world)
+        snap = read_snapshot(decoded.data, epoch, *world, decoded.entry)
+        return aggregate_progress(snap, *world)
     except EntryError:
         return None
 

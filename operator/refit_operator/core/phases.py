@@ -1,8 +1,9 @@
 """The RefitJob phase machine: which phase follows from the facts, and which moves are legal.
 
-``reconcile.py`` gathers the facts and takes every phase from :func:`next_phase`: an
-invalid spec (``invalid``) and the retry once a Failed job's spec is fixed
-(``retry_invalid``) included.
+The reconcile's policy steps each end with a :data:`Finding`; :func:`facts_of` turns it
+into the :class:`PhaseFacts` (built once per round) and every phase comes from
+:func:`next_phase`: an invalid spec (``invalid``) and the retry once a Failed job's spec
+is fixed (``retry_invalid``) included.
 
 Pure; must not import kopf, kubernetes or aiohttp.
 """
@@ -10,6 +11,7 @@ Pure; must not import kopf, kubernetes or aiohttp.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, TypeAlias
 
 from refit_operator.models import Phase
 
@@ -41,6 +43,7 @@ class PhaseFacts:
     invalid: bool = False
     retry_invalid: bool = False  # the spec changed since it was found invalid
     restarts_exhausted: bool = False
+    not_retryable: bool = False  # a pod failed in a way no restart can cure
     deadline_exceeded: bool = False  # activeDeadlineSeconds ran out
     suspended: bool = False
     all_rollouts_done: bool = False
@@ -49,13 +52,47 @@ class PhaseFacts:
     all_ready: bool = False
 
 
+#: What the step that ended a round's decision found ("settled": a finished job stays
+#: finished; "not_ready": the gang runs, not all of it Ready).
+Finding: TypeAlias = Literal[
+    "settled",
+    "suspended",
+    "deadline_exceeded",
+    "restarts_exhausted",
+    "not_retryable",
+    "all_rollouts_done",
+    "gang_disrupted",
+    "waiting_for_gang",
+    "all_ready",
+    "not_ready",
+]
+
+
+def facts_of(finding: Finding, *, current: Phase, retry_invalid: bool = False) -> PhaseFacts:
+    """The facts a round's finding stands for ("settled" and "not_ready" are none)."""
+    return PhaseFacts(
+        current=current,
+        retry_invalid=retry_invalid,
+        restarts_exhausted=finding == "restarts_exhausted",
+        not_retryable=finding == "not_retryable",
+        deadline_exceeded=finding == "deadline_exceeded",
+        suspended=finding == "suspended",
+        all_rollouts_done=finding == "all_rollouts_done",
+        gang_disrupted=finding == "gang_disrupted",
+        waiting_for_gang=finding == "waiting_for_gang",
+        all_ready=finding == "all_ready",
+    )
+
+
 def next_phase(facts: PhaseFacts) -> Phase:
     """The phase the job moves to; rules are checked in priority order."""
     if facts.current is Phase.SUCCEEDED:
         return Phase.SUCCEEDED
     if facts.current is Phase.FAILED and not facts.retry_invalid:
         return Phase.FAILED
-    if facts.invalid or facts.restarts_exhausted or facts.deadline_exceeded:
+    if facts.invalid or facts.restarts_exhausted or facts.not_retryable:
+        return Phase.FAILED
+    if facts.deadline_exceeded:
         return Phase.FAILED
     if facts.suspended:
         return Phase.SUSPENDED

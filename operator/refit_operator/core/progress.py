@@ -1,7 +1,7 @@
 """What the ranks reported, as the job's status: refits, bytes, verification, whether the
 gang's work is over and whether it succeeded (never from exit codes alone).
 
-Pure functions from a status to the next status; ``reconcile.py`` calls them.
+Pure functions from a status to the next status; the reconcile's steps call them.
 
 Must not import: kopf, kubernetes, aiohttp.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from refit_operator import conditions as cond
-from refit_operator import coordinate as rdv
 from refit_operator import names
+from refit_operator.core import conditions as cond
+from refit_operator.core.coordinate import Coordination, progress_of
+from refit_operator.core.observe import Observed, ObservedPod
 from refit_operator.models import RefitJobSpec, RefitJobStatus, RoleStatus
-from refit_operator.observe import Observed, ObservedPod
 from refit_worker.contract.rendezvous import ProgressSummary
 from refit_worker.contract.roles import ROLES
 
@@ -57,13 +57,13 @@ def finished(
 
 
 def record(
-    st: RefitJobStatus, coord: rdv.Coordination, total: int, *, now: datetime, generation: int
+    status: RefitJobStatus, coord: Coordination, total: int, *, now: datetime, generation: int
 ) -> RefitJobStatus:
     """Conditions and figures from the ranks' own reports (never from exit codes)."""
     ok: cond.Truth = "False" if coord.problem else "True"
     reason = "InvalidEntry" if coord.problem else "Readable"
     conds = cond.set_condition(
-        st.conditions,
+        status.conditions,
         cond.RENDEZVOUS,
         ok,
         reason=reason,
@@ -81,42 +81,42 @@ def record(
         now=now,
         generation=generation,
     )
-    st = st.model_copy(update={"conditions": conds})
+    status = status.model_copy(update={"conditions": conds})
     p = coord.progress
     if p is None:
-        return st
-    return st.model_copy(
+        return status
+    return status.model_copy(
         update={
-            "refits_completed": max(st.refits_completed, p.refits_completed),
-            "bytes_transferred": st.bytes_before_epoch + p.bytes_total,
-            "verification": p.verification if p.refits_completed else st.verification,
+            "refits_completed": max(status.refits_completed, p.refits_completed),
+            "bytes_transferred": status.bytes_before_epoch + p.bytes_total,
+            "verification": p.verification if p.refits_completed else status.verification,
             "last_throughput_bytes_per_second": (
                 p.last_refit_gbps * 1e9
                 if p.last_refit_gbps > 0
-                else st.last_throughput_bytes_per_second
+                else status.last_throughput_bytes_per_second
             ),
         }
     )
 
 
 def fold_previous_epoch(
-    st: RefitJobStatus, spec: RefitJobSpec, observed: Observed
+    status: RefitJobStatus, spec: RefitJobSpec, observed: Observed
 ) -> RefitJobStatus:
     """Add what the stopped gang reported after the restart decision (its last refit's
     report can land after it), until its rendezvous entries are cleared."""
-    if st.epoch == 0:
-        return st
+    if status.epoch == 0:
+        return status
     world = (spec.policy.replicas, spec.rollout.replicas)
-    old = rdv.progress_of(observed.rendezvous, epoch=st.epoch - 1, world=world)
-    if old is None or old.bytes_total <= st.previous_epoch_bytes:
-        return st
-    extra = old.bytes_total - st.previous_epoch_bytes
-    return st.model_copy(
+    old = progress_of(observed.entries, epoch=status.epoch - 1, world=world)
+    if old is None or old.bytes_total <= status.previous_epoch_bytes:
+        return status
+    extra = old.bytes_total - status.previous_epoch_bytes
+    return status.model_copy(
         update={
-            "bytes_before_epoch": st.bytes_before_epoch + extra,
-            "bytes_transferred": st.bytes_transferred + extra,
+            "bytes_before_epoch": status.bytes_before_epoch + extra,
+            "bytes_transferred": status.bytes_transferred + extra,
             "previous_epoch_bytes": old.bytes_total,
-            "refits_completed": max(st.refits_completed, old.refits_completed),
+            "refits_completed": max(status.refits_completed, old.refits_completed),
         }
     )
 

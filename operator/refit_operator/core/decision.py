@@ -1,18 +1,16 @@
-"""What a reconcile round decides, as data: the actions, the job it looked at, the
-decision, and the mutable scratch of one round.
+"""What a reconcile round decides, as data: the actions, the job it looked at, and the
+decision (the actions and the status to write).
 
 Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
-from refit_operator import conditions as cond
 from refit_operator import render
-from refit_operator.coordinate import PatchData
+from refit_operator.core.coordinate import PatchData
 from refit_operator.models import RefitJobStatus
 
 
@@ -69,36 +67,3 @@ class Decision:
     requeue_after: float | None = None
     #: Another controller manages the job (``spec.managedBy``): write nothing at all.
     hands_off: bool = False
-
-
-@dataclass
-class Round:
-    """Mutable scratch of one reconcile round."""
-
-    status: RefitJobStatus
-    generation: int
-    now: datetime
-    actions: list[Action] = field(default_factory=list)
-    requeue: float | None = None
-    #: The Failed condition's reason, when this round fails the job.
-    failed_reason: str = "RestartsExhausted"
-    #: What a Pending job waits for (late pods and why), for its message.
-    waiting: str = ""
-
-    def update(self, **changes: Any) -> None:
-        self.status = self.status.model_copy(update=changes)
-
-    def later(self, seconds: float) -> None:
-        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
-
-    def condition(self, type_: str, status: cond.Truth, reason: str, message: str = "") -> None:
-        conditions = cond.set_condition(
-            self.status.conditions,
-            type_,
-            status,
-            reason=reason,
-            message=message,
-            now=self.now,
-            generation=self.generation,
-        )
-        self.update(conditions=conditions)

@@ -1,5 +1,6 @@
-"""Helpers for the integration tier: the sample job, waiting with a deadline, kubelet-like
-status writes, and an operator run that can be stopped and started again.
+"""Shared by the integration and reliability tiers and bench/: the sample job, waiting with
+a deadline, kubelet-like status writes, and an operator run that can be stopped and
+started again (against the API emulator).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import yaml
 from tests.emulator import ApiEmulator
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 JOBS = "refit.dev/v1alpha1/refitjobs"
 PODS = "v1/pods"
 NS = "default"

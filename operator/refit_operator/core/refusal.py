@@ -1,0 +1,48 @@
+"""How a job that cannot run is failed: an invalid spec, a template that conflicts with
+the operator, or a child the apiserver refused for good (``write_refusals.py``).  Phase
+Failed with the words that say why, a Warning Event, the pods stopped; a new generation of
+the spec starts over (``steps/validity.py``).
+
+Must not import: kopf, kubernetes, aiohttp.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from refit_operator.core import conditions as cond
+from refit_operator.core import ttl
+from refit_operator.core.decision import Decision, Emit, JobView
+from refit_operator.core.draft import Draft
+from refit_operator.core.observe import Observed
+from refit_operator.core.phases import PhaseFacts, checked_next_phase
+from refit_operator.models import Phase
+
+
+def refuse(
+    job: JobView, observed: Observed, message: str, *, now: datetime, reason: str
+) -> Decision:
+    """The job cannot run as specified (``reason``: InvalidSpec, TemplateConflict, or a
+    child the apiserver refused): Failed with the message, its pods stopped."""
+    status = job.status
+    new = checked_next_phase(PhaseFacts(current=status.phase, invalid=True))
+    if new is not Phase.FAILED:
+        # Only a Succeeded job stays put (the table keeps it final): its pods are gone and
+        # nothing is created again, so an invalid edit has nothing to act on.
+        return Decision((), status.model_copy(update={"observed_generation": job.generation}))
+    draft = Draft(status, job.generation, now)
+    draft.delete_pods(observed.pods)
+    if status.phase is not Phase.FAILED or status.message != message:
+        draft.actions.append(Emit("Warning", reason, message))
+    draft.update(
+        phase=new,
+        message=message,
+        observed_generation=job.generation,
+        completion_time=status.completion_time or now,
+    )
+    draft.condition(cond.FAILED, "True", reason, message)
+    for type_ in (cond.READY, cond.RESTARTING):
+        if cond.get_condition(status.conditions, type_) is not None:
+            draft.condition(type_, "False", new.value)
+    ttl.expire(draft, job.raw_spec, new)
+    return draft.decision()

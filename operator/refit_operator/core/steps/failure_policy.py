@@ -1,0 +1,47 @@
+"""What a failed or disrupted pod of the epoch does to the job.
+
+- A pod whose container exited with a code of ``refit_worker.contract.exits.NOT_RETRYABLE``
+  (a bad configuration, or a failure the worker knows no restart can cure) fails the job
+  at once: reason ``NotRetryable``, the pod's termination message in ``status.message``,
+  no restart and no backoff.
+- Any other failure restarts the gang (``maxRestarts``, doubling backoff); a disruption
+  (drain, eviction, deletion, a preempted exit, a missing pod) restarts it as a
+  preemption, counted apart.
+
+Must not import: kopf, kubernetes, aiohttp.
+"""
+
+from __future__ import annotations
+
+from refit_operator.core.draft import Draft
+from refit_operator.core.phases import Finding
+from refit_operator.core.round_input import RoundInput
+from refit_operator.core.steps.restart import restart_gang, stop_gang
+from refit_worker.contract.exits import NOT_RETRYABLE
+
+
+def fail_not_retryable(inp: RoundInput, draft: Draft) -> Finding | None:
+    pod = next(
+        (p for p in inp.current if p.failure and p.exit_code in NOT_RETRYABLE),
+        None,
+    )
+    if pod is None:
+        return None
+    stop_gang(inp, draft)
+    draft.failed_reason = "NotRetryable"
+    message = f"{pod.failure}; exit code {pod.exit_code} is not retryable: no restart"
+    draft.update(message=message, completion_time=inp.now)
+    return "not_retryable"
+
+
+def restart_on_failure(inp: RoundInput, draft: Draft) -> Finding | None:
+    failures, disruptions = inp.failures, inp.disruptions
+    if not failures and not disruptions:
+        return None
+    return restart_gang(
+        inp,
+        draft,
+        failures=failures,
+        disruptions=disruptions,
+        notice_from=inp.first_disrupted,
+    )

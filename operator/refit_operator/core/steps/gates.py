@@ -1,0 +1,38 @@
+"""Letting the created gang run: the rendezvous barrier opens once every rank of the epoch
+published (``coordinate.py``), and with ``SchedulingGates`` admission the gang's gate
+comes off every pod together once all of them exist.
+
+Must not import: kopf, kubernetes, aiohttp.
+"""
+
+from __future__ import annotations
+
+from refit_operator.core import gang
+from refit_operator.core.decision import LiftGate
+from refit_operator.core.draft import Draft
+from refit_operator.core.phases import Finding
+from refit_operator.core.round_input import RoundInput
+
+
+def open_barrier(inp: RoundInput, draft: Draft) -> Finding | None:
+    if inp.coordination is not None:
+        draft.actions.extend(inp.coordination.patches)
+    return None
+
+
+def lift_gates(inp: RoundInput, draft: Draft) -> Finding | None:
+    if inp.spec.gang.admission != "SchedulingGates" or inp.absent:
+        return None  # no gates, or a pod of the epoch is still being created
+    for pod in inp.current:
+        if gang.GATE in pod.gates and not pod.deleting:
+            keep = tuple(g for g in pod.gates if g != gang.GATE)
+            draft.actions.append(LiftGate(pod.name, keep, pod.resource_version))
+    return None
+
+
+def mark_ready(inp: RoundInput, draft: Draft) -> Finding:
+    """The last step: the gang runs; Running once every pod is Ready (or done)."""
+    if all(p.ready or p.phase == "Succeeded" for p in inp.current):
+        draft.update(ready_epoch=draft.status.epoch)
+        return "all_ready"
+    return "not_ready"

@@ -1,0 +1,21 @@
+"""What the ranks of the epoch reported (refits, bytes, verification, the rendezvous'
+health and whether every rank connected) becomes the status; never exit codes.
+
+Must not import: kopf, kubernetes, aiohttp.
+"""
+
+from __future__ import annotations
+
+from refit_operator.core import progress
+from refit_operator.core.draft import Draft
+from refit_operator.core.phases import Finding
+from refit_operator.core.round_input import RoundInput
+
+
+def record_progress(inp: RoundInput, draft: Draft) -> Finding | None:
+    if inp.coordination is not None:
+        total = inp.spec.policy.replicas + inp.spec.rollout.replicas
+        draft.status = progress.record(
+            draft.status, inp.coordination, total, now=inp.now, generation=inp.job.generation
+        )
+    return None

@@ -1,0 +1,105 @@
+"""How a gang stops and starts again in a new epoch (shared by the spec-change, start
+deadline and failure policies): every pod stops, the epoch goes up, and after a backoff
+the gang is recreated.  Failures use up ``maxRestarts`` (doubling backoff); preemptions
+are counted apart; a spec change is neither.
+
+Must not import: kopf, kubernetes, aiohttp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+from refit_operator.core import conditions as cond
+from refit_operator.core import gang
+from refit_operator.core.coordinate import preempt_notice
+from refit_operator.core.decision import Delete, Emit
+from refit_operator.core.draft import Draft
+from refit_operator.core.observe import ObservedPod
+from refit_operator.core.phases import Finding
+from refit_operator.core.round_input import RoundInput
+from refit_operator.models import RefitJobSpec
+
+#: How soon to look again while old pods are still going away.
+POLL_DELETING_S = 1.0
+
+
+def backoff(spec: RefitJobSpec, restarts: int) -> float:
+    policy = spec.failure_policy
+    return float(
+        min(policy.max_backoff_seconds, policy.backoff_seconds * 2 ** max(0, restarts - 1))
+    )
+
+
+def drop_pod_group(inp: RoundInput, draft: Draft) -> None:
+    """The epoch's PodGroup goes with its gang (``admission: PodGroup``)."""
+    api = gang.pod_group_api(inp.spec.gang)
+    if api is not None:
+        name = gang.pod_group_name(inp.job.ref.name, draft.status.epoch)
+        draft.actions.append(Delete(api, "PodGroup", name))
+
+
+def stop_gang(inp: RoundInput, draft: Draft) -> None:
+    draft.delete_pods(inp.observed.pods)
+    drop_pod_group(inp, draft)
+
+
+def restart_gang(
+    inp: RoundInput,
+    draft: Draft,
+    *,
+    failures: Sequence[str] = (),
+    disruptions: Sequence[str] = (),
+    notice_from: ObservedPod | None = None,
+) -> Finding:
+    """Stop the gang; fail the job once ``maxRestarts`` is used up, else move to the next
+    epoch, recreated after the backoff."""
+    if notice_from is not None and disruptions and not failures:
+        # Ranks hear the notice and stop at a safe point, ahead of their own signals.
+        notice = preempt_notice(
+            inp.job.ref.name,
+            epoch=draft.status.epoch,
+            pod=notice_from.name,
+            uid=notice_from.uid,
+            reason=disruptions[0],
+        )
+        if notice is not None:
+            draft.actions.append(notice)
+    stop_gang(inp, draft)
+    limit = inp.spec.failure_policy.max_restarts
+    if failures and draft.status.restarts >= limit:
+        message = f"{failures[0]}; maxRestarts ({limit}) used up"
+        draft.update(message=message, completion_time=inp.now)
+        return "restarts_exhausted"
+    reason, message, delay = _count(inp, draft, failures, disruptions)
+    status = draft.status
+    draft.update(
+        epoch=status.epoch + 1,
+        bytes_before_epoch=status.bytes_transferred,
+        previous_epoch_bytes=status.bytes_transferred - status.bytes_before_epoch,
+        created_epoch=None,
+        epoch_start_time=None,
+        restart_at=inp.now + timedelta(seconds=delay),
+        message=message,
+    )
+    draft.condition(cond.RESTARTING, "True", reason, message)
+    draft.actions.append(Emit("Warning", reason, message))
+    draft.later(max(delay, POLL_DELETING_S))
+    return "gang_disrupted"
+
+
+def _count(
+    inp: RoundInput, draft: Draft, failures: Sequence[str], disruptions: Sequence[str]
+) -> tuple[str, str, float]:
+    """Count the restart or preemption: the reason, the message and the backoff."""
+    if failures:
+        restarts = draft.status.restarts + 1
+        draft.update(restarts=restarts)
+        return "Restarted", f"gang restart {restarts}: {failures[0]}", backoff(inp.spec, restarts)
+    if disruptions:
+        preemptions = draft.status.preemptions + 1
+        draft.update(preemptions=preemptions)
+        message = f"gang preempted ({preemptions}): {disruptions[0]}"
+        return "Preempted", message, float(inp.spec.failure_policy.backoff_seconds)
+    return "SpecChanged", "the spec changed; recreating the gang", 0.0

@@ -1,0 +1,20 @@
+"""The children that live as long as the job (the per-role Services, the rendezvous
+ConfigMap, the workers' ServiceAccount and RBAC): each missing one is created.
+
+Must not import: kopf, kubernetes, aiohttp.
+"""
+
+from __future__ import annotations
+
+from refit_operator import render
+from refit_operator.core.decision import Create
+from refit_operator.core.draft import Draft
+from refit_operator.core.phases import Finding
+from refit_operator.core.round_input import RoundInput
+
+
+def create_missing(inp: RoundInput, draft: Draft) -> Finding | None:
+    for obj in render.render_static(inp.job.ref, inp.spec):
+        if (obj["kind"], obj["metadata"]["name"]) not in inp.observed.others:
+            draft.actions.append(Create(obj))
+    return None
