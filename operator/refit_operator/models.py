@@ -171,13 +171,30 @@ class WorkerMetricsSpec(Wire):
         return self
 
 
+#: Why ``transfer.releaseAfterRefit: true`` is refused, at apply time and by the models.
+RELEASE_AFTER_REFIT_UNSUPPORTED = (
+    "transfer.releaseAfterRefit: true is not supported yet: the rollout ranks keep their"
+    " receive buffers registered between refits (leave it unset or false)"
+)
+
+
 class TransferSpec(TransferKnobs):
     """NIXL transfer knobs, handed to the worker's checkpoint engine."""
 
     # The knobs are the worker's own (TransferKnobs, in the contract; the docstring above
     # is the CRD's description); the bucket size is a Kubernetes quantity here and bytes in
     # the worker's TransferConfig.
-    model_config = WIRE
+    model_config = ConfigDict(
+        **WIRE,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.releaseAfterRefit) || !self.releaseAfterRefit",
+                    "message": RELEASE_AFTER_REFIT_UNSUPPORTED,
+                }
+            ]
+        },
+    )
 
     bucket_size: str = Field(
         "64Mi",
@@ -206,6 +223,13 @@ class TransferSpec(TransferKnobs):
         # Last, the CRD's own pattern: the API server and the models refuse alike.
         if not re.fullmatch(BUCKET_SIZE_PATTERN, value):
             raise unreadable
+        return value
+
+    @field_validator("release_after_refit")
+    @classmethod
+    def _keeps_buffers(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(RELEASE_AFTER_REFIT_UNSUPPORTED)
         return value
 
     @property

@@ -340,6 +340,11 @@ BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
         ("spec.transfer.bucketSize", "'64MB' is not a whole number of bytes", "such as 64Mi"),
     ),
     (
+        "release after refit",
+        changed("transfer.releaseAfterRefit", True),
+        ("spec.transfer.releaseAfterRefit", "true is not supported yet"),
+    ),
+    (
         "bucket size a fraction",
         changed("transfer.bucketSize", "1.5Ki"),
         ("spec.transfer.bucketSize", "'1.5Ki' must be a whole number", "write '1536'"),
