@@ -1,8 +1,9 @@
 """The operator's lifecycle against the real API: restarts of the operator process mid-job
 and a spec edit mid-job leave no duplicate children and lose no status; deleting the
 RefitJob cascades to every child through kube-controller-manager's garbage collector;
-workers that fail use up ``maxRestarts`` and fail the job; a suspended job keeps its rest
-and resumes in a new epoch.
+workers that fail use up ``maxRestarts`` and fail the job, unless a worker exits with the
+not-retryable code, which fails it at once; a suspended job keeps its rest and resumes in
+a new epoch.
 
 A watcher thread polls the job's children for the whole job and keeps every uid it ever
 saw, so a child created twice (a second pod of one name, a second ConfigMap) shows up even
@@ -154,6 +155,42 @@ def test_failing_workers_restart_until_max_restarts_then_fail(
     ]
     assert "Failed" in reasons, reasons
     cluster.kubectl.ok("delete", "rj", "fails", "-n", NS, "--wait=true", "--timeout=120s")
+
+
+#: A rank that finds what it was given unusable: it says why in its termination message
+#: and exits with the code the operator does not retry.
+NOT_RETRYABLE_RANK = """
+import os, sys
+from refit_worker.contract.config import WorkerConfig
+from refit_worker.contract.exits import EXIT_NOT_RETRYABLE
+path = WorkerConfig.from_env(os.environ).termination_message_path
+with open(path, "w") as f:
+    f.write("dtype float8_e4m3fn is not supported by this engine\\n")
+sys.exit(EXIT_NOT_RETRYABLE)
+"""
+
+
+def test_a_not_retryable_exit_fails_the_job_at_once(cluster: Cluster, install: Install) -> None:
+    cluster.namespace(NS)
+    job = example("local", metadata={"name": "no-retry", "namespace": NS})
+    job["spec"]["rollout"]["command"] = [sys.executable, "-c", NOT_RETRYABLE_RANK]
+    job["spec"]["failurePolicy"] = {"maxRestarts": 3, "backoffSeconds": 1}
+    cluster.kubectl.apply(job)
+    status = _finished(cluster, "no-retry")
+    assert status["phase"] == "Failed", status
+    # At once: no restart, no new epoch, nothing counted.
+    assert (status["restarts"], status["preemptions"], status["epoch"]) == (0, 0, 0), status
+    said = "failed: exit code 84: dtype float8_e4m3fn is not supported by this engine"
+    assert said in status["message"] and "not retryable" in status["message"], status
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "NotRetryable"), failed
+    reasons = [
+        e["reason"]
+        for e in cluster.kubectl.json("get", "events", "-n", NS)["items"]
+        if e["involvedObject"]["name"] == "no-retry"
+    ]
+    assert "Failed" in reasons and "Restarted" not in reasons, reasons
+    cluster.kubectl.ok("delete", "rj", "no-retry", "-n", NS, "--wait=true", "--timeout=120s")
 
 
 def test_suspend_mid_job_keeps_the_rest_and_resumes_in_a_new_epoch(
