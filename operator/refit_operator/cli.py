@@ -110,7 +110,7 @@ def _positive_seconds(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from refit_operator import __version__, lease
+    from refit_operator import __version__
 
     parser = argparse.ArgumentParser(
         prog="refit",
@@ -130,6 +130,20 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the kopf operator that reconciles RefitJobs. Credentials: the "
         "in-cluster service account, else KUBECONFIG or ~/.kube/config.",
     )
+    _add_operator_options(op)
+    _add_leader_options(op)
+    _add_tuning_options(op)
+    op.set_defaults(func=_cmd_operator)
+    crd = sub.add_parser(
+        "crd",
+        help="print the RefitJob CRD as YAML (what the chart installs)",
+        description="Print the RefitJob CustomResourceDefinition generated from the models.",
+    )
+    crd.set_defaults(func=_cmd_crd)
+    return parser
+
+
+def _add_operator_options(op: argparse.ArgumentParser) -> None:
     op.add_argument(
         "--namespace",
         "-n",
@@ -148,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="serve Prometheus /metrics here, e.g. :8080 (may equal the probe address)",
     )
+
+
+def _add_leader_options(op: argparse.ArgumentParser) -> None:
+    from refit_operator import lease
+
     op.add_argument(
         "--leader-elect",
         action="store_true",
@@ -188,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"how often the Lease is renewed or tried (default {lease.RETRY_PERIOD_S:g})",
     )
+
+
+def _add_tuning_options(op: argparse.ArgumentParser) -> None:
     op.add_argument(
         "--stop-signal-supported",
         action="store_true",
@@ -201,14 +223,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="reconcile every job at least this often, events or not (default 60)",
     )
     op.add_argument("--verbose", action="store_true", help="log kopf's and the API's details")
-    op.set_defaults(func=_cmd_operator)
-    crd = sub.add_parser(
-        "crd",
-        help="print the RefitJob CRD as YAML (what the chart installs)",
-        description="Print the RefitJob CustomResourceDefinition generated from the models.",
-    )
-    crd.set_defaults(func=_cmd_crd)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -44,8 +44,9 @@ def _no_guard() -> None:
 
 
 @dataclass
-class Shared:
-    """What the handlers share with the process around them (``runtime``)."""
+class ProcessContext:
+    """What the handlers share with the process that runs them (``runtime``): metrics,
+    the leader guard, whether the jobs were listed, the Events' reporting instance."""
 
     metrics: OperatorMetrics | None = None
     #: Checked before every reconcile round (a lost Lease ends the process there).
@@ -88,7 +89,7 @@ def _ns(namespace: str | None) -> str:
     return namespace
 
 
-async def _resync(controller: Controller, config: OperatorConfig, shared: Shared) -> None:
+async def _resync(controller: Controller, config: OperatorConfig, shared: ProcessContext) -> None:
     """List every served namespace's RefitJobs and reconcile each, every resync period:
     a safety net for missed events.  The first listing that succeeds makes us ready; it
     reconciles nothing itself, as kopf's resume handlers start every job it finds."""
@@ -109,46 +110,53 @@ async def _resync(controller: Controller, config: OperatorConfig, shared: Shared
 def build_registry(
     config: OperatorConfig,
     connect: Callable[[], kube.Kube] = kube.Kube.connect,
-    shared: Shared | None = None,
+    shared: ProcessContext | None = None,
 ) -> kopf.OperatorRegistry:
     """All handlers of one operator run, registered into a fresh registry."""
     registry = kopf.OperatorRegistry()
     holder = _Holder()
-    shared = shared if shared is not None else Shared()
-    job = (GROUP, VERSION, PLURAL)
-    owned_children = {names.LABEL_JOB: kopf.PRESENT}
+    context = shared if shared is not None else ProcessContext()
+    kopf.on.login(registry=registry)(_login)
+    _register_process(registry, holder, config, connect, context)
+    _register_jobs(registry, holder)
+    return registry
 
-    def ours(spec: Mapping[str, Any], **_: Any) -> bool:
-        # A job another controller manages (spec.managedBy) gets no handler, so no
-        # annotation or status from this operator either.
-        return not managed_elsewhere(spec)
 
-    @kopf.on.login(registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        # The same credentials as our own client, so kopf and kube.py see one cluster.
-        creds = kube.load_credentials()
-        scheme, _sep, token = creds.headers().get("Authorization", "").partition(" ")
-        return kopf.ConnectionInfo(
-            server=creds.server,
-            ca_path=creds.ca_path,
-            insecure=not creds.verify,
-            scheme=scheme or None,
-            token=token or None,
-            certificate_path=creds.cert_path,
-            private_key_path=creds.key_path,
-        )
+def _login(**_: Any) -> kopf.ConnectionInfo:
+    """The same credentials as our own client, so kopf and kube.py see one cluster."""
+    creds = kube.load_credentials()
+    scheme, _sep, token = creds.headers().get("Authorization", "").partition(" ")
+    return kopf.ConnectionInfo(
+        server=creds.server,
+        ca_path=creds.ca_path,
+        insecure=not creds.verify,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=creds.cert_path,
+        private_key_path=creds.key_path,
+    )
+
+
+def _register_process(
+    registry: kopf.OperatorRegistry,
+    holder: _Holder,
+    config: OperatorConfig,
+    connect: Callable[[], kube.Kube],
+    context: ProcessContext,
+) -> None:
+    """Start-up (the controller and the periodic resync) and clean-up."""
 
     @kopf.on.startup(registry=registry)
     async def startup(**_: Any) -> None:
         options = RenderOptions(stop_signal_supported=config.stop_signal_supported)
         api = connect()
-        if shared.metrics is not None:
-            api.on_error = shared.metrics.api_error
-        if shared.instance:
-            api.recorder.instance = shared.instance
-        controller = Controller(api, options, metrics=shared.metrics, guard=shared.guard)
+        if context.metrics is not None:
+            api.on_error = context.metrics.api_error
+        if context.instance:
+            api.recorder.instance = context.instance
+        controller = Controller(api, options, metrics=context.metrics, guard=context.guard)
         holder.controller = controller
-        task = asyncio.get_running_loop().create_task(_resync(controller, config, shared))
+        task = asyncio.get_running_loop().create_task(_resync(controller, config, context))
         holder.tasks.add(task)
         task.add_done_callback(holder.tasks.discard)
 
@@ -158,6 +166,17 @@ def build_registry(
             task.cancel()
         if holder.controller is not None:
             await holder.controller.close()
+
+
+def _register_jobs(registry: kopf.OperatorRegistry, holder: _Holder) -> None:
+    """The RefitJobs' own events and their children's."""
+    job = (GROUP, VERSION, PLURAL)
+    owned_children = {names.LABEL_JOB: kopf.PRESENT}
+
+    def ours(spec: Mapping[str, Any], **_: Any) -> bool:
+        # A job another controller manages (spec.managedBy) gets no handler, so no
+        # annotation or status from this operator either.
+        return not managed_elsewhere(spec)
 
     @kopf.on.resume(*job, when=ours, registry=registry)
     @kopf.on.create(*job, when=ours, registry=registry)
@@ -184,13 +203,11 @@ def build_registry(
         if holder.controller is not None:
             await holder.controller.nudge(_ns(namespace), labels[names.LABEL_JOB])
 
-    return registry
-
 
 def operator_kwargs(
     config: OperatorConfig,
     connect: Callable[[], kube.Kube] = kube.Kube.connect,
-    shared: Shared | None = None,
+    shared: ProcessContext | None = None,
 ) -> dict[str, Any]:
     """Arguments for ``kopf.operator``/``kopf.spawn_tasks`` (tests embed the operator)."""
     return {

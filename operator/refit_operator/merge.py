@@ -152,19 +152,7 @@ def _pod_spec(
         )
     if not spec.get("serviceAccountName") and parts.service_account:
         spec["serviceAccountName"] = parts.service_account
-    if parts.os_name is not None:
-        os_name = (spec.get("os") or {}).get("name", parts.os_name)
-        if os_name != parts.os_name:
-            _conflict(problems, f"{where}.os.name", os_name, "the stop signal needs linux")
-        spec["os"] = {**(spec.get("os") or {}), "name": parts.os_name}
-    gates = list(spec.get("schedulingGates") or [])
-    for gate in parts.scheduling_gates:
-        if any(g.get("name") == gate for g in gates):
-            _conflict(problems, f"{where}.schedulingGates", gate, "the operator lifts this gate")
-    if gates or parts.scheduling_gates:
-        spec["schedulingGates"] = gates + [{"name": g} for g in parts.scheduling_gates]
-    if parts.scheduler_name and not spec.get("schedulerName"):
-        spec["schedulerName"] = parts.scheduler_name
+    _scheduling(spec, parts, where, problems)
     spec["volumes"] = _named_union(
         spec.get("volumes") or [], parts.volumes, f"{where}.volumes", problems
     )
@@ -185,6 +173,23 @@ def _pod_spec(
     # The worker first: one-container runtimes (the process kubelet) run the first.
     spec["containers"] = [_worker(theirs, parts.worker, path, problems), *containers]
     return spec
+
+
+def _scheduling(spec: dict[str, Any], parts: PodParts, where: str, problems: list[str]) -> None:
+    """The node OS the stop signal needs, the gang's scheduling gates, the scheduler."""
+    if parts.os_name is not None:
+        os_name = (spec.get("os") or {}).get("name", parts.os_name)
+        if os_name != parts.os_name:
+            _conflict(problems, f"{where}.os.name", os_name, "the stop signal needs linux")
+        spec["os"] = {**(spec.get("os") or {}), "name": parts.os_name}
+    gates = list(spec.get("schedulingGates") or [])
+    for gate in parts.scheduling_gates:
+        if any(g.get("name") == gate for g in gates):
+            _conflict(problems, f"{where}.schedulingGates", gate, "the operator lifts this gate")
+    if gates or parts.scheduling_gates:
+        spec["schedulingGates"] = gates + [{"name": g} for g in parts.scheduling_gates]
+    if parts.scheduler_name and not spec.get("schedulerName"):
+        spec["schedulerName"] = parts.scheduler_name
 
 
 def _named_union(

@@ -57,11 +57,6 @@ def pod_template_schema() -> dict[str, Any]:
     return schema
 
 
-def kubernetes_version() -> str:
-    """The Kubernetes release whose apiserver served the schema (``v1.36.3``)."""
-    return str(_file()["kubernetesVersion"])
-
-
 @cache
 def _pattern(pattern: str) -> re.Pattern[str]:
     # RE2 (the apiserver's engine) reads `$` as end of text; Python's `$` also matches

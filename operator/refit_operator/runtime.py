@@ -31,7 +31,7 @@ import kopf
 
 from refit_operator import kube
 from refit_operator.endpoints import Address, Endpoints
-from refit_operator.handlers import Shared, operator_kwargs
+from refit_operator.handlers import ProcessContext, operator_kwargs
 from refit_operator.leader import Elector, LeaseLost
 from refit_operator.metrics import OperatorMetrics
 from refit_operator.settings import OperatorConfig
@@ -56,7 +56,7 @@ def exit_now(reason: str) -> None:
 class Runtime:
     """The state ``/readyz`` reads."""
 
-    shared: Shared
+    shared: ProcessContext
     elector: Elector | None = None
 
     def ready(self) -> str | None:
@@ -79,7 +79,7 @@ async def run(
 ) -> None:
     """Run one operator replica until it is stopped (SIGTERM/SIGINT) or loses the Lease."""
     metrics = OperatorMetrics()
-    shared = Shared(metrics=metrics)
+    shared = ProcessContext(metrics=metrics)
     runtime = Runtime(shared)
     endpoints = Endpoints(
         health=Address.parse(config.health) if config.health else None,

@@ -23,7 +23,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -32,7 +32,7 @@ import yaml
 from refit_operator import names
 from refit_operator.core.decision import Emit
 from refit_operator.local import sizing, view, workdir
-from refit_operator.local.runner import LocalCluster, RunOptions, run_job
+from refit_operator.local.runner import LocalCluster, RunOptions, RunResult, run_job
 from refit_operator.models import API_VERSION, InvalidSpecError, RefitJobSpec, parse_spec
 from refit_worker.contract.synthetic import synthetic_nbytes
 
@@ -328,21 +328,12 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             last_key[0] = view.status_key(status)
             printer.line(view.status_line(job, spec, status, elapsed))
 
-    printer.line(
-        f"refit run: {job}: {spec.policy.replicas} policy -> {spec.rollout.replicas} "
-        f"rollout rank(s), {spec.transfer.refits} refit(s), bucket {spec.transfer.bucket_size}"
-    )
+    printer.line(_header(job, spec))
     try:
         result = run_job(
             manifest,
             spec,
-            RunOptions(
-                workdir=args.workdir,
-                drain_after=args.drain_after,
-                drain_pod=args.drain_pod,
-                timeout=args.timeout,
-                claims=claims,
-            ),
+            _run_options(args, claims),
             on_tick=on_tick,
             on_event=on_event,
             should_stop=lambda: "signal" in stop,
@@ -351,7 +342,41 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     _clear(printer, drawn)
-    for line in view.summary(job, spec, result, time.monotonic() - started):
+    elapsed, signum = time.monotonic() - started, stop.get("signal")
+    return _summarise(
+        printer, args, job=job, spec=spec, result=result, elapsed=elapsed, signum=signum
+    )
+
+
+def _header(job: str, spec: RefitJobSpec) -> str:
+    return (
+        f"refit run: {job}: {spec.policy.replicas} policy -> {spec.rollout.replicas} "
+        f"rollout rank(s), {spec.transfer.refits} refit(s), bucket {spec.transfer.bucket_size}"
+    )
+
+
+def _run_options(args: argparse.Namespace, claims: Mapping[str, Path]) -> RunOptions:
+    return RunOptions(
+        workdir=args.workdir,
+        drain_after=args.drain_after,
+        drain_pod=args.drain_pod,
+        timeout=args.timeout,
+        claims=claims,
+    )
+
+
+def _summarise(
+    printer: _Output,
+    args: argparse.Namespace,
+    *,
+    job: str,
+    spec: RefitJobSpec,
+    result: RunResult,
+    elapsed: float,
+    signum: int | None,
+) -> int:
+    """The run's summary lines; returns the exit status of ``refit run``."""
+    for line in view.summary(job, spec, result, elapsed):
         printer.line(line)
     if args.drain_after is not None and result.drained is None and not result.interrupted:
         printer.line(
@@ -359,7 +384,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             f"{args.drain_after:g}s had passed with its gang running"
         )
     if result.interrupted:
-        signum = stop.get("signal", signal.SIGINT)
+        signum = signum or signal.SIGINT
         printer.line(
             f"refit run: stopped by {signal.Signals(signum).name}; every worker was stopped"
         )

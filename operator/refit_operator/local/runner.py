@@ -247,46 +247,16 @@ def run_job(
     cluster.on_event = emit
     try:
         while True:
-            observed = observe(
-                cluster.kubelet.pods(), list(cluster.others.values()), cluster.observed_rendezvous()
-            )
-            # Before the decision is applied: a new epoch clears what the old one reported.
-            result.ledger.ingest(merged(observed.rendezvous))
-            _keep_failed_logs(result, cluster, observed)
-            decision = reconcile(view, observed, datetime.now(UTC), RenderOptions())
-            try:
-                decision = asyncio.run(applier.apply(view, observed, decision))
-            except KubeletError as exc:
-                # As a pod whose container cannot start: nothing a restart would fix here.
-                emit(Emit("Warning", "StartError", str(exc)))
-                result.status = decision.status.model_copy(
-                    update={"phase": Phase.FAILED, "message": str(exc)}
-                )
+            status = _round(cluster, applier, view, result)
+            if status is None:
+                return result  # a pod could not start
+            view = JobView(view.ref, view.generation, view.raw_spec, status)
+            on_tick(status, cluster)
+            if status.phase in FINAL_PHASES:
                 return result
-            view = JobView(view.ref, view.generation, view.raw_spec, decision.status)
-            result.status = decision.status
-            on_tick(decision.status, cluster)
-            if decision.status.phase in FINAL_PHASES:
-                return result
-            if running_since is None and decision.status.phase == Phase.RUNNING:
+            if running_since is None and status.phase == Phase.RUNNING:
                 running_since = time.monotonic()
-            if (
-                options.drain_after is not None
-                and result.drained is None
-                and running_since is not None
-                and time.monotonic() - running_since >= options.drain_after
-            ):
-                target = options.drain_pod or names.pod_name(job.name, "rollout", 0)
-                if cluster.kubelet.disrupt(target):
-                    result.drained = target
-                    on_event(
-                        Emit(
-                            "Warning",
-                            "Drain",
-                            f"draining {target}: DisruptionTarget "
-                            "(EvictionByEvictionAPI), then deletion",
-                        )
-                    )
+            _drain_when_due(options, result, cluster, running_since, on_event)
             if should_stop():
                 result.interrupted = True
                 return result
@@ -300,6 +270,55 @@ def run_job(
             import shutil
 
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _round(
+    cluster: LocalCluster, applier: Applier, view: JobView, result: RunResult
+) -> RefitJobStatus | None:
+    """Observe, reconcile, apply: the job's status after the round (kept in ``result``),
+    or None when a pod could not start (the job then failed)."""
+    observed = observe(
+        cluster.kubelet.pods(), list(cluster.others.values()), cluster.observed_rendezvous()
+    )
+    # Before the decision is applied: a new epoch clears what the old one reported.
+    result.ledger.ingest(merged(observed.rendezvous))
+    _keep_failed_logs(result, cluster, observed)
+    decision = reconcile(view, observed, datetime.now(UTC), RenderOptions())
+    try:
+        decision = asyncio.run(applier.apply(view, observed, decision))
+    except KubeletError as exc:
+        # As a pod whose container cannot start: nothing a restart would fix here.
+        cluster.on_event(Emit("Warning", "StartError", str(exc)))
+        result.status = decision.status.model_copy(
+            update={"phase": Phase.FAILED, "message": str(exc)}
+        )
+        return None
+    result.status = decision.status
+    return decision.status
+
+
+def _drain_when_due(
+    options: RunOptions,
+    result: RunResult,
+    cluster: LocalCluster,
+    running_since: float | None,
+    on_event: Callable[[Emit], None],
+) -> None:
+    """``--drain-after``: drain one pod once the gang ran that long (once per run)."""
+    if options.drain_after is None or result.drained is not None or running_since is None:
+        return
+    if time.monotonic() - running_since < options.drain_after:
+        return
+    target = options.drain_pod or names.pod_name(cluster.job.name, "rollout", 0)
+    if cluster.kubelet.disrupt(target):
+        result.drained = target
+        on_event(
+            Emit(
+                "Warning",
+                "Drain",
+                f"draining {target}: DisruptionTarget (EvictionByEvictionAPI), then deletion",
+            )
+        )
 
 
 def _keep_failed_logs(result: RunResult, cluster: LocalCluster, observed: Observed) -> None:
