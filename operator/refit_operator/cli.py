@@ -29,7 +29,7 @@ def _cmd_crd(args: argparse.Namespace) -> int:
 def _cmd_operator(args: argparse.Namespace) -> int:
     import kopf
 
-    from refit_operator import kube
+    from refit_operator import credentials
     from refit_operator.runtime import run
     from refit_operator.settings import OperatorConfig
 
@@ -40,7 +40,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         return 2
     try:
         # Fail now with one line, not once per kopf retry: without credentials nothing works.
-        kube.load_credentials()
+        credentials.load_credentials()
     except Exception as exc:  # the client's loader raises several types for one cause
         print(
             f"refit operator: cannot find the Kubernetes API: {exc} (not in a cluster, and "

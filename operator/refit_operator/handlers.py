@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from refit_operator import kube, names
+from refit_operator import credentials, kube, names
 from refit_operator.controller import Controller
 from refit_operator.metrics import OperatorMetrics
 from refit_operator.models import GROUP, PLURAL, VERSION, managed_elsewhere
@@ -124,7 +124,7 @@ def build_registry(
 
 def _login(**_: Any) -> kopf.ConnectionInfo:
     """The same credentials as our own client, so kopf and kube.py see one cluster."""
-    creds = kube.load_credentials()
+    creds = credentials.load_credentials()
     scheme, _sep, token = creds.headers().get("Authorization", "").partition(" ")
     return kopf.ConnectionInfo(
         server=creds.server,

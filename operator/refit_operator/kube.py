@@ -1,9 +1,9 @@
 """The one module that talks to the Kubernetes API: idempotent create, delete, patch, list.
 
-Credentials are found the standard way (in-cluster service account, else ``KUBECONFIG`` /
-``~/.kube/config``) by the official client's loader, called from :meth:`Kube.connect` when
-the operator starts, never at import.  Requests go over aiohttp, so the event loop is never
-blocked.  Objects are plain dicts (one representation everywhere).
+Credentials are found the standard way (``credentials.py``), from :meth:`Kube.connect`
+when the operator starts, never at import; Events are written as ``events.py`` decides.
+Requests go over aiohttp, so the event loop is never blocked.  Objects are plain dicts
+(one representation everywhere).
 
 Must not import: kopf (handlers call this; this calls no handler).
 """
@@ -11,11 +11,9 @@ Must not import: kopf (handlers call this; this calls no handler).
 from __future__ import annotations
 
 import json
-import os
 import socket
 import ssl
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
@@ -23,6 +21,7 @@ from urllib.parse import quote
 import aiohttp
 
 from refit_operator import events, models, names
+from refit_operator.credentials import load_credentials
 
 #: (apiVersion, kind) -> plural of every kind the operator touches.
 PLURALS: dict[tuple[str, str], str] = {
@@ -95,52 +94,6 @@ def collection_path(api_version: str, kind: str, namespace: str | None) -> str:
 
 def object_path(api_version: str, kind: str, namespace: str, name: str) -> str:
     return f"{collection_path(api_version, kind, namespace)}/{quote(name)}"
-
-
-@dataclass(frozen=True)
-class Credentials:
-    """Where the API server is and how to prove who we are."""
-
-    server: str
-    headers: Callable[[], Mapping[str, str]]
-    verify: bool
-    ca_path: str | None
-    cert_path: str | None
-    key_path: str | None
-
-
-def load_credentials() -> Credentials:
-    """In-cluster service account, else ``KUBECONFIG`` / ``~/.kube/config``, read now.
-
-    The kubeconfig path is passed explicitly because the client library freezes the
-    ``KUBECONFIG`` it saw when first imported.
-    """
-    from kubernetes import client, config  # the loader only, imported on first use
-
-    cfg = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=path, client_configuration=cfg
-        )
-
-    def headers() -> dict[str, str]:
-        # Asked per request: token files and auth plugins rotate tokens.
-        token = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix(
-            "authorization"
-        )
-        return {"Authorization": token} if token else {}
-
-    return Credentials(
-        server=str(cfg.host),
-        headers=headers,
-        verify=bool(cfg.verify_ssl),
-        ca_path=cfg.ssl_ca_cert or None,
-        cert_path=cfg.cert_file or None,
-        key_path=cfg.key_file or None,
-    )
 
 
 class Kube:

@@ -1,4 +1,7 @@
-"""Pure rendering of a RefitJob's children: pods, headless Services, rendezvous ConfigMaps, RBAC.
+"""Pure rendering of a RefitJob's pods: each rank's worker config and env, the spec hash,
+how the preemption signal reaches the pod, the merge into the role's template (and the
+conflicts it finds), the gang of an epoch.  The children that live as long as the job
+(Services, rendezvous ConfigMaps, RBAC) are ``children.py``'s.
 
 Every function maps the typed spec to a plain manifest dict; :func:`owned` attaches the
 controller ownerReference in one place.  Nothing here reads or writes the API.
@@ -85,10 +88,6 @@ def owned(obj: dict[str, Any], job: JobRef) -> dict[str, Any]:
         }
     ]
     return {**obj, "metadata": meta}
-
-
-def _meta(job: JobRef, name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {"name": name, "namespace": job.namespace, "labels": labels}
 
 
 def worker_config(
@@ -298,92 +297,6 @@ def template_conflicts(job: JobRef, spec: RefitJobSpec, options: RenderOptions) 
         except TemplateConflict as exc:
             problems += exc.problems
     return problems
-
-
-def render_service(job: JobRef, role: Role) -> dict[str, Any]:
-    """Headless Service giving each pod of a role a DNS name, ready or not."""
-    labels = {**names.job_labels(job.name), names.LABEL_ROLE: role}
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _meta(job, names.service_name(job.name, role), labels),
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,
-            "selector": {names.LABEL_JOB: job.name, names.LABEL_ROLE: role},
-            "ports": [{"name": "dist", "port": names.MASTER_PORT, "targetPort": names.MASTER_PORT}],
-        },
-    }
-    return owned(service, job)
-
-
-def render_rendezvous(job: JobRef, spec: RefitJobSpec) -> list[dict[str, Any]]:
-    """The rendezvous ConfigMap shards, created empty; workers write their own keys."""
-    shards = names.rendezvous_shards(spec.policy.replicas, spec.rollout.replicas)
-    return [
-        owned(
-            {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": _meta(
-                    job, names.rendezvous_name(job.name, i), names.job_labels(job.name)
-                ),
-                "data": {},
-            },
-            job,
-        )
-        for i in range(shards)
-    ]
-
-
-def render_rbac(job: JobRef, spec: RefitJobSpec) -> list[dict[str, Any]]:
-    """A Role that may only read, watch and patch this job's rendezvous, bound to every
-    account the pods run as: the per-job ServiceAccount (created here) and any the
-    templates name.  Nothing when the pods run as the namespace's default account."""
-    accounts = sorted({pod_account(job, spec, role) for role in ROLES} - {""})
-    if not accounts:
-        return []
-    name = names.worker_account_name(job.name)
-    labels = names.job_labels(job.name)
-    shards = names.rendezvous_shards(spec.policy.replicas, spec.rollout.replicas)
-    maps = [names.rendezvous_name(job.name, i) for i in range(shards)]
-    objs: list[dict[str, Any]] = []
-    if name in accounts:
-        meta = _meta(job, name, labels)
-        objs.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta})
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": _meta(job, name, labels),
-        "rules": [
-            {
-                "apiGroups": [""],
-                "resources": ["configmaps"],
-                "resourceNames": maps,
-                "verbs": ["get", "watch", "patch"],
-            }
-        ],
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": _meta(job, name, labels),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [
-            {"kind": "ServiceAccount", "name": account, "namespace": job.namespace}
-            for account in accounts
-        ],
-    }
-    return [owned(obj, job) for obj in (*objs, role, binding)]
-
-
-def render_static(job: JobRef, spec: RefitJobSpec) -> list[dict[str, Any]]:
-    """Every child except pods: these live as long as the job."""
-    return [
-        *render_rbac(job, spec),
-        *(render_service(job, role) for role in ROLES),
-        *render_rendezvous(job, spec),
-    ]
 
 
 def render_gang(

@@ -1,7 +1,7 @@
 """The chart's RBAC covers what the operator actually does, in both install modes.
 
 The operator's own tables say which kinds it touches (``refit_operator.kube.PLURALS``) and
-which Role it creates per job (``refit_operator.render.render_rbac``); the chart, rendered
+which Role it creates per job (``refit_operator.children.render_rbac``); the chart, rendered
 by the real helm v4, must grant those rights, or the operator fails with 403 on a cluster.
 Kubernetes refuses to let an account create a Role granting more than it holds itself, so
 the per-job Role must be a subset of the operator's rights.
@@ -19,7 +19,8 @@ from tests.binaries import ensure_tools
 from tests.chart_tools import NAMESPACE, RELEASE, Helm, by_kind
 
 from refit_operator import kube, models
-from refit_operator.render import JobRef, render_rbac
+from refit_operator.children import render_rbac
+from refit_operator.render import JobRef
 
 MODES = {"cluster-wide": None, "namespaced": {"watchNamespaces": ["team-a"]}}
 #: What the API wrapper does with any child kind (create, delete, get, list, merge patch).

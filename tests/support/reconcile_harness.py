@@ -12,11 +12,12 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from refit_operator.children import render_static
 from refit_operator.core.decision import Create, Decision, Delete, Emit, JobView
 from refit_operator.core.observe import observe
 from refit_operator.core.reconcile import reconcile
 from refit_operator.models import InvalidSpecError, RefitJobStatus, parse_spec
-from refit_operator.render import JobRef, RenderOptions, render_gang, render_static
+from refit_operator.render import JobRef, RenderOptions, render_gang
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 REF = JobRef(name="job", namespace="ns", uid="u-1")

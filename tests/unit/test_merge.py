@@ -233,7 +233,7 @@ def test_a_privileged_template_drops_the_escalation_default_only() -> None:
 
 
 def test_a_named_service_account_is_kept_and_bound() -> None:
-    from refit_operator.render import render_rbac
+    from refit_operator.children import render_rbac
 
     spec = _spec(_with(serviceAccountName="trainer"))
     pod = render_pod(JOB, spec, "policy", 0, epoch=0, options=OPTIONS)

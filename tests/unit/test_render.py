@@ -4,18 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from refit_operator.children import render_rbac, render_rendezvous, render_service, render_static
 from refit_operator.models import parse_spec
-from refit_operator.render import (
-    JobRef,
-    RenderOptions,
-    render_gang,
-    render_pod,
-    render_rbac,
-    render_rendezvous,
-    render_service,
-    render_static,
-    spec_hash,
-)
+from refit_operator.render import JobRef, RenderOptions, render_gang, render_pod, spec_hash
 from refit_worker.contract.config import WorkerConfig
 
 JOB = JobRef(name="job", namespace="ns", uid="u-1")

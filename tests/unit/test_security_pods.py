@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
+from refit_operator.children import render_rbac
 from refit_operator.models import parse_spec
 from refit_operator.names import rendezvous_name, rendezvous_shards, worker_account_name
-from refit_operator.render import JobRef, RenderOptions, render_gang, render_rbac
+from refit_operator.render import JobRef, RenderOptions, render_gang
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE_SOURCE = ROOT / "worker" / "refit_worker" / "rendezvous" / "configmap_store.py"

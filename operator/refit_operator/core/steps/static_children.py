@@ -6,7 +6,7 @@ Must not import: kopf, kubernetes, aiohttp.
 
 from __future__ import annotations
 
-from refit_operator import render
+from refit_operator import children
 from refit_operator.core.decision import Create
 from refit_operator.core.draft import Draft
 from refit_operator.core.phases import Finding
@@ -14,7 +14,7 @@ from refit_operator.core.round_input import RoundInput
 
 
 def create_missing(inp: RoundInput, draft: Draft) -> Finding | None:
-    for obj in render.render_static(inp.job.ref, inp.spec):
+    for obj in children.render_static(inp.job.ref, inp.spec):
         if (obj["kind"], obj["metadata"]["name"]) not in inp.observed.others:
             draft.actions.append(Create(obj))
     return None
