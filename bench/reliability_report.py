@@ -38,7 +38,7 @@ for path in (ROOT, ROOT / "operator", ROOT / "worker"):
         sys.path.insert(0, str(path))
 os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "operator"), str(ROOT / "worker")])
 
-from tests.reliability.harness import (  # noqa: E402
+from tests.support.fault_runs import (  # noqa: E402
     STAGES,
     TOPOLOGIES,
     KillPlan,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.reliability.harness import (
+from tests.support.fault_runs import (
     KillPlan,
     Topology,
     manifest,

@@ -191,3 +191,34 @@ def test_pure_modules_import_neither_kopf_nor_kubernetes() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""
+
+
+#: Test tiers by folder; what they share lives in ``tests/support`` (and the emulator).
+TIERS = frozenset({"unit", "integration", "e2e", "reliability", "cluster", "gpu"})
+
+
+def _tier_imports(path: Path) -> set[str]:
+    """The tiers ``path`` imports modules of (``tests.<tier>.…``)."""
+    return {
+        name.split(".")[1]
+        for name in _imports(path)
+        if name.startswith("tests.") and name.split(".")[1] in TIERS
+    }
+
+
+def test_no_tier_and_no_bench_imports_another_tiers_modules() -> None:
+    files = [*(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]
+    crossing = []
+    for path in files:
+        parts = path.relative_to(ROOT).parts
+        own = parts[1] if parts[0] == "tests" and len(parts) > 2 else None
+        crossing += [
+            f"{path.relative_to(ROOT)} imports tests.{tier}" for tier in _tier_imports(path) - {own}
+        ]
+    assert crossing == [], crossing
+
+
+def test_the_tier_scan_sees_a_crossing(tmp_path: Path) -> None:
+    planted = tmp_path / "bench_like.py"
+    planted.write_text("from tests.integration.support import load_job\nimport tests.support.x\n")
+    assert _tier_imports(planted) == {"integration"}
