@@ -16,7 +16,6 @@ Must not import: the operator, nixl, kubernetes.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -95,8 +94,3 @@ def load_weights(source: WeightsSource) -> StateDict:
     if isinstance(source, SyntheticWeights):
         return synthetic_state_dict(source)
     return load_safetensors(source)
-
-
-def named_tensors(state: StateDict) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` pairs in a stable order, as ``named_parameters()`` would give."""
-    yield from state.items()
