@@ -48,6 +48,7 @@ from refit_worker.checkpoint_engines.base import dtype_from_name
 from refit_worker.checkpoint_engines.planning import TensorSpec
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
+from refit_worker.contract.failures import RefusedConfigError
 from refit_worker.rendezvous import (
     Member,
     PreemptedError,
@@ -143,7 +144,7 @@ class RefitSession:
         stop_requested: Callable[[], bool] = lambda: False,
     ) -> None:
         if config.transfer.release_after_refit:
-            raise ValueError(
+            raise RefusedConfigError(
                 "transfer.releaseAfterRefit is not supported by RefitSession yet: it would "
                 "need a metadata exchange per refit; use NIXLCheckpointEngine directly"
             )

@@ -16,7 +16,7 @@ itself (measured ~3x slower); progress is made by our own polls.
 nixl is imported lazily so that planning, mapping and messages work without it.
 
 Must not import: torch, torch.distributed, the engine module (``nixl.py``), the operator;
-of the worker only :mod:`refit_worker.waits`.
+of the worker only :mod:`refit_worker.waits` and :mod:`refit_worker.contract`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from refit_worker.contract.failures import UnknownBackendError
 from refit_worker.waits import Backoff, apoll_until, precise_sleep
 
 from .backend import NIXL_DEFAULT_BACKEND_NAME, backend_params, resolve_nixl_backend_kwargs
@@ -89,7 +90,7 @@ class NixlAgent:
         config = nixl_agent_config(enable_prog_thread=progress_thread, backends=[])
         self._agent: Any = nixl_agent(self.name, config)
         if backend_name not in self._agent.get_plugin_list():
-            raise ValueError(
+            raise UnknownBackendError(
                 f"NIXL backend {backend_name!r} is not available; "
                 f"available: {sorted(self._agent.get_plugin_list())}"
             )
