@@ -1,5 +1,5 @@
-"""How a failing worker is classified: the failure types, their exit codes and where they
-are raised.  Pure: exceptions in memory, files in tmp_path."""
+"""How a failing worker is classified: the failure types, their exit codes, where they are
+raised, and the one preemption exception.  Pure: exceptions in memory, files in tmp_path."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import refit_worker.rendezvous as rendezvous
+import refit_worker.session as session
 from refit_worker.contract.config import SafetensorsWeights
 from refit_worker.contract.exits import EXIT_FAILED, EXIT_NOT_RETRYABLE, NOT_RETRYABLE
 from refit_worker.contract.failures import (
@@ -21,6 +23,8 @@ from refit_worker.contract.failures import (
     is_retryable,
     one_line,
 )
+from refit_worker.contract.rendezvous import Layout, make_preempt_notice
+from refit_worker.rendezvous import FileStore, Member
 from refit_worker.weights import load_safetensors
 
 
@@ -122,3 +126,16 @@ def test_a_missing_checkpoint_is_not_retryable(tmp_path: Path) -> None:
         load_safetensors(SafetensorsWeights(path=str(tmp_path / "absent")))
     with pytest.raises(MissingWeightsError, match=r"no \*\.safetensors files"):
         load_safetensors(SafetensorsWeights(path=str(tmp_path)))
+
+
+def test_one_preemption_exception_from_the_store_to_the_session(tmp_path: Path) -> None:
+    """The store's barrier wait raises the very class users catch from the session."""
+    assert session.Preempted is rendezvous.Preempted
+    store = FileStore(tmp_path, Layout(1, 1, 1))
+    me = Member("policy", 0, 0, "uid-0")
+    store.publish_metadata(me, "{}")
+    notice = make_preempt_notice(0, "job-rollout-0", "uid-1", "eviction")
+    store.post_preemption(notice)
+    with pytest.raises(session.Preempted, match="job preempted in epoch 0: eviction") as caught:
+        store.wait_barrier(me, timeout=5)
+    assert caught.value.notice == notice and not caught.value.weights_partial

@@ -51,7 +51,7 @@ from refit_worker.contract.entries import Verification
 from refit_worker.contract.failures import RefusedConfigError
 from refit_worker.rendezvous import (
     Member,
-    PreemptedError,
+    Preempted,
     RendezvousStore,
     WaitCancelled,
     open_store,
@@ -76,18 +76,6 @@ WATCH_INTERVAL_S = 0.2
 
 StateDict = dict[str, torch.Tensor]
 Verifier = Callable[[int, StateDict], None]
-
-
-class Preempted(Exception):
-    """The job is being preempted; stop at this safe point and exit as preempted.
-
-    ``weights_partial``: the stop came in the middle of an in-place refit, so the live
-    weights hold a mix of two refits and must not be served.
-    """
-
-    def __init__(self, message: str, *, weights_partial: bool = False) -> None:
-        super().__init__(message)
-        self.weights_partial = weights_partial
 
 
 @dataclass(frozen=True)
@@ -227,9 +215,6 @@ class RefitSession:
                     rollout_world_size=cfg.rollout_world_size,
                     metadata=ordered,
                 )
-        except PreemptedError as exc:
-            engine.finalize()
-            raise Preempted(str(exc)) from exc
         except WaitCancelled as exc:
             engine.finalize()
             raise Preempted(
@@ -483,3 +468,14 @@ class RefitSession:
         if self.config.role != role:
             raise RuntimeError(f"only a {role} rank can do that; this is a {self.config.role} rank")
         return self._engine
+
+
+__all__ = [
+    "CommittedRefit",
+    "PartialRefitError",
+    "Preempted",
+    "RefitSession",
+    "RefitStats",
+    "StateDict",
+    "Verifier",
+]
