@@ -107,14 +107,18 @@ def _raw_nixl(
             asyncio.run(agent.wait_notification(peer, f"x{i}".encode(), timeout=WAIT_S))
         return
     addr, length, rdev = json.loads(q_in.get(timeout=WAIT_S))
+    # One WRITE handle, prepared once and posted again each run, as the engine does.
+    prepared = agent.prepare_writes(
+        peer, [(buf.data_ptr(), size, dev)], [(addr, length, rdev)], mem, [[0]]
+    )
     times = []
     for i in range(runs + 1):
         t0 = time.perf_counter()
-        handle = agent.post_write(
-            peer, [(buf.data_ptr(), size, dev)], [(addr, length, rdev)], mem, f"x{i}".encode()
-        )
-        asyncio.run(agent.wait_transfer(handle, peer, "raw buffer", time.monotonic() + WAIT_S))
+        agent.post_prepared(prepared.handles[0], peer, f"x{i}".encode())
+        deadline = time.monotonic() + WAIT_S
+        asyncio.run(agent.wait_posted(prepared.handles[0], peer, "raw buffer", deadline))
         times.append(time.perf_counter() - t0)
+    prepared.release()
     res.put(json.dumps(times[1:]))
 
 
@@ -181,14 +185,13 @@ def _engine_rank(
         c0 = _cpu()
         t0 = time.perf_counter()
         if role == "policy":
-            asyncio.run(engine.send_weights(iter(sd.items())))
+            timing = asyncio.run(engine.send_weights(iter(sd.items())))
         else:
-            asyncio.run(_drain(engine))
+            timing = asyncio.run(_drain(engine))
         report["seconds"].append(time.perf_counter() - t0)
         report["cpu"].append(_cpu() - c0)
-        timing = engine.last_refit
-        report["control_s"].append(timing.control_s if timing else 0.0)
-        report["registrations"].append(timing.registrations if timing else 0)
+        report["control_s"].append(timing.control_s)
+        report["registrations"].append(timing.registrations)
     engine.finalize()
     res.put(json.dumps([role, report]))
 
@@ -199,11 +202,12 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _drain(engine: Any) -> int:
-    count = 0
-    async for batch in engine.receive_weight_batches():
-        count += len(batch)
-    return count
+async def _drain(engine: Any) -> Any:
+    """Take every batch of one refit; its RefitTiming."""
+    timings: list[Any] = []
+    async for _batch in engine.receive_weight_batches(on_complete=timings.append):
+        pass
+    return timings[0]
 
 
 def _session_rank(role: str, rank: int, cfg: dict[str, Any], res: Any) -> None:
@@ -228,7 +232,6 @@ def _session_rank(role: str, rank: int, cfg: dict[str, Any], res: Any) -> None:
     )
     session = RefitSession(config)
     session.connect()
-    engine = session._engine
     report: dict[str, Any] = {
         "seconds": [],
         "stats": [],
@@ -255,9 +258,8 @@ def _session_rank(role: str, rank: int, cfg: dict[str, Any], res: Any) -> None:
         report["seconds"].append(time.perf_counter() - t0)
         report["cpu"].append(_cpu() - c0)
         report["stats"].append(stats.seconds)
-        timing = engine.last_refit if engine is not None else None
-        report["control_s"].append(timing.control_s if timing else 0.0)
-        report["registrations"].append(timing.registrations if timing else 0)
+        report["control_s"].append(stats.control_seconds)
+        report["registrations"].append(stats.registrations)
     committed = session.committed
     report["fingerprint"] = fingerprint(
         sd if role == "policy" else committed.state if committed else {}

@@ -22,6 +22,7 @@ from refit_worker.checkpoint_engines import (
     NIXLCheckpointEngine,
     PeerError,
     RefitTimeoutError,
+    RefitTiming,
     TensorSpec,
 )
 from refit_worker.checkpoint_engines.messages import (
@@ -66,6 +67,51 @@ async def test_round_trip_in_process(pair) -> None:
     _, got = await asyncio.gather(policy.send_weights(iter(sd.items())), collect(rollout))
     assert got.keys() == sd.keys() and all(torch.equal(got[k], sd[k]) for k in sd)
     assert policy.refit_id == rollout.refit_id == 1
+
+
+async def test_upstream_message_api_carries_json_objects(pair) -> None:
+    """``send_message`` / ``read_message``, upstream's NixlAgent API: JSON objects, oldest
+    first; other notifications (a bare key, a JSON list) are not taken for messages."""
+    policy, rollout = pair
+    sender, receiver = policy.agent, rollout.agent
+    sender._agent.send_notif(receiver.name, b"[1, 2]")
+    sender.send_message(receiver.name, {"step": 1, "names": ["w"]})
+    sender.send_message(receiver.name, {"step": 2})
+
+    async def pump() -> None:  # no progress thread: only polls move the sender's queue
+        while True:
+            sender.poll()
+            await asyncio.sleep(0.005)
+
+    pumping = asyncio.ensure_future(pump())
+    try:
+        first = await receiver.read_message(sender.name, timeout=30)
+        second = await receiver.read_message(sender.name, timeout=30)
+        with pytest.raises(RefitTimeoutError, match="a message from"):
+            await receiver.read_message(sender.name, timeout=0.2)
+    finally:
+        pumping.cancel()
+    assert (first, second) == ({"step": 1, "names": ["w"]}, {"step": 2})
+
+
+async def test_each_side_returns_what_its_refit_cost(pair) -> None:
+    policy, rollout = pair
+    sd = {"w": torch.arange(3000, dtype=torch.float32), "b": torch.ones(3, dtype=torch.bool)}
+    timings: list[RefitTiming] = []
+
+    async def drain() -> None:
+        before = len(timings)
+        async for _batch in rollout.receive_weight_batches(on_complete=timings.append):
+            assert len(timings) == before, "reported before the last batch was taken"
+
+    for k in range(2):
+        sent, _ = await asyncio.gather(policy.send_weights(iter(sd.items())), drain())
+        assert (sent.refit_id, sent.role, sent.bytes) == (k, "policy", 3000 * 4 + 3)
+    assert [(t.refit_id, t.role, t.bytes) for t in timings] == [
+        (0, "rollout", 12003),
+        (1, "rollout", 12003),
+    ]
+    assert all(t.seconds > 0 for t in timings)
 
 
 async def test_duplicate_names_fail_before_anything_is_sent(pair) -> None:
@@ -138,14 +184,19 @@ async def rogue_refit(
     await agent.wait_control(peer, "credit", 0, 0, what="credit", deadline=deadline)
     handle_reg = agent.register([(data.data_ptr(), data.numel(), 0)], "DRAM")
     message = BucketReady(refit=0, seq=0, buffer=buffer, digest=manifest.digest)
-    handle = agent.post_write(
+    # The engine's own WRITE path: prepared once, posted with the bucket's notification.
+    prepared = agent.prepare_writes(
         peer,
         [(data.data_ptr(), data.numel(), 0)],
         [(target.buffers[0].addr, data.numel(), 0)],
         "DRAM",
-        encode(message),
+        [[0]],
     )
-    await agent.wait_transfer(handle, peer, "rogue bucket", deadline)
+    try:
+        agent.post_prepared(prepared.handles[0], peer, encode(message))
+        await agent.wait_posted(prepared.handles[0], peer, "rogue bucket", deadline)
+    finally:
+        prepared.release()
     agent.deregister(handle_reg)
     if integrity:
         agent.send_control(peer, Digest(refit=0, seq=0, hashes=hashes))
@@ -286,13 +337,16 @@ async def test_receive_into_lands_in_the_targets_and_registers_once(pair) -> Non
             "e": torch.zeros(0),
         }
         pointers = {n: t.data_ptr() for n, t in targets.items()}
-        _, got = await asyncio.gather(
+        sent, got = await asyncio.gather(
             policy.send_weights(iter(sd.items())), rollout.receive_into(targets)
         )
-        assert got is targets and {n: t.data_ptr() for n, t in targets.items()} == pointers
+        assert got.tensors is targets
+        assert {n: t.data_ptr() for n, t in targets.items()} == pointers
         assert all(torch.equal(targets[n], sd[n]) for n in sd)
-        assert rollout.last_refit is not None and rollout.last_refit.bytes == 3000 * 4 + 3
-        registrations.append(rollout.last_refit.registrations)
+        assert (got.timing.refit_id, got.timing.role, got.timing.bytes) == (k, "rollout", 12003)
+        assert (sent.refit_id, sent.role, sent.bytes) == (k, "policy", 12003)
+        assert got.timing.seconds > 0 and sent.seconds > 0
+        registrations.append(got.timing.registrations)
     assert registrations[0] >= 1 and registrations[1:] == [0, 0]
 
 

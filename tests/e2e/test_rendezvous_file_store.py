@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # optionally wait for a preemption notice.  Prints one JSON line with what it saw.
 WORKER = r"""
 import json, sys
-from refit_worker.rendezvous import FileStore, Member, PreemptedError, RendezvousTimeout
+from refit_worker.rendezvous import FileStore, Member, Preempted, RendezvousTimeout
 from refit_worker.contract.rendezvous import Layout, RefitReport
 order = json.loads(sys.argv[1])
 store = FileStore(order["dir"], Layout(*order["layout"]))
@@ -49,7 +49,7 @@ try:
                          recent=(RefitReport(refit=0, bytes=100, seconds=0.5),))
     if order.get("await_preempt"):
         out["notice"] = store.wait_preemption(me, timeout=order["timeout"]).reason
-except PreemptedError as exc:
+except Preempted as exc:
     out["preempted"] = exc.notice.reason
 except RendezvousTimeout as exc:
     out["timeout"] = str(exc)

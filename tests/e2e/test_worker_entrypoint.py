@@ -12,18 +12,23 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+from safetensors.torch import save_file
 from tests.support.processes import free_port
 
 from refit_worker.contract.config import (
     RendezvousConfig,
+    SafetensorsWeights,
     SyntheticWeights,
     TransferConfig,
     WorkerConfig,
 )
-from refit_worker.contract.exits import EXIT_PREEMPTED
+from refit_worker.contract.exits import EXIT_NOT_RETRYABLE, EXIT_PREEMPTED
 from refit_worker.contract.rendezvous import Layout, make_preempt_notice
 from refit_worker.rendezvous import FileStore
 
@@ -188,6 +193,24 @@ def test_signal_while_waiting_for_the_barrier_stops_at_once(tmp_path: Path) -> N
     assert store.snapshot(0).progress[("rollout", 0)].state == "preempted"
 
 
+def _run_rank(config: WorkerConfig, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    """One ``refit-worker`` rank to its end, its env from ``config`` (plus ``extra_env``)."""
+    env = {
+        **os.environ,
+        **config.to_env(),
+        **extra_env,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "worker"), str(ROOT / "operator")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "refit_worker"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 @pytest.mark.parametrize("bad", ["SIGBOGUS", "SIGKILL", "USR1,usr1", "USR1,"])
 def test_a_bad_signal_in_the_env_exits_2_before_joining_anything(tmp_path: Path, bad: str) -> None:
     # Rank 1 of a two-rank role would connect to rank 0's store at master_addr:master_port:
@@ -207,22 +230,86 @@ def test_a_bad_signal_in_the_env_exits_2_before_joining_anything(tmp_path: Path,
             transfer=TransferConfig(timeout_seconds=30),
             rendezvous=RendezvousConfig(store="file", location=str(tmp_path / "rdzv")),
         )
-        env = {
-            **os.environ,
-            **config.to_env(),
-            "REFIT_PREEMPTION_SIGNAL": bad,
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "worker"), str(ROOT / "operator")]),
-        }
-        done = subprocess.run(
-            [sys.executable, "-m", "refit_worker"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = _run_rank(config, REFIT_PREEMPTION_SIGNAL=bad)
         with pytest.raises(BlockingIOError):
             master.accept()  # nobody knocked
     assert done.returncode == 2, done.stderr
     assert "REFIT_PREEMPTION_SIGNAL" in done.stderr
     assert not (tmp_path / "rdzv").exists()  # nor opened the rendezvous
+
+
+def _uint16_checkpoint(tmp_path: Path) -> dict[str, Any]:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    state = {
+        "embed.weight": torch.ones(8, 4, dtype=torch.bfloat16),
+        "router.counts": torch.zeros(16, dtype=torch.uint16),
+    }
+    save_file(state, str(ckpt / "model.safetensors"))
+    return {"weights": SafetensorsWeights(path=str(ckpt))}
+
+
+@pytest.mark.parametrize(
+    ("setup", "error", "names", "reported"),
+    [
+        (
+            _uint16_checkpoint,
+            "UnsupportedWeightsError",
+            ["model.safetensors", "tensor 'router.counts' has dtype uint16"],
+            True,
+        ),
+        (
+            lambda tmp: {"weights": SafetensorsWeights(path=str(tmp / "no-such-dir"))},
+            "MissingWeightsError",
+            ["no-such-dir does not exist"],
+            True,
+        ),
+        (
+            lambda tmp: {"transfer": TransferConfig(timeout_seconds=30, backend="NOSUCH")},
+            "UnknownBackendError",
+            ["NIXL backend 'NOSUCH' is not available"],
+            True,
+        ),
+        (
+            lambda tmp: {"transfer": TransferConfig(timeout_seconds=30, release_after_refit=True)},
+            "RefusedConfigError",
+            ["transfer.releaseAfterRefit is not supported"],
+            False,  # refused while building the session: nothing to report with
+        ),
+    ],
+    ids=["uint16-tensor", "missing-checkpoint", "unknown-backend", "release-after-refit"],
+)
+def test_a_failure_no_restart_can_cure_exits_84_and_says_why_in_one_line(
+    tmp_path: Path,
+    setup: Callable[[Path], dict[str, Any]],
+    error: str,
+    names: list[str],
+    reported: bool,
+) -> None:
+    """A rank that can never succeed on its input exits 84 (the operator fails the job at
+    once) and its termination message names the cause in one line; it fails before it
+    publishes any metadata, so no peer ever connects to it."""
+    termination = tmp_path / "termination-log"
+    store_dir = tmp_path / "rdzv"
+    config = WorkerConfig(
+        job="e2e",
+        role="policy",
+        rank=0,
+        policy_world_size=1,
+        rollout_world_size=1,
+        pod_uid=str(uuid.uuid4()),
+        pod_name="e2e-policy-0",
+        master_port=free_port(),
+        transfer=TransferConfig(timeout_seconds=30),
+        rendezvous=RendezvousConfig(store="file", location=str(store_dir)),
+        termination_message_path=str(termination),
+    ).model_copy(update=setup(tmp_path))
+    done = _run_rank(config)
+    assert done.returncode == EXIT_NOT_RETRYABLE, done.stdout + done.stderr
+    message = termination.read_text()
+    assert message.startswith(f"{error}: ") and "\n" not in message, message
+    assert all(name in message for name in names), message
+    snap = FileStore(store_dir, Layout(1, 1, 1)).snapshot(0)
+    assert not snap.meta, snap
+    report = snap.progress.get(("policy", 0))
+    assert (report.state if report else None) == ("failed" if reported else None), snap

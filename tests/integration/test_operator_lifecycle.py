@@ -78,7 +78,7 @@ async def _phase(api: ApiEmulator, phase: str, name: str = "demo") -> dict[str, 
 @pytest.mark.parametrize(
     ("spec_change", "message"),
     [
-        ({"preemption": {"signal": "SIGWHAT"}}, "unknown signal name 'SIGWHAT'"),
+        ({"preemption": {"signal": "SIGWHAT"}}, "Unknown signal name 'SIGWHAT'"),
         ({"transfer": {"bucketSize": "0"}}, "bucketSize '0' must be more than 0 bytes"),
         ({"policy": {"replicas": 0}}, "spec.policy.replicas: Input should be greater than"),
         ({"colour": "blue"}, "spec.colour: Extra inputs are not permitted"),

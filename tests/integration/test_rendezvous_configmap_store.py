@@ -34,7 +34,7 @@ from refit_worker.contract.rendezvous import (
 )
 from refit_worker.rendezvous import PreemptionWatch, configmap_store
 from refit_worker.rendezvous.configmap_store import ConfigMapStore
-from refit_worker.rendezvous.store import Member, PreemptedError, RendezvousError, RendezvousTimeout
+from refit_worker.rendezvous.store import Member, Preempted, RendezvousError, RendezvousTimeout
 
 ROOT = Path(__file__).resolve().parents[2]
 CM = "v1/configmaps"
@@ -45,7 +45,7 @@ BASE = "job-rendezvous"
 # wait for a preemption notice.  One JSON line out.
 WORKER = r"""
 import json, sys
-from refit_worker.rendezvous import ConfigMapStore, Member, PreemptedError
+from refit_worker.rendezvous import ConfigMapStore, Member, Preempted
 from refit_worker.contract.rendezvous import Layout, RefitReport
 order = json.loads(sys.argv[1])
 store = ConfigMapStore(order["base"], "default", Layout(*order["layout"]))
@@ -60,7 +60,7 @@ try:
                          recent=(RefitReport(refit=1, bytes=10, seconds=0.25),))
     if order.get("await_preempt"):
         out["notice"] = store.wait_preemption(me, timeout=60).reason
-except PreemptedError as exc:
+except Preempted as exc:
     out["preempted"] = exc.notice.reason
 print(json.dumps(out), flush=True)
 store.close()
@@ -295,7 +295,7 @@ async def test_garbage_value_and_missing_map_are_clear_errors(api: ApiEmulator) 
             }
         },
     )
-    with pytest.raises(PreemptedError, match="job preempted in epoch 0: eviction"):
+    with pytest.raises(Preempted, match="job preempted in epoch 0: eviction"):
         await asyncio.to_thread(store.wait_barrier, me, 5)
     store.close()
 

@@ -397,7 +397,7 @@ BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
     (
         "unknown signal",
         changed("preemption.signal", "SIGBOGUS"),
-        ("spec.preemption.signal", "unknown signal name 'SIGBOGUS'"),
+        ("spec.preemption.signal", "Unknown signal name 'SIGBOGUS'"),
     ),
     (
         "SIGKILL",

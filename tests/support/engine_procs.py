@@ -147,7 +147,7 @@ async def _receive(engine: Any, job: Job, out_q: Any, rank: int) -> dict[str, st
             }
 
         landed = await engine.receive_into(allocate)
-        return {name: digest(t) for name, t in landed.items()}
+        return {name: digest(t) for name, t in landed.tensors.items()}
     got: dict[str, str] = {}
     first = True
     async for batch in engine.receive_weight_batches():

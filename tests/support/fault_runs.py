@@ -133,7 +133,7 @@ def stop_point(message: str, state: str) -> StopPoint:
     ):
         return StopPoint.BOUNDARY
     if "preempt" in message.lower():
-        return StopPoint.CONNECT  # the barrier wait raised PreemptedError
+        return StopPoint.CONNECT  # the barrier wait raised Preempted
     return StopPoint.OTHER
 
 

@@ -37,7 +37,7 @@ from refit_worker.contract.rendezvous import (
     MetadataEntry,
     encode_entry,
 )
-from refit_worker.rendezvous import FileStore, Member, PreemptedError
+from refit_worker.rendezvous import FileStore, Member, Preempted
 from refit_worker.rendezvous.store import RendezvousTimeout
 
 P0, R0 = Member("policy", 0, 0, "p0"), Member("rollout", 0, 0, "r0")
@@ -261,7 +261,7 @@ def worker_outcome(row: Tamper, marker: Path, directory: Path) -> str:
         return f"refused: {exc}"
     except RendezvousTimeout:
         return "waits"
-    except PreemptedError:
+    except Preempted:
         return "preempted"
     finally:
         store.close()

@@ -101,7 +101,7 @@ def test_signals_arrive_parsed_and_render_as_names() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("SIGBOGUS", "unknown signal name 'SIGBOGUS'"),
+        ("SIGBOGUS", "Unknown signal name 'SIGBOGUS'"),
         ("KILL", "signal 'KILL' cannot be caught"),
         ("usr1,USR1", "SIGUSR1 given more than once"),
         ("usr1,", "empty signal name"),
@@ -134,7 +134,7 @@ def test_preemption_from_env() -> None:
     assert Preemption.from_env(env) == Preemption(
         (signal.SIGUSR2, signal.SIGTERM), "/var/run/refit"
     )
-    with pytest.raises(ValueError, match=f"{PREEMPTION_SIGNAL_ENV}: unknown signal name 'NOPE'"):
+    with pytest.raises(ValueError, match=f"{PREEMPTION_SIGNAL_ENV}: Unknown signal name 'NOPE'"):
         Preemption.from_env({PREEMPTION_SIGNAL_ENV: "NOPE"})
 
 

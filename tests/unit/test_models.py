@@ -34,7 +34,7 @@ def test_sample_manifest_parses_with_defaults() -> None:
     [
         (
             {"preemption": {"signal": "SIGBOGUS"}},
-            "spec.preemption.signal: Value error, unknown signal name 'SIGBOGUS'",
+            "spec.preemption.signal: Value error, Unknown signal name 'SIGBOGUS'",
         ),
         ({"preemption": {"signal": "SIGKILL"}}, "cannot be caught"),
         ({"preemption": {"signal": "usr1", "injection": "stopSignal"}}, "write it as 'SIGUSR1'"),

@@ -223,7 +223,7 @@ def test_suspend_deletes_pods_and_keeps_the_job() -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ({**SPEC, "preemption": {"signal": "SIGNOPE"}}, "unknown signal name 'SIGNOPE'"),
+        ({**SPEC, "preemption": {"signal": "SIGNOPE"}}, "Unknown signal name 'SIGNOPE'"),
         ({**SPEC, "transfer": {"bucketSize": "0"}}, "bucketSize '0' must be more than 0 bytes"),
         ({**SPEC, "rollout": {"replicas": 0}}, "spec.rollout.replicas"),
         ({**SPEC, "extra": 1}, "spec.extra: Extra inputs are not permitted"),

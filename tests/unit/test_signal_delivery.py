@@ -91,7 +91,7 @@ def test_parse_registration_round_trip(tmp_path: Path) -> None:
         ('{"pid": 1.5}', "pid must be a positive integer, got 1.5"),
         ('{"pid": 12, "start_time": "x"}', "start_time must be an integer or null, got 'x'"),
         ('{"pid": 12, "signals": "SIGTERM"}', "signals must be a list of names"),
-        ('{"pid": 12, "signals": ["SIGNOPE"]}', "unknown signal name 'SIGNOPE'"),
+        ('{"pid": 12, "signals": ["SIGNOPE"]}', "Unknown signal name 'SIGNOPE'"),
     ],
 )
 def test_parse_registration_rejects(text: str, message: str) -> None:
@@ -191,8 +191,8 @@ def test_no_dir_is_a_usage_error(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--signal", "SIGNOPE"], "--signal: unknown signal name 'SIGNOPE'"),
-        (["--signal", "TERM,TERM"], "--signal: signal(s) SIGTERM given more than once"),
+        (["--signal", "SIGNOPE"], "--signal: Unknown signal name 'SIGNOPE'"),
+        (["--signal", "TERM,TERM"], "--signal: Duplicate signals: SIGTERM given more than once"),
         (["--timeout", "-1"], "--timeout must be a finite number of seconds >= 0, got -1.0"),
         (["--timeout", "nan"], "got nan"),
         (["--timeout", "soon"], "invalid float value: 'soon'"),

@@ -63,7 +63,7 @@ def test_defaults_and_signal_names() -> None:
         (["--step-seconds", "-0.5"], "--step-seconds must be >= 0, got -0.5"),
         (["--timeout", "0"], "--timeout must be > 0, got 0.0"),
         (["--timeout", "nan"], "--timeout must be > 0, got nan"),
-        (["--signal", "SIGNOPE"], "unknown signal name 'SIGNOPE'"),
+        (["--signal", "SIGNOPE"], "Unknown signal name 'SIGNOPE'"),
     ],
 )
 def test_bad_arguments_exit_2_naming_the_value(

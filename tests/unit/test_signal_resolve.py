@@ -51,14 +51,14 @@ def test_resolve_rejects_other_types(given: object) -> None:
     "given", ["SIGNOPE", "nope", "", "   ", "SIG", "SIG_DFL", "SIG TERM", "\u017figterm"]
 )
 def test_resolve_rejects_unknown_names(given: str) -> None:
-    with pytest.raises(ValueError, match="unknown signal name") as caught:
+    with pytest.raises(ValueError, match="Unknown signal name") as caught:
         resolve_signal(given)
     assert repr(given) in str(caught.value)
 
 
 @pytest.mark.parametrize("given", [0, -1, 999, "999"])
 def test_resolve_rejects_unknown_numbers(given: int | str) -> None:
-    with pytest.raises(ValueError, match="unknown signal number") as caught:
+    with pytest.raises(ValueError, match="Invalid signal number") as caught:
         resolve_signal(given)
     assert repr(given) in str(caught.value)
 

@@ -14,6 +14,9 @@ signal:
 Each rank reports progress under its own rendezvous key.  On a signal or a job-wide
 preemption notice every rank stops at its next bucket or refit boundary, reports
 ``preempted`` and exits with :data:`EXIT_PREEMPTED`.  Exit 0 means every refit done.
+A failure, at start-up too, is stated in one line in the termination message; the exit
+code says whether a restart could cure it (:mod:`refit_worker.contract.failures`):
+:data:`EXIT_NOT_RETRYABLE` if not, else :data:`EXIT_FAILED`.
 
 Must not import: the operator.
 """
@@ -33,7 +36,13 @@ import torch.distributed as dist
 from refit_worker.contract.config import ConfigError, SyntheticWeights, WorkerConfig
 from refit_worker.contract.entries import Verification
 from refit_worker.contract.env import metrics_port_from_env
-from refit_worker.contract.exits import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_PREEMPTED
+from refit_worker.contract.exits import (
+    EXIT_BAD_CONFIG,
+    EXIT_FAILED,
+    EXIT_NOT_RETRYABLE,
+    EXIT_PREEMPTED,
+)
+from refit_worker.contract.failures import exit_code_for, is_retryable, one_line
 from refit_worker.contract.progress import ProgressLog
 from refit_worker.metrics import RankLabels, RankMetrics, serve
 from refit_worker.session import Preempted, RefitSession, RefitStats, StateDict, Verifier
@@ -61,8 +70,12 @@ def _parser() -> argparse.ArgumentParser:
             "environment variables, which the operator (or `refit run`) renders from the "
             "RefitJob; see refit_worker.contract.config.WorkerConfig."
         ),
-        epilog=f"Exit codes: 0 done, {EXIT_FAILED} failed, {EXIT_BAD_CONFIG} bad environment, "
-        f"{EXIT_PREEMPTED} preempted (the operator restarts the gang).",
+        epilog=f"Exit codes: 0 done, {EXIT_FAILED} failed (a restart may cure it), "
+        f"{EXIT_BAD_CONFIG} bad environment, {EXIT_PREEMPTED} preempted (the operator "
+        f"restarts the gang), {EXIT_NOT_RETRYABLE} failed in a way no restart can cure "
+        "(an unsupported dtype or missing file in the checkpoint, an unknown NIXL backend, a "
+        "setting this worker refuses): the job fails at once. The reason is written to the "
+        "termination message in one line.",
     )
 
 
@@ -78,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_port = metrics_port_from_env()
     except (ConfigError, ValueError) as exc:
         print(f"refit-worker: {exc}", file=sys.stderr)
-        write_termination_message(f"refit-worker: {exc}")
+        write_termination_message(f"refit-worker: {' '.join(str(exc).split())}")
         return EXIT_BAD_CONFIG
     code = run(config, metrics_port)
     # This rank has stopped; a preemption signal arriving during interpreter teardown
@@ -106,47 +119,85 @@ def _serve_metrics(
 
 def run(config: WorkerConfig, metrics_port: int | None = None) -> int:
     """Run this rank to completion; returns the process exit code.  With ``metrics_port``
-    its refit figures are served there for Prometheus while it runs."""
+    its refit figures are served there for Prometheus while it runs.
+
+    Every failure, at start-up too (joining the group, entering the handler, building the
+    session), ends in the termination message and an exit code: :data:`EXIT_NOT_RETRYABLE`
+    when a restart would meet it again, else :data:`EXIT_FAILED`.
+    """
     who = f"{config.role} rank {config.rank} (epoch {config.epoch})"
-    _join_group(config)
-    # Everything, clean-up included, stays inside the handler: a preemption signal that
-    # arrives while this rank is already stopping must not kill it half-way.
-    with DistributedSignalHandler(
-        config.preemption_signal, pid_dir=config.signal_pid_dir
-    ) as handler:
-        session = RefitSession(config, stop_requested=lambda: handler.received)
-        labels = RankLabels(config.job, config.role, config.rank, config.epoch)
-        # The rank's own figures, from the same log its progress reports come from.
-        exporter = _serve_metrics(session.reporter.log, labels, metrics_port, who)
-        try:
-            log.info("%s: connecting", who)
-            session.connect()
-            asyncio.run(_refits(config, session, handler))
-            session.reporter.finish()
-            log.info("%s: all %d refits done", who, config.transfer.refits)
-            return 0
-        except Preempted as exc:
-            log.warning("%s: preempted: %s", who, exc)
-            session.reporter.publish("preempted", str(exc))
+    try:
+        _join_group(config)
+        # Everything, clean-up included, stays inside the handler: a preemption signal that
+        # arrives while this rank is already stopping must not kill it half-way.
+        with DistributedSignalHandler(
+            config.preemption_signal, pid_dir=config.signal_pid_dir
+        ) as handler:
+            try:
+                return _serve(config, handler, metrics_port, who)
+            finally:
+                dist.destroy_process_group()
+    except Exception as exc:
+        return _failed(config, who, exc)
+
+
+def _serve(
+    config: WorkerConfig,
+    handler: DistributedSignalHandler,
+    metrics_port: int | None,
+    who: str,
+) -> int:
+    """Build the session, run the refits, and close it whatever happened."""
+    session = RefitSession(config, stop_requested=lambda: handler.received)
+    labels = RankLabels(config.job, config.role, config.rank, config.epoch)
+    # The rank's own figures, from the same log its progress reports come from.
+    exporter = _serve_metrics(session.reporter.log, labels, metrics_port, who)
+    try:
+        return _refit_all(config, session, handler, who)
+    finally:
+        session.close()
+        if exporter is not None:
+            exporter.close()
+
+
+def _refit_all(
+    config: WorkerConfig, session: RefitSession, handler: DistributedSignalHandler, who: str
+) -> int:
+    """Connect and move every pending refit; a stop or failure is reported, then returned."""
+    try:
+        # Loaded before connecting: a checkpoint no refit could carry fails before any
+        # peer connects to this rank.
+        state = _initial_state(config)
+        log.info("%s: connecting", who)
+        session.connect()
+        asyncio.run(_refits(config, session, handler, state))
+        session.reporter.finish()
+        log.info("%s: all %d refits done", who, config.transfer.refits)
+        return 0
+    except Preempted as exc:
+        log.warning("%s: preempted: %s", who, exc)
+        session.reporter.publish("preempted", str(exc))
+        return EXIT_PREEMPTED
+    except Exception as exc:
+        # A peer that stopped for a preemption breaks our transfer or collective first;
+        # the notice (or our own signal) follows within moments.  No notice explains a
+        # failure no restart can cure, so that one is not kept waiting.
+        if is_retryable(exc) and _preemption_follows(session, NOTICE_WAIT_S):
+            log.warning("%s: preempted (after %s)", who, one_line(exc))
+            session.reporter.publish("preempted", f"after {one_line(exc)}")
             return EXIT_PREEMPTED
-        except Exception as exc:
-            # A peer that stopped for a preemption breaks our transfer or collective
-            # first; the notice (or our own signal) follows within moments.
-            if _preemption_follows(session, NOTICE_WAIT_S):
-                log.warning("%s: preempted (after %s: %s)", who, type(exc).__name__, exc)
-                session.reporter.publish("preempted", f"after {type(exc).__name__}: {exc}")
-                return EXIT_PREEMPTED
-            log.exception("%s: failed", who)
-            session.reporter.publish("failed", f"{type(exc).__name__}: {exc}")
-            write_termination_message(
-                f"{type(exc).__name__}: {exc}", config.termination_message_path
-            )
-            return EXIT_FAILED
-        finally:
-            session.close()
-            dist.destroy_process_group()
-            if exporter is not None:
-                exporter.close()
+        session.reporter.publish("failed", one_line(exc))
+        return _failed(config, who, exc)
+
+
+def _failed(config: WorkerConfig, who: str, exc: Exception) -> int:
+    """Log ``exc`` with its traceback, state it in one line in the termination message, and
+    return its exit code."""
+    code = exit_code_for(exc)
+    cure = "no restart can cure it" if code == EXIT_NOT_RETRYABLE else "a restart may cure it"
+    log.error("%s: failed (%s; exit %d)", who, cure, code, exc_info=exc)
+    write_termination_message(one_line(exc), config.termination_message_path)
+    return code
 
 
 def _preemption_follows(session: RefitSession, seconds: float) -> bool:
@@ -175,14 +226,21 @@ def _join_group(config: WorkerConfig) -> None:
     )
 
 
+def _initial_state(config: WorkerConfig) -> StateDict:
+    """The weights as they were after the refits earlier epochs already moved."""
+    state = load_weights(config.weights)
+    for step in range(1, config.first_refit + 1):
+        advance(state, step)
+    return state
+
+
 async def _refits(
-    config: WorkerConfig, session: RefitSession, handler: DistributedSignalHandler
+    config: WorkerConfig,
+    session: RefitSession,
+    handler: DistributedSignalHandler,
+    state: StateDict,
 ) -> None:
     """The demo's refits; the session publishes each one's figures as it commits it."""
-    state = load_weights(config.weights)
-    first = config.first_refit
-    for step in range(1, first + 1):
-        advance(state, step)
     verify = _verifier(config, state)
     # Bit-exact against regenerated weights for a synthetic model; else what the engine
     # itself checks (integrity hashes, the manifest): the status claims no more.

@@ -38,14 +38,20 @@ from typing import Any, TypeVar
 
 import torch
 
-from refit_worker.checkpoint_engines import LayoutMismatchError, NIXLCheckpointEngine
+from refit_worker.checkpoint_engines import (
+    LayoutMismatchError,
+    NIXLCheckpointEngine,
+    ReceivedRefit,
+    RefitTiming,
+)
 from refit_worker.checkpoint_engines.base import dtype_from_name
 from refit_worker.checkpoint_engines.planning import TensorSpec
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
+from refit_worker.contract.failures import RefusedConfigError
 from refit_worker.rendezvous import (
     Member,
-    PreemptedError,
+    Preempted,
     RendezvousStore,
     WaitCancelled,
     open_store,
@@ -72,18 +78,6 @@ StateDict = dict[str, torch.Tensor]
 Verifier = Callable[[int, StateDict], None]
 
 
-class Preempted(Exception):
-    """The job is being preempted; stop at this safe point and exit as preempted.
-
-    ``weights_partial``: the stop came in the middle of an in-place refit, so the live
-    weights hold a mix of two refits and must not be served.
-    """
-
-    def __init__(self, message: str, *, weights_partial: bool = False) -> None:
-        super().__init__(message)
-        self.weights_partial = weights_partial
-
-
 @dataclass(frozen=True)
 class RefitStats:
     """One refit as this rank saw it.
@@ -97,10 +91,14 @@ class RefitStats:
     """
 
     refit_id: int
+    #: Bytes this rank moved, as its engine counted them: a rollout rank, what landed; a
+    #: policy rank, what it wrote, to each of its targets.
     bytes: int
     seconds: float
     #: Control work of the refit (checks, plans, allocating and registering memory).
     control_seconds: float = 0.0
+    #: NIXL registrations the refit made (0 once memory is reused refit after refit).
+    registrations: int = 0
 
     @property
     def gbps(self) -> float:
@@ -134,7 +132,7 @@ class RefitSession:
         stop_requested: Callable[[], bool] = lambda: False,
     ) -> None:
         if config.transfer.release_after_refit:
-            raise ValueError(
+            raise RefusedConfigError(
                 "transfer.releaseAfterRefit is not supported by RefitSession yet: it would "
                 "need a metadata exchange per refit; use NIXLCheckpointEngine directly"
             )
@@ -217,9 +215,6 @@ class RefitSession:
                     rollout_world_size=cfg.rollout_world_size,
                     metadata=ordered,
                 )
-        except PreemptedError as exc:
-            engine.finalize()
-            raise Preempted(str(exc)) from exc
         except WaitCancelled as exc:
             engine.finalize()
             raise Preempted(
@@ -274,13 +269,11 @@ class RefitSession:
         """Stream ``weights`` (e.g. ``model.named_parameters()``) as refit ``refit_id``."""
         engine = self._require("policy")
         items = [(name, tensor.detach()) for name, tensor in weights]
-        nbytes = sum(t.numel() * t.element_size() for _, t in items)
-        await self._watched(engine.send_weights(iter(items), refit_id=refit_id))
-        timing = engine.last_refit
-        seconds = timing.seconds if timing is not None else 0.0
-        control = timing.control_s if timing is not None else 0.0
-        self.reporter.refit(refit_id, nbytes, seconds, None)
-        return RefitStats(refit_id, nbytes, seconds, control)
+        timing = await self._watched(engine.send_weights(iter(items), refit_id=refit_id))
+        self.reporter.refit(refit_id, timing.bytes, timing.seconds, None)
+        return RefitStats(
+            refit_id, timing.bytes, timing.seconds, timing.control_s, timing.registrations
+        )
 
     async def receive(
         self,
@@ -308,12 +301,12 @@ class RefitSession:
             shapes = {s.name: (s.shape, dtype_from_name(s.dtype)) for s in specs}
             return self._own.spare(shapes, device)
 
-        filled = await self._land(engine, resolve, refit_id, partial=False)
+        landed = await self._land(engine, resolve, refit_id, partial=False)
         if verify is not None:
-            verify(refit_id, dict(filled))
+            verify(refit_id, dict(landed.tensors))
         started = time.perf_counter()
         self._commit(refit_id, self._own.swap())
-        stats = self._stats(engine, time.perf_counter() - started, verified_as)
+        stats = self._stats(landed.timing, time.perf_counter() - started, verified_as)
         # Set up the second copy now, between refits, not while the next one streams in
         # (once: from then on the two copies take turns).
         self._own.spare(self._own.layout(), device)
@@ -349,12 +342,12 @@ class RefitSession:
             def in_place(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
                 return live_tensors(target, [s.name for s in specs])
 
-            filled = await self._land(engine, in_place, refit_id, partial=True)
-            self._check(verify, refit_id, filled, partial=True)
+            landed = await self._land(engine, in_place, refit_id, partial=True)
+            self._check(verify, refit_id, landed.tensors, partial=True)
             started = time.perf_counter()
             self._partial = False
-            self._commit(refit_id, dict(filled))
-            return self._stats(engine, time.perf_counter() - started, verified_as)
+            self._commit(refit_id, dict(landed.tensors))
+            return self._stats(landed.timing, time.perf_counter() - started, verified_as)
         double = self._doubles.get(id(target))
         if double is None or double.target is not target:
             double = self._doubles[id(target)] = DoubleBuffer(target)
@@ -365,11 +358,11 @@ class RefitSession:
         def spare(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
             return double.spare([s.name for s in specs])
 
-        filled = await self._land(engine, spare, refit_id, partial=False)
-        self._check(verify, refit_id, filled, partial=False)
+        landed = await self._land(engine, spare, refit_id, partial=False)
+        self._check(verify, refit_id, landed.tensors, partial=False)
         started = time.perf_counter()
         self._commit(refit_id, double.swap())
-        return self._stats(engine, time.perf_counter() - started, verified_as)
+        return self._stats(landed.timing, time.perf_counter() - started, verified_as)
 
     async def _land(
         self,
@@ -378,7 +371,7 @@ class RefitSession:
         refit_id: int,
         *,
         partial: bool,
-    ) -> Mapping[str, torch.Tensor]:
+    ) -> ReceivedRefit:
         """Receive into ``targets``; an in-place failure after landing began says so."""
         who = f"rollout rank {self.config.rank}: refit {refit_id}"
         try:
@@ -432,14 +425,15 @@ class RefitSession:
             self._released = torch.cuda.current_stream(engine.device).record_event()
 
     def _stats(
-        self, engine: NIXLCheckpointEngine, commit_s: float, verified_as: Verification | None
+        self, timing: RefitTiming, commit_s: float, verified_as: Verification | None
     ) -> RefitStats:
         """The committed refit's figures, published as this rank's progress."""
-        timing = engine.last_refit
-        if timing is None:
-            raise RuntimeError("the engine reported no refit")
         stats = RefitStats(
-            timing.refit_id, timing.bytes, timing.seconds + commit_s, timing.control_s
+            timing.refit_id,
+            timing.bytes,
+            timing.seconds + commit_s,
+            timing.control_s,
+            timing.registrations,
         )
         self.reporter.refit(stats.refit_id, stats.bytes, stats.seconds, verified_as)
         return stats
@@ -474,3 +468,14 @@ class RefitSession:
         if self.config.role != role:
             raise RuntimeError(f"only a {role} rank can do that; this is a {self.config.role} rank")
         return self._engine
+
+
+__all__ = [
+    "CommittedRefit",
+    "PartialRefitError",
+    "Preempted",
+    "RefitSession",
+    "RefitStats",
+    "StateDict",
+    "Verifier",
+]

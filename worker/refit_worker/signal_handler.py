@@ -73,7 +73,10 @@ def get_device(
     local_rank: int | None = None, *, group: dist.ProcessGroup | None = None
 ) -> torch.device:
     """The device to gather on for ``group`` (default: the default group), by its backend."""
-    return device_for_backend(str(dist.get_backend(group)), local_rank)
+    # Without a group, upstream's own call: code that wraps or patches get_backend() with
+    # no argument keeps working.
+    backend = dist.get_backend() if group is None else dist.get_backend(group)
+    return device_for_backend(str(backend), local_rank)
 
 
 def all_gather_item(
@@ -90,9 +93,13 @@ def all_gather_item(
     """
     if not (dist.is_available() and dist.is_initialized()):
         return [item]
-    device = get_device(local_rank, group=group)
+    # The default group the way upstream asks for it; another group by its own backend.
+    if group is None:
+        device, size = get_device(local_rank), dist.get_world_size()
+    else:
+        device, size = get_device(local_rank, group=group), dist.get_world_size(group)
     mine = torch.tensor([item], dtype=dtype, device=device)
-    gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+    gathered = [torch.zeros_like(mine) for _ in range(size)]
     work = dist.all_gather(gathered, mine, group=group, async_op=async_op)
     if work is not None:
         work.wait()  # never read a buffer the gather may still be writing
@@ -123,7 +130,8 @@ class DistributedSignalHandler:
         self.group = group
         self.pid_dir = pid_dir or None
         self.original_handlers: dict[signal.Signals, _Handler] = {}
-        self._received = False
+        #: Upstream's name for the flag: code written against upstream reads it.
+        self._signal_received = False
         self._released = True
         self._registration: Path | None = None
 
@@ -137,7 +145,7 @@ class DistributedSignalHandler:
         if not self._released:
             raise RuntimeError("this DistributedSignalHandler is already entered")
         previous = {s: signal.getsignal(s) for s in self.sigs}
-        self._received = False
+        self._signal_received = False
         try:
             for s in self.sigs:
                 signal.signal(s, self._on_signal)
@@ -159,7 +167,7 @@ class DistributedSignalHandler:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Only a flag: anything more could run in the middle of a collective.
-        self._received = True
+        self._signal_received = True
 
     @property
     def received(self) -> bool:
@@ -167,14 +175,14 @@ class DistributedSignalHandler:
 
         For watchers that must not block, e.g. a thread that stops a transfer early.
         """
-        return self._received
+        return self._signal_received
 
     def signals_received(self) -> list[bool]:
         """Per rank of the group, whether it got a signal; ``[flag]`` when not distributed.
 
         A collective: every rank of the group must call it at the same step.
         """
-        gathered = all_gather_item(int(self._received), dtype=torch.uint8, group=self.group)
+        gathered = all_gather_item(int(self._signal_received), dtype=torch.uint8, group=self.group)
         return [bool(flag) for flag in gathered]
 
     def release(self) -> bool:

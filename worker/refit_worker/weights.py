@@ -16,13 +16,13 @@ Must not import: the operator, nixl, kubernetes.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from refit_worker.checkpoint_engines.base import dtype_from_name
+from refit_worker.checkpoint_engines.base import WIRE_DTYPES, dtype_from_name
 from refit_worker.contract.config import SafetensorsWeights, SyntheticWeights, WeightsSource
+from refit_worker.contract.failures import MissingWeightsError, UnsupportedWeightsError
 from refit_worker.contract.synthetic import synthetic_shapes
 
 StateDict = dict[str, torch.Tensor]
@@ -77,17 +77,31 @@ def load_safetensors(source: SafetensorsWeights) -> StateDict:
 
     root = Path(source.path)
     if not root.is_dir():
-        raise FileNotFoundError(f"weights directory {root} does not exist or is not a directory")
+        raise MissingWeightsError(f"weights directory {root} does not exist or is not a directory")
     files = sorted(root.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {root}")
+        raise MissingWeightsError(f"no *.safetensors files in {root}")
     state: StateDict = {}
     for file in files:
         for name, tensor in load_file(str(file)).items():
             if name in state:
                 raise ValueError(f"tensor {name!r} appears in more than one file under {root}")
+            _check_dtype(file, name, tensor)
             state[name] = tensor
     return state
+
+
+def _check_dtype(file: Path, name: str, tensor: torch.Tensor) -> None:
+    """Refuse at load time a tensor the wire cannot carry, not at the first refit."""
+    if tensor.dtype not in _WIRE:
+        shown = str(tensor.dtype).removeprefix("torch.")
+        raise UnsupportedWeightsError(
+            f"{file}: tensor {name!r} has dtype {shown}, which refit cannot transfer;"
+            f" supported: {', '.join(sorted(WIRE_DTYPES))}"
+        )
+
+
+_WIRE = frozenset(WIRE_DTYPES.values())
 
 
 def load_weights(source: WeightsSource) -> StateDict:
@@ -95,8 +109,3 @@ def load_weights(source: WeightsSource) -> StateDict:
     if isinstance(source, SyntheticWeights):
         return synthetic_state_dict(source)
     return load_safetensors(source)
-
-
-def named_tensors(state: StateDict) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` pairs in a stable order, as ``named_parameters()`` would give."""
-    yield from state.items()

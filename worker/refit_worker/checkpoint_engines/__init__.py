@@ -26,7 +26,7 @@ from .mapping import (
     source_ranks_for_rollout,
 )
 from .messages import BufferDesc, NixlAgentMetadata, ProtocolError
-from .nixl import NIXLCheckpointEngine
+from .nixl import NIXLCheckpointEngine, ReceivedRefit
 from .planning import TensorSpec, plan_buckets
 from .receiver import IncompleteRefitError, LayoutMismatchError
 
@@ -42,6 +42,7 @@ __all__ = [
     "NixlAgentMetadata",
     "PeerError",
     "ProtocolError",
+    "ReceivedRefit",
     "RefitTimeoutError",
     "RefitTiming",
     "TargetWeightLayout",

@@ -16,7 +16,7 @@ itself (measured ~3x slower); progress is made by our own polls.
 nixl is imported lazily so that planning, mapping and messages work without it.
 
 Must not import: torch, torch.distributed, the engine module (``nixl.py``), the operator;
-of the worker only :mod:`refit_worker.waits`.
+of the worker only :mod:`refit_worker.waits` and :mod:`refit_worker.contract`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from refit_worker.contract.failures import UnknownBackendError
 from refit_worker.waits import Backoff, apoll_until, precise_sleep
 
 from .backend import NIXL_DEFAULT_BACKEND_NAME, backend_params, resolve_nixl_backend_kwargs
@@ -89,7 +90,7 @@ class NixlAgent:
         config = nixl_agent_config(enable_prog_thread=progress_thread, backends=[])
         self._agent: Any = nixl_agent(self.name, config)
         if backend_name not in self._agent.get_plugin_list():
-            raise ValueError(
+            raise UnknownBackendError(
                 f"NIXL backend {backend_name!r} is not available; "
                 f"available: {sorted(self._agent.get_plugin_list())}"
             )
@@ -148,48 +149,8 @@ class NixlAgent:
             raise PeerError(f"memory metadata from {peer!r} is for agent {name!r}")
 
     # -- transfers ----------------------------------------------------------------------
-    def post_write(
-        self,
-        peer: str,
-        local: Sequence[Region],
-        remote: Sequence[Region],
-        mem_type: str,
-        notif: bytes,
-    ) -> Any:
-        """Start a WRITE of ``local`` regions into ``remote`` ones; notify ``notif`` after."""
-        if len(local) != len(remote) or not local:
-            raise ValueError(f"need equal, non-empty region lists, got {len(local)}/{len(remote)}")
-        try:
-            handle = self._agent.initialize_xfer(
-                "WRITE",
-                self._agent.get_xfer_descs(list(local), mem_type),
-                self._agent.get_xfer_descs(list(remote), mem_type),
-                peer,
-                notif,
-            )
-        except Exception as exc:  # nixl raises its own error types per status code
-            raise PeerError(
-                f"cannot start a WRITE to {peer!r}: {type(exc).__name__}: {exc}"
-            ) from exc
-        try:
-            state = self._agent.transfer(handle)
-        except Exception as exc:  # a peer that died: nixl raises, e.g. RemoteDisconnect
-            handle.release()
-            raise PeerError(f"posting a WRITE to {peer!r} failed: {_nixl(exc)}") from exc
-        if state == "ERR":
-            handle.release()
-            raise PeerError(f"posting a WRITE to {peer!r} failed")
-        return handle
-
     def transfer_state(self, handle: Any) -> str:
         return str(self._agent.check_xfer_state(handle))
-
-    async def wait_transfer(self, handle: Any, peer: str, what: str, deadline: float) -> None:
-        """Wait for a posted transfer; release its handle either way."""
-        try:
-            await self.wait_posted(handle, peer, what, deadline)
-        finally:
-            handle.release()
 
     async def wait_posted(self, handle: Any, peer: str, what: str, deadline: float) -> None:
         """Wait for a posted transfer to finish (the handle stays, to be posted again)."""

@@ -139,8 +139,9 @@ class CheckpointEngine(abc.ABC):
         """Connect a rollout (receiving) rank to its policy peers."""
 
     @abc.abstractmethod
-    async def send_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Send every named tensor of ``weights`` to this rank's rollout peers."""
+    async def send_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> RefitTiming | None:
+        """Send every named tensor of ``weights`` to this rank's rollout peers; return what
+        the refit cost when the engine measures it."""
 
     @abc.abstractmethod
     def receive_weight_batches(self) -> AsyncGenerator[list[tuple[str, torch.Tensor]], None]:

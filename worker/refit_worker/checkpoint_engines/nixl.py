@@ -9,8 +9,9 @@ which lands a refit straight in the caller's final tensors (no receive buffer, n
 
 Registrations of source and landing memory, the bucket plan and the prepared WRITE handles
 are made once and reused while the topology, the tensors' storage and the layout stay the
-same (:mod:`.registry`, :class:`~.sender.Routes`); :attr:`NIXLCheckpointEngine.last_refit`
-says what a refit cost, control work included.
+same (:mod:`.registry`, :class:`~.sender.Routes`).  ``send_weights`` and ``receive_into``
+return what the refit cost (a :class:`~.base.RefitTiming`, control work included);
+``receive_weight_batches`` hands it to its ``on_complete`` callback.
 
 Flow on every rank::
 
@@ -19,9 +20,10 @@ Flow on every rank::
     # [policy rank 0 .. T-1, rollout rank 0 .. R-1]
     engine.init_policy_process_group(worker_rank=p, train_world_size=T,
                                      rollout_world_size=R, metadata=all_meta)
-    await engine.send_weights(model.named_parameters())         # policy
-    async for batch in engine.receive_weight_batches(): ...     # rollout (copy the views)
-    await engine.receive_into(dict(model.named_parameters()))   # or: rollout, in place
+    timing = await engine.send_weights(model.named_parameters())  # policy
+    async for batch in engine.receive_weight_batches(): ...       # rollout (copy the views)
+    got = await engine.receive_into(dict(model.named_parameters()))  # or: in place
+    got.tensors, got.timing
     engine.finalize()
 
 Refit identity: :attr:`NIXLCheckpointEngine.refit_id` is the id of the next refit; each
@@ -39,7 +41,8 @@ Must not import: torch.distributed, the operator.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -60,6 +63,15 @@ from .receiver import RefitReceiver, Shared, Source, TargetResolver
 from .registry import MemoryRegistry
 from .sender import RefitSender, Routes, Target, prepare_sources, sources_ready
 from .staging import Staging
+
+
+@dataclass(frozen=True)
+class ReceivedRefit:
+    """What :meth:`NIXLCheckpointEngine.receive_into` landed, and what that cost."""
+
+    #: The filled targets, by name (the caller's own tensors, or what its resolver gave).
+    tensors: Mapping[str, torch.Tensor]
+    timing: RefitTiming
 
 
 def _sync_device(device: torch.device) -> None:
@@ -123,8 +135,6 @@ class NIXLCheckpointEngine(CheckpointEngine):
         self._hash_threads = hash_threads
         self._routes_built = 0
         self._hasher: Hasher | None = None
-        #: Timing of the last refit this engine sent or received (None before the first).
-        self.last_refit: RefitTiming | None = None
         #: Whether the last :meth:`receive_into` let senders write into its targets (after
         #: a failure: whether they may hold a mix of old and new bytes).
         self.targets_exposed = False
@@ -282,8 +292,11 @@ class NIXLCheckpointEngine(CheckpointEngine):
 
     async def send_weights(
         self, weights: Iterable[tuple[str, torch.Tensor]], *, refit_id: int | None = None
-    ) -> None:
-        """Send all of ``weights`` to this rank's rollout peers; return once they confirm."""
+    ) -> RefitTiming:
+        """Send all of ``weights`` to this rank's rollout peers; return once they confirm.
+
+        Returns what the refit cost; its ``bytes`` are those written, to every target.
+        """
         self._require("policy")
         items = prepare_sources(weights, self.device)
         refit = self._next_refit(refit_id)
@@ -305,7 +318,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         ready = sources_ready(self.device)
         await sender.run(streams, ready)
         built = sum(r.built for r in self._routes.values())
-        self.last_refit = RefitTiming(
+        timing = RefitTiming(
             refit_id=refit,
             role="policy",
             bytes=sum(t.numel() * t.element_size() for s in streams for t in s.tensors.values()),
@@ -318,6 +331,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         if self.release_after_refit:
             self._disconnect_peers()
             self.registry.clear()
+        return timing
 
     def _receiver(self, refit_id: int | None) -> RefitReceiver:
         self._require("rollout")
@@ -334,8 +348,8 @@ class NIXLCheckpointEngine(CheckpointEngine):
             shared=Shared(self.registry, self._hash_pool, self._sent, self._staging),
         )
 
-    def _received(self, receiver: RefitReceiver, nbytes: int, registered: int) -> None:
-        self.last_refit = RefitTiming(
+    def _received(self, receiver: RefitReceiver, nbytes: int, registered: int) -> RefitTiming:
+        timing = RefitTiming(
             refit_id=receiver.refit,
             role="rollout",
             bytes=nbytes,
@@ -347,11 +361,18 @@ class NIXLCheckpointEngine(CheckpointEngine):
             self.agent.flush()
             self._disconnect_peers()
             self._release_transfer_buffers()
+        return timing
 
     async def receive_weight_batches(
-        self, *, refit_id: int | None = None
+        self,
+        *,
+        refit_id: int | None = None,
+        on_complete: Callable[[RefitTiming], None] | None = None,
     ) -> AsyncGenerator[list[tuple[str, torch.Tensor]], None]:
         """Yield lists of ``(name, tensor)``; tensors are views valid until the next batch.
+
+        ``on_complete`` gets what the refit cost once the last batch was taken (a
+        generator cannot return it).
 
         Tensors larger than a bucket are views of reassembly memory, valid until the next
         refit starts.  Upstream's API: copy what you keep.  :meth:`receive_into` lands the
@@ -362,23 +383,25 @@ class NIXLCheckpointEngine(CheckpointEngine):
         async for batch in receiver.batches():
             nbytes += sum(t.numel() * t.element_size() for _, t in batch)
             yield batch
-        self._received(receiver, nbytes, registered)
+        timing = self._received(receiver, nbytes, registered)
+        if on_complete is not None:
+            on_complete(timing)
 
     async def receive_into(
         self,
         targets: Mapping[str, torch.Tensor] | TargetResolver,
         *,
         refit_id: int | None = None,
-    ) -> Mapping[str, torch.Tensor]:
+    ) -> ReceivedRefit:
         """Receive a refit straight into ``targets``: contiguous tensors by name.
 
         ``targets`` must hold exactly the sent names with the sent dtypes and shapes
         (otherwise :class:`~.receiver.LayoutMismatchError`, before any byte lands), or be a
         function of the sent :class:`~.planning.TensorSpec` list returning such a mapping.
         Their memory is registered with NIXL once and stays registered while later refits
-        land in it.  Returns the targets once every byte arrived and (with ``checksum``)
-        passed its integrity check.  If it raises instead, the targets may hold a mix of
-        old and new bytes.
+        land in it.  Returns the targets and what the refit cost once every byte arrived and
+        (with ``checksum``) passed its integrity check.  If it raises instead, the targets
+        may hold a mix of old and new bytes.
         """
         resolve: TargetResolver
         if callable(targets):
@@ -395,10 +418,8 @@ class NIXLCheckpointEngine(CheckpointEngine):
             resolved = await receiver.into(resolve)
         finally:
             self.targets_exposed = receiver.exposed
-        self._received(
-            receiver, sum(t.numel() * t.element_size() for t in resolved.values()), registered
-        )
-        return resolved
+        nbytes = sum(t.numel() * t.element_size() for t in resolved.values())
+        return ReceivedRefit(resolved, self._received(receiver, nbytes, registered))
 
     # -- teardown -------------------------------------------------------------------------
     def _disconnect_peers(self) -> None:

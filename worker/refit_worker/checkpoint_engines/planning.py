@@ -123,11 +123,6 @@ def _piece(spec: TensorSpec, chunk_offset: int, chunk_size: int, offset: int) ->
     )
 
 
-def used_bytes(bucket: Bucket) -> int:
-    """Bytes of a bucket that carry data: what a transfer of it must move."""
-    return max((piece.offset + piece.chunk_size for piece in bucket), default=0)
-
-
 def plan_digest(specs: Sequence[TensorSpec], bucket_size: int) -> str:
     """A digest of the inputs of a plan; senders striping one receiver must agree on it."""
     text = json.dumps(

@@ -11,13 +11,16 @@ checks it, see ``pyproject.toml``); the worker's own modules build on it.
 - :mod:`.env` — env names that stdlib-only tools read (``refit-signal``), and
   ``Preemption.from_env`` for a user's own training loop.
 - :mod:`.exits` — the worker's exit codes (83: preempted).
+- :mod:`.failures` — failures no restart can cure, as types, and the exit code of each
+  (84: not retryable, the job fails at once).
 - :mod:`.roles` — ``Role`` / ``ROLES``.
 - :mod:`.dtypes` — the dtype names the wire carries and synthetic weights use (no torch).
 - :mod:`.entries`, :mod:`.rendezvous` — the rendezvous protocol: keys, typed entries and
   the coordinator's decisions (barrier, progress, preemption notice), pure.
 
-This ``__init__`` imports nothing, so ``signals``, ``env``, ``exits``, ``roles`` and
-``dtypes`` load with the standard library alone (``refit-signal`` runs as a preStop hook).
+This ``__init__`` imports nothing, so ``signals``, ``env``, ``exits``, ``failures``,
+``roles`` and ``dtypes`` load with the standard library alone (``refit-signal`` runs as a
+preStop hook).
 
 Must not import: anything but the standard library and pydantic; no other worker module,
 never the operator.

@@ -65,7 +65,7 @@ def signal_from_name(name: str) -> signal.Signals:
         key = "SIG" + key
     member = _BY_NAME.get(key) if name.isascii() else None
     if member is None:
-        raise ValueError(f"unknown signal name {name!r}")
+        raise ValueError(f"Unknown signal name {name!r}")
     return member
 
 
@@ -96,7 +96,9 @@ def _signal_from_number(number: int, given: SignalLike) -> signal.Signals:
     try:
         return signal.Signals(number)
     except ValueError:
-        raise ValueError(f"unknown signal number {given!r}") from None
+        raise ValueError(
+            f"Invalid signal number {given!r}: no signal has it on this platform"
+        ) from None
 
 
 def check_catchable(sig: signal.Signals, given: object) -> signal.Signals:
@@ -127,10 +129,12 @@ def parse_signals(
         )
     signals = tuple(check_catchable(resolve_signal(one), one) for one in many)
     if not signals:
-        raise ValueError(f"{shown!r} is an empty sequence: name at least one signal")
+        raise ValueError(f"At least one signal must be named; {shown!r} is an empty sequence")
     repeated = sorted({s.name for s in signals if signals.count(s) > 1})
     if repeated:
-        raise ValueError(f"signal(s) {', '.join(repeated)} given more than once in {shown!r}")
+        raise ValueError(
+            f"Duplicate signals: {', '.join(repeated)} given more than once in {shown!r}"
+        )
     return signals
 
 

@@ -18,7 +18,7 @@ from refit_worker.rendezvous.configmap_store import ConfigMapStore
 from refit_worker.rendezvous.file_store import FileStore
 from refit_worker.rendezvous.store import (
     Member,
-    PreemptedError,
+    Preempted,
     RendezvousError,
     RendezvousStore,
     RendezvousTimeout,
@@ -31,7 +31,7 @@ __all__ = [
     "ConfigMapStore",
     "FileStore",
     "Member",
-    "PreemptedError",
+    "Preempted",
     "PreemptionWatch",
     "RendezvousError",
     "RendezvousStore",

@@ -69,14 +69,35 @@ class RendezvousTimeout(WaitTimeout):
     """A rendezvous wait ran out of time; the message says what it waited for."""
 
 
-class PreemptedError(RuntimeError):
-    """A job-wide preemption notice for this epoch arrived while waiting."""
+class Preempted(Exception):
+    """The job is being preempted: stop at this safe point and exit as preempted.
 
-    def __init__(self, notice: PreemptNotice) -> None:
-        super().__init__(
-            f"job preempted in epoch {notice.epoch}: {notice.reason} (pod {notice.pod})"
-        )
+    One exception for every way a worker hears of it: a store's wait raises it when the
+    job-wide notice of this epoch arrives (``notice`` is that notice), and
+    ``RefitSession`` (``refit_worker.session.Preempted``, the same class) at a bucket or
+    refit boundary after a signal or a notice.  ``weights_partial``: the stop came in the
+    middle of an in-place refit, so the live weights hold a mix of two refits and must not
+    be served.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        notice: PreemptNotice | None = None,
+        weights_partial: bool = False,
+    ) -> None:
+        super().__init__(message)
         self.notice = notice
+        self.weights_partial = weights_partial
+
+    @classmethod
+    def for_notice(cls, notice: PreemptNotice) -> Preempted:
+        """The job-wide ``notice`` as an exception that names its epoch, reason and pod."""
+        return cls(
+            f"job preempted in epoch {notice.epoch}: {notice.reason} (pod {notice.pod})",
+            notice=notice,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,14 +211,14 @@ class RendezvousStore(ABC):
     ) -> BarrierEntry:
         """The barrier of this rank's epoch, once the coordinator opened it.
 
-        Raises PreemptedError if a preemption notice of the epoch comes first,
+        Raises :class:`Preempted` if a preemption notice of the epoch comes first,
         WaitCancelled soon after ``cancel`` is set (the pod is being stopped), and
         EntryError if the barrier lists another pod under this rank.
         """
 
         def opened(snap: Snapshot) -> BarrierEntry | None:
             if snap.preempt is not None:
-                raise PreemptedError(snap.preempt)
+                raise Preempted.for_notice(snap.preempt)
             return snap.barrier
 
         barrier = self.wait_for(
