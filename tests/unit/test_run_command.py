@@ -90,7 +90,9 @@ def test_wrong_kind_names_what_it_found(tmp_path: Path, capsys: pytest.CaptureFi
     path = tmp_path / "job.yaml"
     path.write_text("apiVersion: refit.dev/v1alpha1\nkind: RefitJobs\nmetadata: {name: x}\n")
     err = _refused(["run", str(path)], capsys)
-    assert "found 0 (the file holds: RefitJobs)" in err
+    assert "found 0 (the file holds: RefitJobs; did you mean RefitJob, not RefitJobs?)" in err
+    path.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    assert "did you mean" not in _refused(["run", str(path)], capsys)
 
 
 def test_numeric_name_says_it_must_be_a_string(
@@ -200,3 +202,90 @@ def test_safetensors_needs_its_claim_mapped(
     assert "not a directory" in err
     err = _refused(["run", str(job), "--claim", "ckpt"], capsys)
     assert "expected NAME=DIR" in err
+
+
+def test_a_checkpoint_dtype_the_worker_cannot_move_is_refused_before_starting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The headers are read up front: no gang connects only to fail on ``uint16``."""
+    import torch
+    from safetensors.torch import save_file
+
+    ckpt = tmp_path / "ckpt" / "m"
+    ckpt.mkdir(parents=True)
+    save_file({"ok": torch.zeros(4, dtype=torch.bfloat16)}, str(ckpt / "a.safetensors"))
+    save_file({"ids": torch.zeros(3, dtype=torch.uint16)}, str(ckpt / "b.safetensors"))
+    job = _local(tmp_path, weights={"safetensors": {"claimName": "ckpt", "path": "m"}})
+    work = tmp_path / "work"
+    argv = ["run", str(job), "--claim", f"ckpt={tmp_path / 'ckpt'}", "--workdir", str(work)]
+    err = _refused(argv, capsys)
+    assert f"tensor 'ids' has dtype U16 ({ckpt / 'b.safetensors'})" in err
+    assert "BF16 (bfloat16)" in err and "U8 (uint8)" in err  # what is supported
+    assert "'ok'" not in err
+    assert not work.exists()
+
+
+def test_a_file_that_is_not_safetensors_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "w.safetensors").write_bytes(b"\xff" * 4)
+    job = _local(tmp_path, weights={"safetensors": {"claimName": "ckpt"}})
+    err = _refused(["run", str(job), "--claim", f"ckpt={ckpt}"], capsys)
+    assert f"{ckpt / 'w.safetensors'}: not a safetensors file (shorter than 8 bytes)" in err
+
+
+def _with_template(tmp_path: Path, container: dict[str, object], **pod: object) -> Path:
+    template = {"spec": {"containers": [{"name": "worker", **container}], **pod}}
+    return _local(tmp_path, rollout={"replicas": 2, "template": template})
+
+
+@pytest.mark.parametrize(
+    ("container", "expected"),
+    [
+        (
+            {"env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]},
+            "env[TOKEN]: valueFrom.secretKeyRef reads a Secret ('s', key 'k')",
+        ),
+        (
+            {"env": [{"name": "C", "valueFrom": {"configMapKeyRef": {"name": "m", "key": "k"}}}]},
+            "valueFrom.configMapKeyRef reads a ConfigMap ('m', key 'k')",
+        ),
+        ({"envFrom": [{"secretRef": {"name": "creds"}}]}, "envFrom: secretRef reads a Secret"),
+    ],
+)
+def test_an_env_from_the_api_is_refused_with_what_to_use_instead(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], container: dict[str, object], expected: str
+) -> None:
+    work = tmp_path / "work"
+    job = _with_template(tmp_path, container)
+    err = _refused(["run", str(job), "--workdir", str(work)], capsys)
+    assert "spec.rollout.template.spec.containers[worker]." in err and expected in err
+    assert "give the value inline" in err
+    assert not work.exists()
+
+
+def test_the_ignored_line_names_cluster_only_settings_and_why() -> None:
+    from refit_operator.local.ignored import ignored_line
+
+    raw = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())["spec"]
+    assert ignored_line(raw) == (
+        "refit run: ignored on one machine: image (no image pulls: workers run from this "
+        "Python environment)"
+    )
+    raw["ttlSecondsAfterFinished"] = 60
+    raw["policy"]["template"] = {
+        "metadata": {"labels": {"team": "rl"}},
+        "spec": {
+            "containers": [{"name": "worker"}],
+            "nodeSelector": {"pool": "gpu"},
+            "tolerations": [{"key": "gpu", "operator": "Exists"}],
+            "imagePullSecrets": [{"name": "reg"}],
+        },
+    }
+    line = ignored_line(raw)
+    assert "image, policy.template.spec.imagePullSecrets (no image pulls" in line
+    assert "policy.template.spec.nodeSelector, policy.template.spec.tolerations (one node" in line
+    assert "ttlSecondsAfterFinished (the run ends with the job" in line
+    assert "policy.template.metadata.labels (no API server" in line

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import math
 import os
 import re
@@ -30,7 +31,7 @@ from typing import Any, TextIO
 import yaml
 
 from refit_operator import names
-from refit_operator.local import sizing, view, workdir
+from refit_operator.local import ignored, preflight, sizing, view, workdir
 from refit_operator.local.runner import LocalCluster, RunOptions, run_job
 from refit_operator.models import API_VERSION, InvalidSpecError, RefitJobSpec, parse_spec
 from refit_operator.reconcile import Emit
@@ -98,7 +99,14 @@ def _kinds_found(docs: list[Any]) -> str:
     kinds = [str(d.get("kind")) if isinstance(d, dict) else type(d).__name__ for d in docs]
     if not kinds:
         return "the file holds no YAML document"
-    return "the file holds: " + ", ".join(kinds)
+    near = [k for k in kinds if k != "RefitJob" and _near_kind(k)]
+    hint = f"; did you mean RefitJob, not {near[0]}?" if near else ""
+    return "the file holds: " + ", ".join(kinds) + hint
+
+
+def _near_kind(kind: str) -> bool:
+    """A misspelt RefitJob: another case, a plural, a typo or two."""
+    return difflib.SequenceMatcher(None, kind.lower(), "refitjob").ratio() >= 0.75
 
 
 def _seconds(*, allow_zero: bool) -> Callable[[str], float]:
@@ -247,6 +255,9 @@ def _claims(args: argparse.Namespace, spec: RefitJobSpec) -> tuple[dict[str, Pat
     files = sorted(where.glob("*.safetensors"))
     if not files:
         raise ManifestError(f"no *.safetensors files in {where} (claim {source.claim_name})")
+    problem = preflight.checkpoint_problem(files)
+    if problem is not None:
+        raise ManifestError(problem)
     return claims, sum(f.stat().st_size for f in files)
 
 
@@ -278,6 +289,9 @@ def _prepare(
     problem = _check_args(args, str(manifest["metadata"]["name"]), spec)
     if problem is not None:
         raise ManifestError(problem)
+    cannot = preflight.unhonourable(manifest["spec"])
+    if cannot:
+        raise ManifestError("; ".join(cannot))
     claims, model = _claims(args, spec)
     _check_resources(args, spec, model)
     if args.workdir is not None:
@@ -332,6 +346,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         f"refit run: {job}: {spec.policy.replicas} policy -> {spec.rollout.replicas} "
         f"rollout rank(s), {spec.transfer.refits} refit(s), bucket {spec.transfer.bucket_size}"
     )
+    printer.line(ignored.ignored_line(manifest["spec"]))
     try:
         result = run_job(
             manifest,
