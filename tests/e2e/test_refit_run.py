@@ -351,3 +351,24 @@ def test_a_users_own_session_code_fills_the_status(tmp_path: Path) -> None:
     # Exactly what moved: 2 rollout ranks x 3 refits x (256*1024 + 1024) float32 values.
     assert f"bytes={2 * 3 * (256 * 1024 + 1024) * 4} " in out
     assert "verification: checksums" in out
+
+
+def test_each_rank_serves_metrics_on_its_own_port(tmp_path: Path) -> None:
+    """One host, one network namespace: ``metrics.port`` counts up, one port per rank, and
+    the run says which; every rank's log shows it bound its port (none "cannot serve")."""
+    workdir = tmp_path / "work"
+    manifest = _manifest(tmp_path, **{"transfer.refits": 1, "metrics": {"port": 19400}})
+    done = _run([str(manifest), "--workdir", str(workdir), "--plain"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = next(x for x in done.stdout.splitlines() if "metrics at" in x)
+    ports = dict(
+        (pod, int(port.lstrip(":")))
+        for pod, port in (item.split() for item in line.split("per rank: ")[1].split(", "))
+    )
+    assert sorted(ports) == [f"e2e-run-{r}-{i}" for r in ("policy", "rollout") for i in (0, 1)]
+    assert len(set(ports.values())) == 4 and min(ports.values()) >= 19400
+    logs = {p.name: p.read_text() for p in (workdir / "logs").glob("*.log")}
+    for pod, port in ports.items():
+        (text,) = [t for name, t in logs.items() if name.startswith(pod + "-")]
+        assert f"metrics on 0.0.0.0:{port}/metrics" in text, text[-2000:]
+        assert "cannot serve metrics" not in text

@@ -31,7 +31,7 @@ from typing import Any, TextIO
 import yaml
 
 from refit_operator import names
-from refit_operator.local import ignored, preflight, sizing, view, workdir
+from refit_operator.local import ignored, metrics_ports, preflight, sizing, view, workdir
 from refit_operator.local.runner import LocalCluster, RunOptions, run_job
 from refit_operator.models import API_VERSION, InvalidSpecError, RefitJobSpec, parse_spec
 from refit_operator.reconcile import Emit
@@ -294,6 +294,10 @@ def _prepare(
         raise ManifestError("; ".join(cannot))
     claims, model = _claims(args, spec)
     _check_resources(args, spec, model)
+    try:
+        args.metrics_ports = metrics_ports.plan(spec, metrics_ports.loopback_free)
+    except metrics_ports.PortsError as exc:
+        raise ManifestError(str(exc)) from exc
     if args.workdir is not None:
         try:
             args.workdir = workdir.check_given(args.workdir)
@@ -347,6 +351,8 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         f"rollout rank(s), {spec.transfer.refits} refit(s), bucket {spec.transfer.bucket_size}"
     )
     printer.line(ignored.ignored_line(manifest["spec"]))
+    if args.metrics_ports:
+        printer.line(metrics_ports.describe(job, args.metrics_ports))
     try:
         result = run_job(
             manifest,
@@ -357,6 +363,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
                 drain_pod=args.drain_pod,
                 timeout=args.timeout,
                 claims=claims,
+                metrics_ports=args.metrics_ports,
             ),
             on_tick=on_tick,
             on_event=on_event,

@@ -26,6 +26,7 @@ from typing import Any
 
 from refit_operator import names
 from refit_operator.coordinate import PatchData, merged
+from refit_operator.local import metrics_ports
 from refit_operator.local.kubelet import KubeletError, ProcessKubelet
 from refit_operator.local.ledger import RefitLedger
 from refit_operator.local.workdir import create_own
@@ -42,6 +43,7 @@ from refit_operator.reconcile import (
 )
 from refit_operator.render import WEIGHTS_DIR, JobRef, RenderOptions
 from refit_worker.contract.config import RendezvousConfig, SafetensorsWeights, WorkerConfig
+from refit_worker.contract.env import METRICS_PORT_ENV
 from refit_worker.contract.rendezvous import Layout
 from refit_worker.rendezvous.file_store import FileStore
 
@@ -66,6 +68,8 @@ class RunOptions:
     #: Seconds between two rounds of observe and reconcile (tests that time faults
     #: against fast refits look more often).
     tick_s: float = TICK_S
+    #: (role, rank) -> the local port its metrics serve on (see metrics_ports.py).
+    metrics_ports: Mapping[tuple[str, int], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -110,15 +114,21 @@ class LocalCluster:
         )
         self.others: dict[tuple[str, str], dict[str, Any]] = {}
         self._ports = LoopbackPorts()
+        #: One host: each rank serves its metrics on a port of its own.
+        self.metrics_ports: Mapping[tuple[str, int], int] = {}
 
     def _local_env(self, pod: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
-        return local_env(
+        rewritten = local_env(
             env,
             port=self._ports.for_pod(pod),
             store_dir=self.store_dir,
             shards=self.layout.shards,
             weights_dir=self.weights_dir,
         )
+        metrics = metrics_ports.port_of(self.metrics_ports, pod)
+        if METRICS_PORT_ENV in rewritten and metrics is not None:
+            rewritten[METRICS_PORT_ENV] = str(metrics)
+        return rewritten
 
     def observed_rendezvous(self) -> dict[str, dict[str, str]]:
         base = names.rendezvous_name(self.job.name)
@@ -224,6 +234,7 @@ def run_job(
     # Absolute: every pod runs in a directory of its own, so a relative path would miss.
     workdir = create_own(job.name) if options.workdir is None else options.workdir.resolve()
     cluster = LocalCluster(job, spec, workdir, options.claims)
+    cluster.metrics_ports = options.metrics_ports
     view = JobView(job, int(meta.get("generation") or 1), manifest["spec"], RefitJobStatus())
     result = RunResult(view.status)
     started = time.monotonic()
