@@ -7,6 +7,7 @@ Nothing here starts a worker: every case ends before the runner.
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ import yaml
 
 from refit_operator.cli import main
 from refit_operator.local import view, workdir
+from refit_operator.local.runner import RunResult
+from refit_operator.models import RefitJobStatus, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -289,3 +292,44 @@ def test_the_ignored_line_names_cluster_only_settings_and_why() -> None:
     assert "policy.template.spec.nodeSelector, policy.template.spec.tolerations (one node" in line
     assert "ttlSecondsAfterFinished (the run ends with the job" in line
     assert "policy.template.metadata.labels (no API server" in line
+
+
+def _status(**fields: object) -> RefitJobStatus:
+    return RefitJobStatus.model_validate(fields)
+
+
+def test_connected_speaks_of_the_current_epoch_only() -> None:
+    t0, t1 = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
+
+    def was(at: datetime) -> list[dict[str, object]]:
+        return [{"type": "Connected", "status": "True", "reason": "Open", "lastTransitionTime": at}]
+
+    # Epoch 0's gang connected; the gang was stopped and epoch 1 is being brought up.
+    restarting = _status(phase="Restarting", epoch=1, conditions=was(t0))
+    assert view.connection(restarting) == "-"
+    recreated = _status(phase="Running", epoch=1, epoch_start_time=t1, conditions=was(t0))
+    assert view.connection(recreated) == "connecting"
+    connected = _status(phase="Running", epoch=1, epoch_start_time=t0, conditions=was(t1))
+    assert view.connection(connected) == "connected"
+    spec = parse_spec({"image": "i", "transfer": {"refits": 3}})
+    assert "connected=no" in view.status_line("j", spec, recreated, 1.0, 0)
+    assert "connected=yes" in view.status_line("j", spec, connected, 1.0, 0)
+
+
+def test_the_view_shows_bytes_of_committed_refits_and_what_else_arrived() -> None:
+    spec = parse_spec({"image": "i", "transfer": {"refits": 3}})
+    status = _status(phase="Running", refits_completed=1, bytes_transferred=27 << 20)
+    assert "refits=1/3 bytes=18874368 " in view.status_line("j", spec, status, 1.0, 18 << 20)
+    live = "\n".join(view.live_lines("j", spec, status, 1.0, 18 << 20))
+    assert "committed 1  moved 18.0 MiB (+9.0 MiB partial)" in live
+
+
+def test_an_interrupt_after_every_refit_committed_says_so() -> None:
+    spec = parse_spec({"image": "i", "transfer": {"refits": 3}})
+    done = RunResult(_status(phase="Running", refits_completed=3), interrupted=True)
+    assert view.summary("j", spec, done, 9.0)[0] == (
+        "RefitJob j: interrupted after all 3 refit(s) committed, before the job was marked "
+        "Succeeded in 9.0s"
+    )
+    half = RunResult(_status(phase="Running", refits_completed=2), interrupted=True)
+    assert view.summary("j", spec, half, 9.0)[0] == "RefitJob j: interrupted in 9.0s"
