@@ -5,6 +5,7 @@ NIXL, real signals, the file-backed rendezvous.  Nothing is emulated.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -108,6 +109,18 @@ def test_drain_preempts_and_completes(tmp_path: Path) -> None:
     assert "preemptions 1 (drained e2e-run-rollout-0)" in out
     assert "restarts 0" in out
     assert "verification: bit-exact" in out
+
+
+def test_drain_at_refit_shows_a_resume(tmp_path: Path) -> None:
+    """The README's drain command: the drain lands once a refit is committed, so the table
+    shows refits committed by the drained epoch and by the one that resumed."""
+    done = _run([str(ROOT / "examples" / "local.yaml"), "--drain-at-refit", "1", "--plain"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "reason=Drain draining local-demo-rollout-0" in out
+    assert "preemptions 1 (drained local-demo-rollout-0)" in out and "refits 3/3" in out
+    epochs = [int(row.split()[1]) for row in out.splitlines() if re.match(r"\s+\d+\s+\d+\s", row)]
+    assert 0 in epochs and 1 in epochs, out
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -31,7 +31,7 @@ from refit_operator.coordinate import merged
 from refit_operator.local import ignored, metrics_ports, preflight, sizing, view, workdir
 from refit_operator.local.ledger import RefitLedger
 from refit_operator.local.manifest import ManifestError, load_manifest
-from refit_operator.local.runner import LocalCluster, RunOptions, run_job
+from refit_operator.local.runner import LocalCluster, RunOptions, RunResult, run_job
 from refit_operator.models import RefitJobSpec
 from refit_operator.reconcile import Emit
 from refit_worker.contract.synthetic import synthetic_nbytes
@@ -83,9 +83,16 @@ def add_parser(sub: Any) -> None:
         help="simulate a node drain on one pod this long after the gang first runs",
     )
     run.add_argument(
+        "--drain-at-refit",
+        type=_refit_count,
+        metavar="N",
+        help="simulate a node drain on one pod once N refits are committed (1 <= N < "
+        "spec.transfer.refits): the gang is preempted and a new one resumes at refit N",
+    )
+    run.add_argument(
         "--drain-pod",
         metavar="POD",
-        help="the pod to drain with --drain-after (default: <job>-rollout-0)",
+        help="the pod to drain with --drain-after or --drain-at-refit (default: <job>-rollout-0)",
     )
     run.add_argument(
         "--timeout",
@@ -118,6 +125,12 @@ def add_parser(sub: Any) -> None:
         help="start even when the job looks too large for this machine",
     )
     run.set_defaults(func=cmd_run)
+
+
+def _refit_count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a whole number of refits >= 1")
+    return int(text)
 
 
 def _claim(text: str) -> tuple[str, Path]:
@@ -162,9 +175,20 @@ def _check_args(args: argparse.Namespace, job: str, spec: RefitJobSpec) -> str |
             "spec.suspend is true: a suspended job creates no pods until something sets "
             "suspend: false, and nothing does in a local run; set it to false to run here"
         )
+    if args.drain_after is not None and args.drain_at_refit is not None:
+        return "--drain-after and --drain-at-refit each say when to drain: give one of them"
+    if args.drain_at_refit is not None and args.drain_at_refit >= spec.transfer.refits:
+        return (
+            f"--drain-at-refit {args.drain_at_refit}: the job does "
+            f"{spec.transfer.refits} refit(s), so nothing would be left to resume after the "
+            f"drain; use 1 to {spec.transfer.refits - 1}"
+        )
     if args.drain_pod is not None:
-        if args.drain_after is None:
-            return "--drain-pod names the pod to drain; it needs --drain-after SECONDS"
+        if args.drain_after is None and args.drain_at_refit is None:
+            return (
+                "--drain-pod names the pod to drain; it needs --drain-at-refit N or "
+                "--drain-after SECONDS"
+            )
         pods = [names.pod_name(job, "policy", r) for r in range(spec.policy.replicas)]
         pods += [names.pod_name(job, "rollout", r) for r in range(spec.rollout.replicas)]
         if args.drain_pod not in pods:
@@ -289,13 +313,8 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             last_key[0] = view.status_key(status)
             printer.line(view.status_line(job, spec, status, elapsed, committed))
 
-    printer.line(
-        f"refit run: {job}: {spec.policy.replicas} policy -> {spec.rollout.replicas} "
-        f"rollout rank(s), {spec.transfer.refits} refit(s), bucket {spec.transfer.bucket_size}"
-    )
-    printer.line(ignored.ignored_line(manifest["spec"]))
-    if args.metrics_ports:
-        printer.line(metrics_ports.describe(job, args.metrics_ports))
+    for line in _opening_lines(args, manifest, spec):
+        printer.line(line)
     try:
         result = run_job(
             manifest,
@@ -303,6 +322,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             RunOptions(
                 workdir=args.workdir,
                 drain_after=args.drain_after,
+                drain_at_refit=args.drain_at_refit,
                 drain_pod=args.drain_pod,
                 timeout=args.timeout,
                 claims=claims,
@@ -318,11 +338,9 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     _clear(printer, drawn)
     for line in view.summary(job, spec, result, time.monotonic() - started):
         printer.line(line)
-    if args.drain_after is not None and result.drained is None and not result.interrupted:
-        printer.line(
-            f"refit run: note: nothing was drained: the job ended before --drain-after "
-            f"{args.drain_after:g}s had passed with its gang running"
-        )
+    note = _undrained_note(args, result)
+    if note is not None:
+        printer.line(note)
     if result.interrupted:
         signum = stop.get("signal", signal.SIGINT)
         printer.line(
@@ -330,6 +348,38 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         )
         return 128 + signum
     return 0 if result.succeeded else EXIT_FAILED
+
+
+def _opening_lines(
+    args: argparse.Namespace, manifest: dict[str, Any], spec: RefitJobSpec
+) -> list[str]:
+    """What the run is, what it ignores, where the metrics are."""
+    job = str(manifest["metadata"]["name"])
+    lines = [
+        f"refit run: {job}: {spec.policy.replicas} policy -> {spec.rollout.replicas} "
+        f"rollout rank(s), {spec.transfer.refits} refit(s), bucket {spec.transfer.bucket_size}",
+        ignored.ignored_line(manifest["spec"]),
+    ]
+    if args.metrics_ports:
+        lines.append(metrics_ports.describe(job, args.metrics_ports))
+    return lines
+
+
+def _undrained_note(args: argparse.Namespace, result: RunResult) -> str | None:
+    """Why a drain that was asked for did not happen, or None."""
+    if result.drained is not None or result.interrupted:
+        return None
+    if args.drain_at_refit is not None:
+        return (
+            f"refit run: note: nothing was drained: the job ended before "
+            f"{args.drain_at_refit} refit(s) were committed"
+        )
+    if args.drain_after is not None:
+        return (
+            f"refit run: note: nothing was drained: the job ended before --drain-after "
+            f"{args.drain_after:g}s had passed with its gang running"
+        )
+    return None
 
 
 def _clear(out: _Output, drawn: list[int]) -> None:

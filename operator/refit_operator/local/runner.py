@@ -60,6 +60,8 @@ class RunOptions:
     workdir: Path | None = None
     #: Seconds after the gang first runs at which one pod is drained (None: no drain).
     drain_after: float | None = None
+    #: Drain one pod once the job has committed this many refits (None: no drain).
+    drain_at_refit: int | None = None
     drain_pod: str | None = None
     #: Give up (and stop everything) after this many seconds.
     timeout: float = 3600.0
@@ -269,12 +271,7 @@ def run_job(
                 return result
             if running_since is None and decision.status.phase == Phase.RUNNING:
                 running_since = time.monotonic()
-            if (
-                options.drain_after is not None
-                and result.drained is None
-                and running_since is not None
-                and time.monotonic() - running_since >= options.drain_after
-            ):
+            if result.drained is None and _drain_due(options, decision.status, running_since):
                 target = options.drain_pod or names.pod_name(job.name, "rollout", 0)
                 if cluster.kubelet.disrupt(target):
                     result.drained = target
@@ -299,6 +296,17 @@ def run_job(
             import shutil
 
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _drain_due(options: RunOptions, status: RefitJobStatus, running_since: float | None) -> bool:
+    """Whether the simulated drain is due: N refits committed, or S seconds of running."""
+    if options.drain_at_refit is not None:
+        return status.refits_completed >= options.drain_at_refit
+    return (
+        options.drain_after is not None
+        and running_since is not None
+        and time.monotonic() - running_since >= options.drain_after
+    )
 
 
 def _keep_failed_logs(result: RunResult, cluster: LocalCluster, observed: Observed) -> None:
