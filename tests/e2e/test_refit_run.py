@@ -385,3 +385,31 @@ def test_each_rank_serves_metrics_on_its_own_port(tmp_path: Path) -> None:
         (text,) = [t for name, t in logs.items() if name.startswith(pod + "-")]
         assert f"metrics on 0.0.0.0:{port}/metrics" in text, text[-2000:]
         assert "cannot serve metrics" not in text
+
+
+def test_the_session_example_runs_as_a_job(tmp_path: Path) -> None:
+    """examples/session_job.py (the README's RefitSession example) as the policy and
+    rollout commands of examples/session.yaml: real processes, real NIXL, its own reports."""
+    done = _run([str(ROOT / "examples" / "session.yaml"), "--plain"], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert f"policy.command: session_job.py -> {ROOT / 'examples' / 'session_job.py'}" in out
+    assert "phase=Succeeded" in out and "refits 3/3" in out
+    # Two rollout ranks, each receiving the model's 2 x 256 x 512 + 512 + 256 float32 values.
+    assert f"bytes={3 * 2 * (2 * 256 * 512 + 512 + 256) * 4} " in out
+    assert "verification: checksums" in out
+
+
+def test_the_session_example_outside_a_pod_says_where_it_runs() -> None:
+    env = {k: v for k, v in ENV.items() if not k.startswith("REFIT_")}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "session_job.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "runs inside a RefitJob pod" in done.stderr and "spec.policy.command" in done.stderr

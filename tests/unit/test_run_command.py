@@ -338,3 +338,18 @@ def test_an_interrupt_after_every_refit_committed_says_so() -> None:
     )
     half = RunResult(_status(phase="Running", refits_completed=2), interrupted=True)
     assert view.summary("j", spec, half, 9.0)[0] == "RefitJob j: interrupted in 9.0s"
+
+
+def test_relative_script_paths_are_read_from_the_manifests_directory(tmp_path: Path) -> None:
+    from refit_operator.local.paths import resolve
+
+    (tmp_path / "train.py").write_text("")
+    raw = {
+        "policy": {"command": ["python", "train.py"], "args": ["--lr", "0.1"]},
+        "rollout": {"command": ["/usr/bin/python3", "missing.py"]},
+    }
+    local, notes = resolve(raw, tmp_path)
+    assert local["policy"]["command"] == ["python", str(tmp_path / "train.py")]
+    assert local["policy"]["args"] == ["--lr", "0.1"] and local["rollout"] == raw["rollout"]
+    assert notes == [f"policy.command: train.py -> {tmp_path / 'train.py'}"]
+    assert raw["policy"]["command"] == ["python", "train.py"]  # the manifest is not changed

@@ -28,11 +28,11 @@ from typing import Any, TextIO
 
 from refit_operator import names
 from refit_operator.coordinate import merged
-from refit_operator.local import ignored, metrics_ports, preflight, sizing, view, workdir
+from refit_operator.local import ignored, metrics_ports, paths, preflight, sizing, view, workdir
 from refit_operator.local.ledger import RefitLedger
 from refit_operator.local.manifest import ManifestError, load_manifest
 from refit_operator.local.runner import LocalCluster, RunOptions, RunResult, run_job
-from refit_operator.models import RefitJobSpec
+from refit_operator.models import RefitJobSpec, parse_spec
 from refit_operator.reconcile import Emit
 from refit_worker.contract.synthetic import synthetic_nbytes
 
@@ -248,6 +248,10 @@ def _prepare(
 ) -> tuple[dict[str, Any], RefitJobSpec, dict[str, Path]]:
     """The manifest, spec and claim map, with the flags checked; ManifestError if not."""
     manifest, spec = load_manifest(args.manifest)
+    local_spec, args.path_notes = paths.resolve(manifest["spec"], args.manifest.resolve().parent)
+    if args.path_notes:
+        manifest = {**manifest, "spec": local_spec}
+        spec = parse_spec(local_spec)
     problem = _check_args(args, str(manifest["metadata"]["name"]), spec)
     if problem is not None:
         raise ManifestError(problem)
@@ -360,6 +364,11 @@ def _opening_lines(
         f"rollout rank(s), {spec.transfer.refits} refit(s), bucket {spec.transfer.bucket_size}",
         ignored.ignored_line(manifest["spec"]),
     ]
+    if args.path_notes:
+        lines.append(
+            "refit run: read from the manifest's directory (pods run in directories of "
+            "their own): " + "; ".join(args.path_notes)
+        )
     if args.metrics_ports:
         lines.append(metrics_ports.describe(job, args.metrics_ports))
     return lines
