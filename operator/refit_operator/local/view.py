@@ -163,7 +163,11 @@ def summary(job: str, spec: RefitJobSpec, result: RunResult, elapsed: float) -> 
             f"{row.seconds:>8.3f}  {rate:>11}"
         )
     if any(not row.itemised for row in rows):
-        lines.append("  * not itemised: refits that finished between two reads of the reports")
+        lines.append(
+            "  * not itemised: refits that finished between two reads of the reports, or "
+            "that only some rollout ranks committed before a preemption (the next epoch "
+            "moved them again)"
+        )
     lines += [
         f"  refits {status.refits_completed}/{spec.transfer.refits}  "
         f"bytes {human_bytes(status.bytes_transferred)}  restarts {status.restarts}  "
