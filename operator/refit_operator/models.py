@@ -15,7 +15,6 @@ it); of the worker only ``refit_worker.contract``.
 
 from __future__ import annotations
 
-import re
 import signal as _signal
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -24,7 +23,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 
 from refit_operator.names import MASTER_PORT
 from refit_operator.podtemplate import summarise
-from refit_operator.quantity import QuantityError, parse_quantity
+from refit_operator.quantity import BUCKET_SIZE_PATTERN, BucketSize, parse_quantity
 from refit_operator.roles import (
     ENV_NAME_PATTERN,
     RESOURCE_QUANTITY_PATTERN,
@@ -62,6 +61,7 @@ MANAGED_BY_PATTERN = (
 
 __all__ = [
     "API_VERSION",
+    "BUCKET_SIZE_PATTERN",
     "GROUP",
     "KIND",
     "PLURAL",
@@ -78,11 +78,6 @@ __all__ = [
     "parse_spec",
     "parse_status",
 ]
-
-#: A whole number of bytes above 0 with an optional suffix: what the CRD accepts for
-#: bucketSize, and (with the validator's clearer messages) what the model accepts.
-BUCKET_SIZE_PATTERN = r"^[0-9]*[1-9][0-9]*(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
-
 
 #: DNS-1123 subdomain: what names a PersistentVolumeClaim.
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -196,34 +191,11 @@ class TransferSpec(TransferKnobs):
         },
     )
 
-    bucket_size: str = Field(
+    bucket_size: BucketSize = Field(
         "64Mi",
-        description="Bytes per transfer bucket: a whole number with an optional suffix, e.g. 64Mi",
-        json_schema_extra={"pattern": BUCKET_SIZE_PATTERN},
+        description="Bytes per transfer bucket: a whole number, or a string with an optional"
+        " suffix, e.g. 64Mi or 1048576",
     )
-
-    @field_validator("bucket_size")
-    @classmethod
-    def _positive(cls, value: str) -> str:
-        unreadable = ValueError(
-            f"bucketSize {value!r} is not a whole number of bytes with an optional suffix,"
-            " such as 64Mi, 1Gi or 1048576"
-        )
-        try:
-            size = parse_quantity(value)
-        except QuantityError as exc:
-            raise unreadable from exc
-        if size <= 0:
-            raise ValueError(f"bucketSize {value!r} must be more than 0 bytes")
-        if "." in value:
-            raise ValueError(
-                f"bucketSize {value!r} must be a whole number with an optional"
-                f" suffix, without a fraction: write {str(size)!r}"
-            )
-        # Last, the CRD's own pattern: the API server and the models refuse alike.
-        if not re.fullmatch(BUCKET_SIZE_PATTERN, value):
-            raise unreadable
-        return value
 
     @field_validator("release_after_refit")
     @classmethod

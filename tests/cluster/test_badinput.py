@@ -80,6 +80,14 @@ def test_the_base_spec_is_accepted(crd: Cluster) -> None:
     assert created["spec"]["image"] == BASE["image"]
 
 
+@pytest.mark.parametrize("size", [1048576, "1048576", "1Mi"])
+def test_a_bucket_size_as_the_docs_write_it_is_accepted(crd: Cluster, size: int | str) -> None:
+    """docs/cluster.md: quantities may be integers; the apiserver stores what was sent."""
+    spec = {**BASE, "transfer": {"bucketSize": size}}
+    created = wait(lambda: _create(crd, spec), "the CRD's API to serve RefitJobs", timeout=30)
+    assert created["spec"]["transfer"]["bucketSize"] == size
+
+
 @pytest.mark.parametrize(
     ("spec", "words"), [r[1:] for r in BAD_SPECS], ids=[r[0] for r in BAD_SPECS]
 )

@@ -193,3 +193,16 @@ def test_bad_manifests(tmp_path: Path) -> None:
             }
         )
     assert kubelet.pods() == []
+
+
+def test_an_env_source_this_node_cannot_read_is_named(tmp_path: Path) -> None:
+    """Without an ``env_source`` hook a Secret reference is named as such (it used to be
+    reported as an unsupported downward API field '')."""
+    kubelet = ProcessKubelet(tmp_path)
+    env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+    try:
+        with pytest.raises(KubeletError, match=r"env TOKEN: valueFrom secretKeyRef is not"):
+            kubelet.create(_pod("p0", "pass", env=env))
+        assert kubelet.pods() == []
+    finally:
+        kubelet.close()

@@ -5,6 +5,7 @@ NIXL, real signals, the file-backed rendezvous.  Nothing is emulated.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -108,6 +109,18 @@ def test_drain_preempts_and_completes(tmp_path: Path) -> None:
     assert "preemptions 1 (drained e2e-run-rollout-0)" in out
     assert "restarts 0" in out
     assert "verification: bit-exact" in out
+
+
+def test_drain_at_refit_shows_a_resume(tmp_path: Path) -> None:
+    """The README's drain command: the drain lands once a refit is committed, so the table
+    shows refits committed by the drained epoch and by the one that resumed."""
+    done = _run([str(ROOT / "examples" / "local.yaml"), "--drain-at-refit", "1", "--plain"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "reason=Drain draining local-demo-rollout-0" in out
+    assert "preemptions 1 (drained local-demo-rollout-0)" in out and "refits 3/3" in out
+    epochs = [int(row.split()[1]) for row in out.splitlines() if re.match(r"\s+\d+\s+\d+\s", row)]
+    assert 0 in epochs and 1 in epochs, out
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -351,3 +364,52 @@ def test_a_users_own_session_code_fills_the_status(tmp_path: Path) -> None:
     # Exactly what moved: 2 rollout ranks x 3 refits x (256*1024 + 1024) float32 values.
     assert f"bytes={2 * 3 * (256 * 1024 + 1024) * 4} " in out
     assert "verification: checksums" in out
+
+
+def test_each_rank_serves_metrics_on_its_own_port(tmp_path: Path) -> None:
+    """One host, one network namespace: ``metrics.port`` counts up, one port per rank, and
+    the run says which; every rank's log shows it bound its port (none "cannot serve")."""
+    workdir = tmp_path / "work"
+    manifest = _manifest(tmp_path, **{"transfer.refits": 1, "metrics": {"port": 19400}})
+    done = _run([str(manifest), "--workdir", str(workdir), "--plain"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = next(x for x in done.stdout.splitlines() if "metrics at" in x)
+    ports = dict(
+        (pod, int(port.lstrip(":")))
+        for pod, port in (item.split() for item in line.split("per rank: ")[1].split(", "))
+    )
+    assert sorted(ports) == [f"e2e-run-{r}-{i}" for r in ("policy", "rollout") for i in (0, 1)]
+    assert len(set(ports.values())) == 4 and min(ports.values()) >= 19400
+    logs = {p.name: p.read_text() for p in (workdir / "logs").glob("*.log")}
+    for pod, port in ports.items():
+        (text,) = [t for name, t in logs.items() if name.startswith(pod + "-")]
+        assert f"metrics on 0.0.0.0:{port}/metrics" in text, text[-2000:]
+        assert "cannot serve metrics" not in text
+
+
+def test_the_session_example_runs_as_a_job(tmp_path: Path) -> None:
+    """examples/session_job.py (the README's RefitSession example) as the policy and
+    rollout commands of examples/session.yaml: real processes, real NIXL, its own reports."""
+    done = _run([str(ROOT / "examples" / "session.yaml"), "--plain"], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert f"policy.command: session_job.py -> {ROOT / 'examples' / 'session_job.py'}" in out
+    assert "phase=Succeeded" in out and "refits 3/3" in out
+    # Two rollout ranks, each receiving the model's 2 x 256 x 512 + 512 + 256 float32 values.
+    assert f"bytes={3 * 2 * (2 * 256 * 512 + 512 + 256) * 4} " in out
+    assert "verification: checksums" in out
+
+
+def test_the_session_example_outside_a_pod_says_where_it_runs() -> None:
+    env = {k: v for k, v in ENV.items() if not k.startswith("REFIT_")}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "session_job.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "runs inside a RefitJob pod" in done.stderr and "spec.policy.command" in done.stderr

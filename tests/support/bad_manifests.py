@@ -350,9 +350,24 @@ BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
         ("spec.transfer.bucketSize", "'1.5Ki' must be a whole number", "write '1536'"),
     ),
     (
-        "bucket size a number",
-        changed("transfer.bucketSize", 1024),
-        ("spec.transfer.bucketSize", "valid string (got 1024)"),
+        "bucket size 0 unquoted",
+        changed("transfer.bucketSize", 0),
+        ("spec.transfer.bucketSize", "bucketSize 0 must be more than 0 bytes"),
+    ),
+    (
+        "bucket size negative",
+        changed("transfer.bucketSize", -1024),
+        ("spec.transfer.bucketSize", "bucketSize -1024 must be more than 0 bytes"),
+    ),
+    (
+        "bucket size a fraction unquoted",
+        changed("transfer.bucketSize", 1.5),
+        ("spec.transfer.bucketSize", "bucketSize 1.5 is not a whole number", "1048576"),
+    ),
+    (
+        "bucket size a bool",
+        changed("transfer.bucketSize", True),
+        ("spec.transfer.bucketSize", "bucketSize True is not a whole number"),
     ),
     (
         "device tpu",
@@ -478,6 +493,11 @@ BAD_FILES: list[tuple[str, str, tuple[str, ...]]] = [
         ("expected exactly one object of kind RefitJob, found 0",),
     ),
     ("two RefitJobs", "kind: RefitJob\n---\nkind: RefitJob\n", ("found 2",)),
+    (
+        "kind misspelt",
+        f"apiVersion: {API_VERSION}\nkind: RefitJobs\nmetadata: {{name: j}}\n",
+        ("found 0 (the file holds: RefitJobs; did you mean RefitJob, not RefitJobs?)",),
+    ),
     (
         "old apiVersion",
         "apiVersion: refit.dev/v1\nkind: RefitJob\nmetadata: {name: j}\n",

@@ -89,7 +89,13 @@ def test_refit_run_exits_2_and_creates_nothing(
     path.write_text(manifest_text(spec))
     workdir = tmp_path / "work"
     args = argparse.Namespace(
-        manifest=path, drain_after=None, drain_pod=None, timeout=60.0, workdir=workdir, plain=True
+        manifest=path,
+        drain_after=None,
+        drain_at_refit=None,
+        drain_pod=None,
+        timeout=60.0,
+        workdir=workdir,
+        plain=True,
     )
     out = io.StringIO()
     assert cmd_run(args, out=out) == EXIT_BAD_MANIFEST

@@ -143,3 +143,21 @@ def test_synthetic_dtypes_are_names_the_wire_carries() -> None:
     assert "float64" in WIRE_DTYPE_NAMES and "float64" not in SYNTHETIC_DTYPE_NAMES
     with pytest.raises(ValidationError, match="dtype"):
         SyntheticWeights(dtype="float64")  # type: ignore[arg-type]
+
+
+def test_outside_a_pod_one_sentence_says_where_a_worker_runs() -> None:
+    """No REFIT_* at all: not six missing variables under pydantic's report, but where."""
+    with pytest.raises(ConfigError) as err:
+        WorkerConfig.from_env({"HOME": "/root", "PATH": "/usr/bin"})
+    message = str(err.value)
+    assert "\n" not in message and "inside a RefitJob pod" in message
+    assert "`refit run job.yaml`" in message and "spec.policy.command" in message
+    assert err.value.__cause__ is None and err.value.__context__ is None
+
+
+def test_a_partial_environment_is_named_without_pydantics_report() -> None:
+    env = _config().to_env()
+    del env["REFIT_JOB"]
+    with pytest.raises(ConfigError) as err:
+        WorkerConfig.from_env(env)
+    assert "REFIT_JOB" in str(err.value) and err.value.__suppress_context__

@@ -103,3 +103,37 @@ def test_policy_entries_and_garbage_are_ignored() -> None:
     entry = ProgressEntry(epoch=0, uid="p", role="policy", rank=0, bytes_total=5)
     ledger.ingest({key: encode_entry(key, entry)})
     assert ledger.rows() == [] and ledger.total_bytes == 0
+
+
+def test_committed_bytes_go_with_the_refits_every_rank_committed() -> None:
+    """The live view's bytes: a rank one refit ahead (27 MiB = 1.5 refits of 18 MiB
+    before) does not count that refit until every rollout rank committed it."""
+    ledger = RefitLedger()
+    a, b = Rank(0), Rank(1)
+    a.refit(100)
+    ledger.ingest(a.data())
+    assert ledger.committed_bytes(rollout_ranks=2) == 0  # rank 1 has not reported at all
+    b.refit(100)
+    a.refit(100)
+    ledger.ingest({**a.data(), **b.data()})
+    assert ledger.total_bytes == 300
+    assert ledger.committed_bytes(rollout_ranks=2) == 200  # refit 0 on both ranks
+    # Preempted there: the next epoch resumes at refit 1 and moves it again on both.
+    a2, b2 = Rank(0, epoch=1, first=1), Rank(1, epoch=1, first=1)
+    for rank in (a2, b2):
+        rank.refit(100)
+        rank.refit(100)
+    ledger.ingest({**a2.data("done"), **b2.data("done")})
+    assert ledger.committed_bytes(rollout_ranks=2) == 200 + 400
+
+
+def test_committed_bytes_of_a_rank_further_ahead_than_its_ring_itemises() -> None:
+    ledger = RefitLedger()
+    a, b = Rank(0), Rank(1)
+    for _ in range(12):
+        a.refit(10)
+    for _ in range(2):
+        b.refit(10)
+    ledger.ingest({**a.data(), **b.data()})
+    # Refits 2-11 of rank 0 are not all in its ring of 8: each refit moves the same bytes.
+    assert ledger.committed_bytes(rollout_ranks=2) == 20 + 20

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.support.crd_judge import crd_verdict
 
 from refit_operator.models import (
     InvalidSpecError,
@@ -98,3 +99,14 @@ def test_status_round_trips_and_tolerates_garbage() -> None:
     assert parse_status({**wire, "kopf": {"x": 1}}) == status  # unknown keys ignored
     assert parse_status(None) == RefitJobStatus()
     assert parse_status({"epoch": "not a number"}) == RefitJobStatus()
+
+
+@pytest.mark.parametrize(
+    ("written", "nbytes"),
+    [(1048576, 1 << 20), ("1048576", 1 << 20), ("1Mi", 1 << 20), (1, 1), ("64M", 64 * 10**6)],
+)
+def test_bucket_size_as_the_docs_write_it(written: int | str, nbytes: int) -> None:
+    """docs/cluster.md: quantities may be integers; the error text itself suggests 1048576."""
+    spec = {"image": "img", "transfer": {"bucketSize": written}}
+    assert parse_spec(spec).transfer.bucket_bytes == nbytes
+    assert crd_verdict(spec) == [], "the API server would refuse what the operator takes"

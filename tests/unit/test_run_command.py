@@ -7,6 +7,7 @@ Nothing here starts a worker: every case ends before the runner.
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ import yaml
 
 from refit_operator.cli import main
 from refit_operator.local import view, workdir
+from refit_operator.local.runner import RunResult
+from refit_operator.models import RefitJobStatus, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +51,12 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--timeout", "-1"], "'-1': must be a finite number > 0"),
         (["--timeout", "soon"], "'soon' is not a number of seconds"),
         (["--drain-after", "1", "--drain-pod", "nope"], "--drain-pod 'nope' is not a pod"),
-        (["--drain-pod", "local-demo-rollout-0"], "needs --drain-after"),
+        (["--drain-pod", "local-demo-rollout-0"], "needs --drain-at-refit N or --drain-after"),
+        (["--drain-at-refit", "0"], "'0': must be a whole number of refits >= 1"),
+        (["--drain-at-refit", "x"], "'x': must be a whole number of refits >= 1"),
+        (["--drain-at-refit", "3"], "the job does 3 refit(s), so nothing would be left"),
+        (["--drain-at-refit", "1", "--drain-after", "2"], "give one of them"),
+        (["--drain-at-refit", "1", "--drain-pod", "nope"], "--drain-pod 'nope' is not a pod"),
     ],
 )
 def test_bad_flags_are_refused_with_the_reason(
@@ -90,7 +98,9 @@ def test_wrong_kind_names_what_it_found(tmp_path: Path, capsys: pytest.CaptureFi
     path = tmp_path / "job.yaml"
     path.write_text("apiVersion: refit.dev/v1alpha1\nkind: RefitJobs\nmetadata: {name: x}\n")
     err = _refused(["run", str(path)], capsys)
-    assert "found 0 (the file holds: RefitJobs)" in err
+    assert "found 0 (the file holds: RefitJobs; did you mean RefitJob, not RefitJobs?)" in err
+    path.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    assert "did you mean" not in _refused(["run", str(path)], capsys)
 
 
 def test_numeric_name_says_it_must_be_a_string(
@@ -200,3 +210,146 @@ def test_safetensors_needs_its_claim_mapped(
     assert "not a directory" in err
     err = _refused(["run", str(job), "--claim", "ckpt"], capsys)
     assert "expected NAME=DIR" in err
+
+
+def test_a_checkpoint_dtype_the_worker_cannot_move_is_refused_before_starting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The headers are read up front: no gang connects only to fail on ``uint16``."""
+    import torch
+    from safetensors.torch import save_file
+
+    ckpt = tmp_path / "ckpt" / "m"
+    ckpt.mkdir(parents=True)
+    save_file({"ok": torch.zeros(4, dtype=torch.bfloat16)}, str(ckpt / "a.safetensors"))
+    save_file({"ids": torch.zeros(3, dtype=torch.uint16)}, str(ckpt / "b.safetensors"))
+    job = _local(tmp_path, weights={"safetensors": {"claimName": "ckpt", "path": "m"}})
+    work = tmp_path / "work"
+    argv = ["run", str(job), "--claim", f"ckpt={tmp_path / 'ckpt'}", "--workdir", str(work)]
+    err = _refused(argv, capsys)
+    assert f"tensor 'ids' has dtype U16 ({ckpt / 'b.safetensors'})" in err
+    assert "BF16 (bfloat16)" in err and "U8 (uint8)" in err  # what is supported
+    assert "'ok'" not in err
+    assert not work.exists()
+
+
+def test_a_file_that_is_not_safetensors_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "w.safetensors").write_bytes(b"\xff" * 4)
+    job = _local(tmp_path, weights={"safetensors": {"claimName": "ckpt"}})
+    err = _refused(["run", str(job), "--claim", f"ckpt={ckpt}"], capsys)
+    assert f"{ckpt / 'w.safetensors'}: not a safetensors file (shorter than 8 bytes)" in err
+
+
+def _with_template(tmp_path: Path, container: dict[str, object], **pod: object) -> Path:
+    template = {"spec": {"containers": [{"name": "worker", **container}], **pod}}
+    return _local(tmp_path, rollout={"replicas": 2, "template": template})
+
+
+@pytest.mark.parametrize(
+    ("container", "expected"),
+    [
+        (
+            {"env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]},
+            "env[TOKEN]: valueFrom.secretKeyRef reads a Secret ('s', key 'k')",
+        ),
+        (
+            {"env": [{"name": "C", "valueFrom": {"configMapKeyRef": {"name": "m", "key": "k"}}}]},
+            "valueFrom.configMapKeyRef reads a ConfigMap ('m', key 'k')",
+        ),
+        ({"envFrom": [{"secretRef": {"name": "creds"}}]}, "envFrom: secretRef reads a Secret"),
+    ],
+)
+def test_an_env_from_the_api_is_refused_with_what_to_use_instead(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], container: dict[str, object], expected: str
+) -> None:
+    work = tmp_path / "work"
+    job = _with_template(tmp_path, container)
+    err = _refused(["run", str(job), "--workdir", str(work)], capsys)
+    assert "spec.rollout.template.spec.containers[worker]." in err and expected in err
+    assert "give the value inline" in err
+    assert not work.exists()
+
+
+def test_the_ignored_line_names_cluster_only_settings_and_why() -> None:
+    from refit_operator.local.ignored import ignored_line
+
+    raw = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())["spec"]
+    assert ignored_line(raw) == (
+        "refit run: ignored on one machine: image (no image pulls: workers run from this "
+        "Python environment)"
+    )
+    raw["ttlSecondsAfterFinished"] = 60
+    raw["policy"]["template"] = {
+        "metadata": {"labels": {"team": "rl"}},
+        "spec": {
+            "containers": [{"name": "worker"}],
+            "nodeSelector": {"pool": "gpu"},
+            "tolerations": [{"key": "gpu", "operator": "Exists"}],
+            "imagePullSecrets": [{"name": "reg"}],
+        },
+    }
+    line = ignored_line(raw)
+    assert "image, policy.template.spec.imagePullSecrets (no image pulls" in line
+    assert "policy.template.spec.nodeSelector, policy.template.spec.tolerations (one node" in line
+    assert "ttlSecondsAfterFinished (the run ends with the job" in line
+    assert "policy.template.metadata.labels (no API server" in line
+
+
+def _status(**fields: object) -> RefitJobStatus:
+    return RefitJobStatus.model_validate(fields)
+
+
+def test_connected_speaks_of_the_current_epoch_only() -> None:
+    t0, t1 = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
+
+    def was(at: datetime) -> list[dict[str, object]]:
+        return [{"type": "Connected", "status": "True", "reason": "Open", "lastTransitionTime": at}]
+
+    # Epoch 0's gang connected; the gang was stopped and epoch 1 is being brought up.
+    restarting = _status(phase="Restarting", epoch=1, conditions=was(t0))
+    assert view.connection(restarting) == "-"
+    recreated = _status(phase="Running", epoch=1, epoch_start_time=t1, conditions=was(t0))
+    assert view.connection(recreated) == "connecting"
+    connected = _status(phase="Running", epoch=1, epoch_start_time=t0, conditions=was(t1))
+    assert view.connection(connected) == "connected"
+    spec = parse_spec({"image": "i", "transfer": {"refits": 3}})
+    assert "connected=no" in view.status_line("j", spec, recreated, 1.0, 0)
+    assert "connected=yes" in view.status_line("j", spec, connected, 1.0, 0)
+
+
+def test_the_view_shows_bytes_of_committed_refits_and_what_else_arrived() -> None:
+    spec = parse_spec({"image": "i", "transfer": {"refits": 3}})
+    status = _status(phase="Running", refits_completed=1, bytes_transferred=27 << 20)
+    assert "refits=1/3 bytes=18874368 " in view.status_line("j", spec, status, 1.0, 18 << 20)
+    live = "\n".join(view.live_lines("j", spec, status, 1.0, 18 << 20))
+    assert "committed 1  moved 18.0 MiB (+9.0 MiB partial)" in live
+
+
+def test_an_interrupt_after_every_refit_committed_says_so() -> None:
+    spec = parse_spec({"image": "i", "transfer": {"refits": 3}})
+    done = RunResult(_status(phase="Running", refits_completed=3), interrupted=True)
+    assert view.summary("j", spec, done, 9.0)[0] == (
+        "RefitJob j: interrupted after all 3 refit(s) committed, before the job was marked "
+        "Succeeded in 9.0s"
+    )
+    half = RunResult(_status(phase="Running", refits_completed=2), interrupted=True)
+    assert view.summary("j", spec, half, 9.0)[0] == "RefitJob j: interrupted in 9.0s"
+
+
+def test_relative_script_paths_are_read_from_the_manifests_directory(tmp_path: Path) -> None:
+    from refit_operator.local.paths import resolve
+
+    (tmp_path / "train.py").write_text("")
+    raw = {
+        "policy": {"command": ["python", "train.py"], "args": ["--lr", "0.1"]},
+        "rollout": {"command": ["/usr/bin/python3", "missing.py"]},
+    }
+    local, notes = resolve(raw, tmp_path)
+    assert local["policy"]["command"] == ["python", str(tmp_path / "train.py")]
+    assert local["policy"]["args"] == ["--lr", "0.1"] and local["rollout"] == raw["rollout"]
+    assert notes == [f"policy.command: train.py -> {tmp_path / 'train.py'}"]
+    assert raw["policy"]["command"] == ["python", "train.py"]  # the manifest is not changed

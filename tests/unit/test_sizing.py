@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from refit_operator.local.sizing import WORKER_FLOOR_BYTES, estimate, judge
 from refit_operator.models import parse_spec
+from refit_worker.contract.synthetic import synthetic_nbytes
 
 GIB = 1 << 30
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_estimate_counts_the_floor_weights_and_buffers() -> None:
@@ -47,3 +52,25 @@ def test_judge_refuses_more_processes_than_the_cores_can_start() -> None:
     got, sentence = judge(estimate(spec, None), 1000 * GIB, 2)
     assert got == "refuse"
     assert "41 worker processes on 2 cores" in sentence
+
+
+def test_a_bucket_larger_than_the_model_costs_the_model() -> None:
+    """The buffers are allocated untouched; a refit writes at most the model into them."""
+    demo = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())["spec"]
+    demo["transfer"]["bucketSize"] = "10Gi"
+    spec = parse_spec(demo)
+    assert spec.weights.synthetic is not None
+    model = synthetic_nbytes(spec.weights.synthetic)
+    est = estimate(spec, model_bytes=model)
+    per_process = WORKER_FLOOR_BYTES + 2 * model  # two buffers, each capped at the model
+    assert est.total_bytes == 2 * (per_process + model) + 2 * (per_process + 3 * model)
+    assert judge(est, 8 * GIB, 2)[0] == "ok"
+    # Without a known model size the bucket counts in full.
+    assert estimate(spec, None).total_bytes > 4 * 2 * 10 * GIB
+
+
+def test_a_bucket_smaller_than_the_model_counts_in_full() -> None:
+    spec = parse_spec({"image": "i", "transfer": {"bucketSize": "1Mi"}})
+    small, large = estimate(spec, 100 << 20), estimate(spec, 200 << 20)
+    # One policy and one rollout rank: 1 + 3 copies of the model more, buffers the same.
+    assert large.total_bytes - small.total_bytes == 4 * (100 << 20)

@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import math
 import os
-import re
 import shutil
 import signal
 import sys
@@ -27,78 +26,25 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
-
 from refit_operator import names
+from refit_operator.core.coordinate import merged
 from refit_operator.core.decision import Emit
-from refit_operator.local import sizing, view, workdir
+from refit_operator.local import ignored, metrics_ports, paths, preflight, sizing, view, workdir
+from refit_operator.local.ledger import RefitLedger
+from refit_operator.local.manifest import ManifestError, load_manifest
 from refit_operator.local.runner import LocalCluster, RunOptions, RunResult, run_job
-from refit_operator.models import API_VERSION, InvalidSpecError, RefitJobSpec, parse_spec
+from refit_operator.models import RefitJobSpec, parse_spec
 from refit_worker.contract.synthetic import synthetic_nbytes
 
 EXIT_FAILED, EXIT_BAD_MANIFEST = 1, 2
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-
-
-class ManifestError(ValueError):
-    """The file is not a valid RefitJob manifest; the message says where and why."""
-
-
-def load_manifest(path: Path) -> tuple[dict[str, Any], RefitJobSpec]:
-    """Read and validate a RefitJob manifest exactly as the operator would."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ManifestError(
-            f"{path}: not a YAML manifest: byte {exc.start} is not UTF-8 text"
-        ) from exc
-    except OSError as exc:
-        raise ManifestError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as exc:
-        raise ManifestError(f"{path}: not valid YAML: {exc}") from exc
-    jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == "RefitJob"]
-    if len(jobs) != 1:
-        raise ManifestError(
-            f"{path}: expected exactly one object of kind RefitJob, found {len(jobs)}"
-            f" ({_kinds_found(docs)})"
-        )
-    manifest = jobs[0]
-    expected = API_VERSION
-    if manifest.get("apiVersion") != expected:
-        raise ManifestError(
-            f"{path}: apiVersion is {manifest.get('apiVersion')!r}, expected {expected!r}"
-        )
-    meta = manifest.get("metadata")
-    if not isinstance(meta, dict) or meta.get("name") is None:
-        raise ManifestError(f"{path}: metadata.name is required")
-    if not isinstance(meta["name"], str):
-        raise ManifestError(
-            f"{path}: metadata.name must be a string, got {type(meta['name']).__name__}"
-            f" {meta['name']!r} (quote it in YAML)"
-        )
-    namespace = meta.get("namespace", "default")
-    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
-        raise ManifestError(
-            f"{path}: metadata.namespace {namespace!r} must be a DNS-1123 label"
-            " (lowercase letters, digits and '-', at most 63 characters)"
-        )
-    try:
-        spec = parse_spec(manifest.get("spec"))
-    except InvalidSpecError as exc:
-        raise ManifestError(f"{path}: invalid spec: {exc}") from exc
-    problems = names.name_problems(meta["name"], spec.policy.replicas, spec.rollout.replicas)
-    if problems:
-        raise ManifestError(f"{path}: metadata.name: {'; '.join(problems)}")
-    return manifest, spec
-
-
-def _kinds_found(docs: list[Any]) -> str:
-    kinds = [str(d.get("kind")) if isinstance(d, dict) else type(d).__name__ for d in docs]
-    if not kinds:
-        return "the file holds no YAML document"
-    return "the file holds: " + ", ".join(kinds)
+__all__ = [
+    "EXIT_BAD_MANIFEST",
+    "EXIT_FAILED",
+    "ManifestError",
+    "add_parser",
+    "cmd_run",
+    "load_manifest",
+]
 
 
 def _seconds(*, allow_zero: bool) -> Callable[[str], float]:
@@ -137,9 +83,16 @@ def add_parser(sub: Any) -> None:
         help="simulate a node drain on one pod this long after the gang first runs",
     )
     run.add_argument(
+        "--drain-at-refit",
+        type=_refit_count,
+        metavar="N",
+        help="simulate a node drain on one pod once N refits are committed (1 <= N < "
+        "spec.transfer.refits): the gang is preempted and a new one resumes at refit N",
+    )
+    run.add_argument(
         "--drain-pod",
         metavar="POD",
-        help="the pod to drain with --drain-after (default: <job>-rollout-0)",
+        help="the pod to drain with --drain-after or --drain-at-refit (default: <job>-rollout-0)",
     )
     run.add_argument(
         "--timeout",
@@ -172,6 +125,12 @@ def add_parser(sub: Any) -> None:
         help="start even when the job looks too large for this machine",
     )
     run.set_defaults(func=cmd_run)
+
+
+def _refit_count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a whole number of refits >= 1")
+    return int(text)
 
 
 def _claim(text: str) -> tuple[str, Path]:
@@ -216,9 +175,20 @@ def _check_args(args: argparse.Namespace, job: str, spec: RefitJobSpec) -> str |
             "spec.suspend is true: a suspended job creates no pods until something sets "
             "suspend: false, and nothing does in a local run; set it to false to run here"
         )
+    if args.drain_after is not None and args.drain_at_refit is not None:
+        return "--drain-after and --drain-at-refit each say when to drain: give one of them"
+    if args.drain_at_refit is not None and args.drain_at_refit >= spec.transfer.refits:
+        return (
+            f"--drain-at-refit {args.drain_at_refit}: the job does "
+            f"{spec.transfer.refits} refit(s), so nothing would be left to resume after the "
+            f"drain; use 1 to {spec.transfer.refits - 1}"
+        )
     if args.drain_pod is not None:
-        if args.drain_after is None:
-            return "--drain-pod names the pod to drain; it needs --drain-after SECONDS"
+        if args.drain_after is None and args.drain_at_refit is None:
+            return (
+                "--drain-pod names the pod to drain; it needs --drain-at-refit N or "
+                "--drain-after SECONDS"
+            )
         pods = [names.pod_name(job, "policy", r) for r in range(spec.policy.replicas)]
         pods += [names.pod_name(job, "rollout", r) for r in range(spec.rollout.replicas)]
         if args.drain_pod not in pods:
@@ -247,6 +217,9 @@ def _claims(args: argparse.Namespace, spec: RefitJobSpec) -> tuple[dict[str, Pat
     files = sorted(where.glob("*.safetensors"))
     if not files:
         raise ManifestError(f"no *.safetensors files in {where} (claim {source.claim_name})")
+    problem = preflight.checkpoint_problem(files)
+    if problem is not None:
+        raise ManifestError(problem)
     return claims, sum(f.stat().st_size for f in files)
 
 
@@ -275,11 +248,22 @@ def _prepare(
 ) -> tuple[dict[str, Any], RefitJobSpec, dict[str, Path]]:
     """The manifest, spec and claim map, with the flags checked; ManifestError if not."""
     manifest, spec = load_manifest(args.manifest)
+    local_spec, args.path_notes = paths.resolve(manifest["spec"], args.manifest.resolve().parent)
+    if args.path_notes:
+        manifest = {**manifest, "spec": local_spec}
+        spec = parse_spec(local_spec)
     problem = _check_args(args, str(manifest["metadata"]["name"]), spec)
     if problem is not None:
         raise ManifestError(problem)
+    cannot = preflight.unhonourable(manifest["spec"])
+    if cannot:
+        raise ManifestError("; ".join(cannot))
     claims, model = _claims(args, spec)
     _check_resources(args, spec, model)
+    try:
+        args.metrics_ports = metrics_ports.plan(spec, metrics_ports.loopback_free)
+    except metrics_ports.PortsError as exc:
+        raise ManifestError(str(exc)) from exc
     if args.workdir is not None:
         try:
             args.workdir = workdir.check_given(args.workdir)
@@ -316,19 +300,25 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         _clear(printer, drawn)
         printer.line(view.event_line(event, time.monotonic() - started))
 
+    ledger = RefitLedger()
+
     def on_tick(status: Any, cluster: LocalCluster) -> None:
         elapsed = time.monotonic() - started
+        # The view's own read of the reports: bytes that go with the refits committed.
+        ledger.ingest(merged(cluster.observed_rendezvous()))
+        committed = ledger.committed_bytes(spec.rollout.replicas)
         if live:
             _clear(printer, drawn)
             width = shutil.get_terminal_size().columns
-            lines = view.fit(view.live_lines(job, spec, status, elapsed), width)
+            lines = view.fit(view.live_lines(job, spec, status, elapsed, committed), width)
             printer.write("\n".join(lines) + "\n")
             drawn[0] = len(lines)
         elif view.status_key(status) != last_key[0]:
             last_key[0] = view.status_key(status)
-            printer.line(view.status_line(job, spec, status, elapsed))
+            printer.line(view.status_line(job, spec, status, elapsed, committed))
 
-    printer.line(_header(job, spec))
+    for line in _opening_lines(args, manifest, spec):
+        printer.line(line)
     try:
         result = run_job(
             manifest,
@@ -348,20 +338,15 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     )
 
 
-def _header(job: str, spec: RefitJobSpec) -> str:
-    return (
-        f"refit run: {job}: {spec.policy.replicas} policy -> {spec.rollout.replicas} "
-        f"rollout rank(s), {spec.transfer.refits} refit(s), bucket {spec.transfer.bucket_size}"
-    )
-
-
 def _run_options(args: argparse.Namespace, claims: Mapping[str, Path]) -> RunOptions:
     return RunOptions(
         workdir=args.workdir,
         drain_after=args.drain_after,
+        drain_at_refit=args.drain_at_refit,
         drain_pod=args.drain_pod,
         timeout=args.timeout,
         claims=claims,
+        metrics_ports=args.metrics_ports,
     )
 
 
@@ -378,11 +363,9 @@ def _summarise(
     """The run's summary lines; returns the exit status of ``refit run``."""
     for line in view.summary(job, spec, result, elapsed):
         printer.line(line)
-    if args.drain_after is not None and result.drained is None and not result.interrupted:
-        printer.line(
-            f"refit run: note: nothing was drained: the job ended before --drain-after "
-            f"{args.drain_after:g}s had passed with its gang running"
-        )
+    note = _undrained_note(args, result)
+    if note is not None:
+        printer.line(note)
     if result.interrupted:
         signum = signum or signal.SIGINT
         printer.line(
@@ -390,6 +373,43 @@ def _summarise(
         )
         return 128 + signum
     return 0 if result.succeeded else EXIT_FAILED
+
+
+def _opening_lines(
+    args: argparse.Namespace, manifest: dict[str, Any], spec: RefitJobSpec
+) -> list[str]:
+    """What the run is, what it ignores, where the metrics are."""
+    job = str(manifest["metadata"]["name"])
+    lines = [
+        f"refit run: {job}: {spec.policy.replicas} policy -> {spec.rollout.replicas} "
+        f"rollout rank(s), {spec.transfer.refits} refit(s), bucket {spec.transfer.bucket_size}",
+        ignored.ignored_line(manifest["spec"]),
+    ]
+    if args.path_notes:
+        lines.append(
+            "refit run: read from the manifest's directory (pods run in directories of "
+            "their own): " + "; ".join(args.path_notes)
+        )
+    if args.metrics_ports:
+        lines.append(metrics_ports.describe(job, args.metrics_ports))
+    return lines
+
+
+def _undrained_note(args: argparse.Namespace, result: RunResult) -> str | None:
+    """Why a drain that was asked for did not happen, or None."""
+    if result.drained is not None or result.interrupted:
+        return None
+    if args.drain_at_refit is not None:
+        return (
+            f"refit run: note: nothing was drained: the job ended before "
+            f"{args.drain_at_refit} refit(s) were committed"
+        )
+    if args.drain_after is not None:
+        return (
+            f"refit run: note: nothing was drained: the job ended before --drain-after "
+            f"{args.drain_after:g}s had passed with its gang running"
+        )
+    return None
 
 
 def _clear(out: _Output, drawn: list[int]) -> None:

@@ -271,10 +271,16 @@ class ProcessKubelet:
                 env[item["name"]] = _remap(str(item["value"]), mounts)
             elif "valueFrom" in item:
                 source = item["valueFrom"]
-                if "fieldRef" in source or self._env_source is None:
+                if "fieldRef" in source:
                     env[item["name"]] = _field_ref(pod, source)
-                else:
+                elif self._env_source is not None:
                     env[item["name"]] = self._env_source(pod, source)
+                else:
+                    raise KubeletError(
+                        f"pod {pod['metadata']['name']}: env {item['name']}: valueFrom "
+                        f"{', '.join(sorted(source)) or '(empty)'} is not available on this "
+                        "node; only fieldRef (the downward API) is"
+                    )
         return self._rewrite(pod, env) if self._rewrite else env
 
     def _status(self, pod: _Pod) -> dict[str, Any]:

@@ -74,6 +74,31 @@ class RefitLedger:
     def total_bytes(self) -> int:
         return sum(e.bytes_total for e in self._latest.values())
 
+    def committed_bytes(self, rollout_ranks: int) -> int:
+        """Bytes of the refits every rollout rank of their epoch committed: what goes with
+        the job's refit count (the minimum over ranks), not a rank already one refit on."""
+        total = 0
+        for epoch in sorted({epoch for epoch, _ in self._latest}):
+            entries = [e for (ep, _), e in self._latest.items() if ep == epoch]
+            if len(entries) < rollout_ranks:
+                continue  # a silent rank committed nothing yet: no refit is everyone's
+            upto = min(e.refits_completed for e in entries)
+            for entry in entries:
+                total += self._bytes_before(epoch, entry, upto)
+        return total
+
+    def _bytes_before(self, epoch: int, entry: ProgressEntry, upto: int) -> int:
+        """Bytes ``entry``'s rank received for its refits before ``upto``."""
+        done = entry.refits_completed - entry.first_refit
+        if upto >= entry.refits_completed or done <= 0:
+            return entry.bytes_total if upto >= entry.refits_completed else 0
+        items = self._items.get((epoch, entry.rank), {})
+        beyond = range(upto, entry.refits_completed)
+        if all(r in items for r in beyond):
+            return entry.bytes_total - sum(items[r].bytes for r in beyond)
+        # Not itemised: every refit of a rank moves the same weights, so the same bytes.
+        return entry.bytes_total * (upto - entry.first_refit) // done
+
     def rows(self) -> list[RefitRow]:
         out: list[RefitRow] = []
         for epoch in sorted({epoch for epoch, _ in self._latest}):

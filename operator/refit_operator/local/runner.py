@@ -32,12 +32,14 @@ from refit_operator.core.decision import Delete, Emit, JobView, LiftGate
 from refit_operator.core.observe import Observed, observe
 from refit_operator.core.reconcile import reconcile
 from refit_operator.core.writes import WriteError
+from refit_operator.local import metrics_ports
 from refit_operator.local.kubelet import KubeletError, ProcessKubelet
 from refit_operator.local.ledger import RefitLedger
 from refit_operator.local.workdir import create_own
 from refit_operator.models import Phase, RefitJobSpec, RefitJobStatus
 from refit_operator.render import WEIGHTS_DIR, JobRef, RenderOptions
 from refit_worker.contract.config import RendezvousConfig, SafetensorsWeights, WorkerConfig
+from refit_worker.contract.env import METRICS_PORT_ENV
 from refit_worker.contract.rendezvous import Layout
 from refit_worker.rendezvous.file_store import FileStore
 
@@ -54,6 +56,8 @@ class RunOptions:
     workdir: Path | None = None
     #: Seconds after the gang first runs at which one pod is drained (None: no drain).
     drain_after: float | None = None
+    #: Drain one pod once the job has committed this many refits (None: no drain).
+    drain_at_refit: int | None = None
     drain_pod: str | None = None
     #: Give up (and stop everything) after this many seconds.
     timeout: float = 3600.0
@@ -62,6 +66,8 @@ class RunOptions:
     #: Seconds between two rounds of observe and reconcile (tests that time faults
     #: against fast refits look more often).
     tick_s: float = TICK_S
+    #: (role, rank) -> the local port its metrics serve on (see metrics_ports.py).
+    metrics_ports: Mapping[tuple[str, int], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -109,15 +115,21 @@ class LocalCluster:
         #: The job's status as the last round wrote it, and where its Events go.
         self.status = RefitJobStatus()
         self.on_event: Callable[[Emit], None] = lambda e: None
+        #: One host: each rank serves its metrics on a port of its own.
+        self.metrics_ports: Mapping[tuple[str, int], int] = {}
 
     def _local_env(self, pod: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
-        return local_env(
+        rewritten = local_env(
             env,
             port=self._ports.for_pod(pod),
             store_dir=self.store_dir,
             shards=self.layout.shards,
             weights_dir=self.weights_dir,
         )
+        metrics = metrics_ports.port_of(self.metrics_ports, pod)
+        if METRICS_PORT_ENV in rewritten and metrics is not None:
+            rewritten[METRICS_PORT_ENV] = str(metrics)
+        return rewritten
 
     def observed_rendezvous(self) -> dict[str, dict[str, str]]:
         base = names.rendezvous_name(self.job.name)
@@ -235,6 +247,7 @@ def run_job(
     workdir = create_own(job.name) if options.workdir is None else options.workdir.resolve()
     cluster = LocalCluster(job, spec, workdir, options.claims)
     applier = Applier(cluster, clock=lambda: datetime.now(UTC))
+    cluster.metrics_ports = options.metrics_ports
     view = JobView(job, int(meta.get("generation") or 1), manifest["spec"], RefitJobStatus())
     result = RunResult(view.status)
     started = time.monotonic()
@@ -256,7 +269,14 @@ def run_job(
                 return result
             if running_since is None and status.phase == Phase.RUNNING:
                 running_since = time.monotonic()
-            _drain_when_due(options, result, cluster, running_since, on_event)
+            _drain_when_due(
+                options,
+                result,
+                cluster,
+                status=status,
+                running_since=running_since,
+                on_event=on_event,
+            )
             if should_stop():
                 result.interrupted = True
                 return result
@@ -301,13 +321,13 @@ def _drain_when_due(
     options: RunOptions,
     result: RunResult,
     cluster: LocalCluster,
+    *,
+    status: RefitJobStatus,
     running_since: float | None,
     on_event: Callable[[Emit], None],
 ) -> None:
-    """``--drain-after``: drain one pod once the gang ran that long (once per run)."""
-    if options.drain_after is None or result.drained is not None or running_since is None:
-        return
-    if time.monotonic() - running_since < options.drain_after:
+    """``--drain-after`` / ``--drain-at-refit``: drain one pod once it is due (once per run)."""
+    if result.drained is not None or not _drain_due(options, status, running_since):
         return
     target = options.drain_pod or names.pod_name(cluster.job.name, "rollout", 0)
     if cluster.kubelet.disrupt(target):
@@ -319,6 +339,17 @@ def _drain_when_due(
                 f"draining {target}: DisruptionTarget (EvictionByEvictionAPI), then deletion",
             )
         )
+
+
+def _drain_due(options: RunOptions, status: RefitJobStatus, running_since: float | None) -> bool:
+    """Whether the simulated drain is due: N refits committed, or S seconds of running."""
+    if options.drain_at_refit is not None:
+        return status.refits_completed >= options.drain_at_refit
+    return (
+        options.drain_after is not None
+        and running_since is not None
+        and time.monotonic() - running_since >= options.drain_after
+    )
 
 
 def _keep_failed_logs(result: RunResult, cluster: LocalCluster, observed: Observed) -> None:

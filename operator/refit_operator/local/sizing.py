@@ -46,9 +46,13 @@ def _default_worker(role: RoleSpec) -> bool:
 
 
 def estimate(spec: RefitJobSpec, model_bytes: int | None) -> Estimate:
-    """Bytes the job's workers will hold at once, roughly."""
-    bucket = spec.transfer.bucket_bytes
+    """Bytes the job's workers will hold at once, roughly.
+
+    A transfer buffer never holds more than the whole model, so a bucket larger than the
+    model costs what the model does (``bucketSize: 10Gi`` on a 9 MiB model: 9 MiB each).
+    """
     model = model_bytes or 0
+    bucket = min(spec.transfer.bucket_bytes, model) if model_bytes else spec.transfer.bucket_bytes
     total = 0
     processes = 0
     for role, per_rank in (

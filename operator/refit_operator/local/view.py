@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from refit_operator.core.decision import Emit
 from refit_operator.local.runner import RunResult
-from refit_operator.models import RefitJobSpec, RefitJobStatus
+from refit_operator.models import Phase, RefitJobSpec, RefitJobStatus
 
 
 def human_bytes(n: float) -> str:
@@ -39,22 +39,35 @@ def fit(lines: list[str], width: int) -> list[str]:
 
 
 def connection(status: RefitJobStatus) -> str:
-    """Whether the gang's ranks are connected (the barrier is open), or how far along."""
+    """Whether the current epoch's ranks are connected (its barrier is open), or how far
+    along.  A Connected condition left from an earlier epoch says nothing of this one."""
     cond = next((c for c in status.conditions if c.type == "Connected"), None)
-    if cond is None:
+    if cond is None or status.phase is not Phase.RUNNING:
         return "-"
-    return "connected" if cond.status == "True" else f"connecting ({cond.message})"
+    since = status.epoch_start_time
+    if cond.status == "True" and (since is None or cond.last_transition_time >= since):
+        return "connected"
+    return f"connecting ({cond.message})" if cond.status != "True" else "connecting"
 
 
-def live_lines(job: str, spec: RefitJobSpec, status: RefitJobStatus, elapsed: float) -> list[str]:
-    """The block a terminal redraws every tick."""
+def moved(status: RefitJobStatus, committed: int) -> str:
+    """Bytes of the committed refits, and what ranks received beyond them."""
+    extra = status.bytes_transferred - committed
+    return human_bytes(committed) + (f" (+{human_bytes(extra)} partial)" if extra > 0 else "")
+
+
+def live_lines(
+    job: str, spec: RefitJobSpec, status: RefitJobStatus, elapsed: float, committed: int
+) -> list[str]:
+    """The block a terminal redraws every tick; ``committed``: bytes of the refits every
+    rollout rank committed (``RefitLedger.committed_bytes``)."""
     refits = spec.transfer.refits
     return [
         f"RefitJob {job}  phase {status.phase.value}  epoch {status.epoch}  elapsed {elapsed:.1f}s",
         f"  policy   ready {status.policy.ready}/{spec.policy.replicas}",
         f"  rollout  ready {status.rollout.ready}/{spec.rollout.replicas}  "
         f"refit {min(status.refits_completed + 1, refits)}/{refits}  "
-        f"done {status.refits_completed}  moved {human_bytes(status.bytes_transferred)}  "
+        f"committed {status.refits_completed}  moved {moved(status, committed)}  "
         f"last {gbps(status)}",
         f"  restarts {status.restarts}  preemptions {status.preemptions}  "
         f"ranks {connection(status)}",
@@ -75,14 +88,18 @@ def status_key(status: RefitJobStatus) -> tuple[object, ...]:
     )
 
 
-def status_line(job: str, spec: RefitJobSpec, status: RefitJobStatus, elapsed: float) -> str:
-    """One grep-able line: ``key=value`` pairs."""
+def status_line(
+    job: str, spec: RefitJobSpec, status: RefitJobStatus, elapsed: float, committed: int
+) -> str:
+    """One grep-able line: ``key=value`` pairs.  ``refits`` counts what every rollout rank
+    committed, ``bytes`` the bytes of those refits (``committed``), ``connected`` the
+    current epoch's ranks."""
     return (
         f"t={elapsed:.1f}s job={job} phase={status.phase.value} epoch={status.epoch} "
         f"policy_ready={status.policy.ready}/{spec.policy.replicas} "
         f"rollout_ready={status.rollout.ready}/{spec.rollout.replicas} "
         f"refits={status.refits_completed}/{spec.transfer.refits} "
-        f"bytes={status.bytes_transferred} "
+        f"bytes={committed} "
         f"gbps={(status.last_throughput_bytes_per_second or 0) / 1e9:.4g} "
         f"restarts={status.restarts} preemptions={status.preemptions} "
         f"connected={'yes' if connection(status) == 'connected' else 'no'}"
@@ -110,24 +127,35 @@ def verification(status: RefitJobStatus) -> str:
     return _VERIFIED.get(status.verification, status.verification)
 
 
+def _verdict(spec: RefitJobSpec, result: RunResult) -> str:
+    status = result.status
+    if result.interrupted:
+        want = spec.transfer.refits
+        if status.refits_completed >= want and status.phase is not Phase.FAILED:
+            # Stopped in the moment between the last commit and the phase: the work is done.
+            return (
+                f"interrupted after all {want} refit(s) committed, before the job was "
+                "marked Succeeded"
+            )
+        return "interrupted"
+    return "timed out" if result.timed_out else status.phase.value
+
+
 def summary(job: str, spec: RefitJobSpec, result: RunResult, elapsed: float) -> list[str]:
     """The final table: one row per refit the rollout ranks reported; rows add up to the
     bytes line below them."""
     status = result.status
-    verdict = (
-        "interrupted"
-        if result.interrupted
-        else ("timed out" if result.timed_out else status.phase.value)
-    )
-    lines = [f"RefitJob {job}: {verdict} in {elapsed:.1f}s"]
+    lines = [f"RefitJob {job}: {_verdict(spec, result)} in {elapsed:.1f}s"]
     if status.message:
         lines.append(f"  message: {status.message}")
     rows = result.ledger.rows()
     if rows:
-        lines.append(
-            f"  {'refit':>5}  {'epoch':>5}  {'bytes':>10}  {'seconds':>8}  {'rate':>11}"
-            "   (seconds: transfer and commit, slowest rollout rank)"
-        )
+        lines += [
+            f"  {'refit':>5}  {'epoch':>5}  {'bytes':>10}  {'seconds':>8}  {'rate':>11}",
+            f"  (bytes: what all {spec.rollout.replicas} rollout rank(s) received for the "
+            "refit together; seconds: transfer and commit of the slowest one; rate: those "
+            "bytes over those seconds, the gang's aggregate)",
+        ]
     for row in rows:
         rate = human_rate(row.bytes / row.seconds) if row.seconds > 0 else "-"
         lines.append(
@@ -135,7 +163,11 @@ def summary(job: str, spec: RefitJobSpec, result: RunResult, elapsed: float) -> 
             f"{row.seconds:>8.3f}  {rate:>11}"
         )
     if any(not row.itemised for row in rows):
-        lines.append("  * not itemised: refits that finished between two reads of the reports")
+        lines.append(
+            "  * not itemised: refits that finished between two reads of the reports, or "
+            "that only some rollout ranks committed before a preemption (the next epoch "
+            "moved them again)"
+        )
     lines += [
         f"  refits {status.refits_completed}/{spec.transfer.refits}  "
         f"bytes {human_bytes(status.bytes_transferred)}  restarts {status.restarts}  "

@@ -176,6 +176,8 @@ class WorkerConfig(_Frozen):
         Raises :class:`ConfigError` naming every missing or invalid variable.
         """
         environ = os.environ if environ is None else environ
+        if not any(_env_name(name) in environ for name in cls.model_fields):
+            raise ConfigError(NO_WORKER_ENV)
         raw: dict[str, Any] = {}
         for name in cls.model_fields:
             key = _env_name(name)
@@ -198,7 +200,8 @@ class WorkerConfig(_Frozen):
                 f" {err['msg']}"
                 for err in exc.errors()
             )
-            raise ConfigError(f"invalid worker environment: {problems}") from exc
+            # The sentence names every variable; pydantic's own report would only repeat it.
+            raise ConfigError(f"invalid worker environment: {problems}") from None
 
 
 #: Fields carried as JSON (models and dicts); every other field is plain text.
@@ -214,6 +217,14 @@ DOWNWARD_API_FIELDS: dict[str, str] = {
 
 class ConfigError(ValueError):
     """The environment does not hold a valid worker configuration."""
+
+
+#: What a process started outside a RefitJob pod is told (no REFIT_* variable at all).
+NO_WORKER_ENV = (
+    f"no {ENV_PREFIX}* worker environment in this process: a worker (RefitSession.from_env(),"
+    " refit-worker) runs inside a RefitJob pod, whose env the operator renders, or under"
+    " `refit run job.yaml` with your program as spec.policy.command / spec.rollout.command"
+)
 
 
 def _env_name(field: str) -> str:
