@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
 from refit_worker.session import RefitSession, RefitStats
 from refit_worker.waits import WaitTimeout
@@ -264,3 +266,19 @@ class StagedReceiver:
         if exc is None:
             raise RuntimeError(f"refit {self._refit_id} ended without being staged")
         raise exc
+
+
+def stop_flag(config: WorkerConfig) -> Callable[[], bool]:
+    """A flag set by the job's preemption signal(s) in this process (main thread only:
+    elsewhere the session still stops on the job's preemption notice)."""
+    state = {"stop": False}
+
+    def handler(signum: int, frame: object) -> None:
+        state["stop"] = True
+
+    try:
+        for sig in config.preemption_signal:
+            signal.signal(sig, handler)
+    except ValueError:  # not the main thread: rely on the job-wide notice
+        pass
+    return lambda: state["stop"]

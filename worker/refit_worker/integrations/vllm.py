@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -49,7 +48,12 @@ import torch
 
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
-from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, StagedRefit
+from refit_worker.integrations.staged import (
+    CommittedFigures,
+    StagedReceiver,
+    StagedRefit,
+    stop_flag,
+)
 from refit_worker.session import RefitSession
 
 #: The qualified name to pass as ``worker_extension_cls``.
@@ -96,22 +100,6 @@ def layout_problems(served: Layout | None, weights: Mapping[str, torch.Tensor]) 
         if tuple(weights[n].shape) != served[n]
     ]
     return problems
-
-
-def stop_flag(config: WorkerConfig) -> Callable[[], bool]:
-    """A flag set by the job's preemption signal(s) in this process (main thread only:
-    elsewhere the session still stops on the job's preemption notice)."""
-    state = {"stop": False}
-
-    def handler(signum: int, frame: object) -> None:
-        state["stop"] = True
-
-    try:
-        for sig in config.preemption_signal:
-            signal.signal(sig, handler)
-    except ValueError:  # not the main thread: rely on the job-wide notice
-        pass
-    return lambda: state["stop"]
 
 
 class RefitLanding:

@@ -34,8 +34,8 @@ from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
-from refit_worker.integrations.staged import CommittedFigures, StagedReceiver
-from refit_worker.integrations.vllm import RefitLanding, checkpoint_layout, stop_flag
+from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, stop_flag
+from refit_worker.integrations.vllm import RefitLanding, checkpoint_layout
 from refit_worker.session import RefitSession
 
 
