@@ -80,16 +80,22 @@ def corpus_ids() -> torch.Tensor:
     return torch.tensor(encode(" ".join(TEXT)), dtype=torch.int64)
 
 
-def llama_config(dtype: str = "float32") -> Any:
+#: The tiny model's size; the landing bench overrides these to measure a larger one.
+SIZE: dict[str, int] = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+
+def llama_config(dtype: str = "float32", **size: int) -> Any:
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=len(vocabulary()),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        vocab_size=size.pop("vocab_size", len(vocabulary())),
+        **{**SIZE, **size},
         head_dim=32,
         max_position_embeddings=128,
         tie_word_embeddings=False,
@@ -100,12 +106,13 @@ def llama_config(dtype: str = "float32") -> Any:
     )
 
 
-def build_model(seed: int, dtype: str = "float32") -> Any:
-    """A freshly initialised ``LlamaForCausalLM`` (deterministic for ``seed``)."""
+def build_model(seed: int, dtype: str = "float32", **size: int) -> Any:
+    """A freshly initialised ``LlamaForCausalLM`` (deterministic for ``seed``; ``size``
+    overrides :data:`SIZE` and the vocabulary size)."""
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(llama_config(dtype))
+    model = LlamaForCausalLM(llama_config(dtype, **size))
     return model.to(getattr(torch, dtype)).eval()
 
 

@@ -10,39 +10,19 @@ installed into the cached environment, so it can never run a stale copy).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.engines.environment import HERE, install
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-INSTALL_TIMEOUT_S = 1800
 _SESSION: dict[str, Any] = {}
 
 
 def _in_tier(item: pytest.Item) -> bool:
     return HERE in item.path.parents
-
-
-def install() -> Path:
-    """The vLLM environment's directory (install.sh's stdout); RuntimeError with its
-    stderr when it fails."""
-    done = subprocess.run(
-        ["bash", str(HERE / "install.sh")],
-        capture_output=True,
-        text=True,
-        timeout=INSTALL_TIMEOUT_S,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"tests/engines/install.sh failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
-        )
-    return Path(done.stdout.strip().splitlines()[-1])
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -55,7 +35,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         _SESSION["error"] = exc
     _SESSION["install_s"] = time.monotonic() - started
-    _SESSION["started"] = time.monotonic()
     if reporter is not None:
         reporter.write_line(
             f"engines tier: vLLM environment ready after {_SESSION['install_s']:.0f} s "
@@ -63,11 +42,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         )
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add up the tier's own time (set-up, call, tear-down of its tests)."""
+    if report.nodeid.startswith(f"{HERE.parent.name}/{HERE.name}/"):
+        _SESSION["run_s"] = _SESSION.get("run_s", 0.0) + report.duration
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if "started" in _SESSION:
+    if "install_s" in _SESSION:
         terminalreporter.write_line(
             f"engines tier: install {_SESSION['install_s']:.0f} s, tests "
-            f"{time.monotonic() - _SESSION['started']:.0f} s"
+            f"{_SESSION.get('run_s', 0.0):.0f} s"
         )
 
 
@@ -79,17 +64,3 @@ def engine_python() -> Path:
     if "venv" not in _SESSION:  # collected without the hook (e.g. a plugin reordered it)
         _SESSION["venv"] = install()
     return Path(_SESSION["venv"]) / "bin" / "python"
-
-
-def engine_env(**extra: str) -> dict[str, str]:
-    """The environment of an engine-side subprocess: this checkout's worker and tests."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "worker"), str(ROOT)])
-    env.update(
-        VLLM_TARGET_DEVICE="cpu",
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-        VLLM_CPU_OMP_THREADS_BIND="nobind",
-        PYTHONUNBUFFERED="1",
-    )
-    env.update(extra)
-    return env

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.engines.conftest import ROOT
+from tests.engines.environment import ROOT
 
 EXAMPLE = ROOT / "examples" / "rl-vllm"
 REFITS = 3

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.engines.conftest import HERE, engine_env
+from tests.engines.environment import HERE, engine_env
 from tests.engines.procs import JsonProc
 
 from refit_worker.contract.config import RendezvousConfig, TransferConfig, WorkerConfig
