@@ -30,8 +30,8 @@ def test_rl_vllm_example_refits_every_step_with_tokens_checked(
     venv = install_engine_env()  # cached after the engines tier (or CI's install step)
     doc = yaml.safe_load((EXAMPLES / "rl-vllm" / "job.yaml").read_text())
     env = [
-        {"name": "REFIT_RL_VLLM_PYTHON", "value": str(venv / "bin" / "python")},
-        {"name": "REFIT_RL_VLLM_DIR", "value": str(EXAMPLES / "rl-vllm")},
+        {"name": "RL_VLLM_PYTHON", "value": str(venv / "bin" / "python")},
+        {"name": "RL_VLLM_DIR", "value": str(EXAMPLES / "rl-vllm")},
         {"name": "PYTHONPATH", "value": str(REPO_ROOT / "worker")},
     ]
     for role in ("policy", "rollout"):

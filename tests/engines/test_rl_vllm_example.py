@@ -27,8 +27,8 @@ def test_rl_example_refits_every_step_and_vllm_tokens_equal_hf(
 ) -> None:
     env = dict(os.environ)
     env.update(
-        REFIT_RL_VLLM_PYTHON=str(engine_python),
-        REFIT_RL_VLLM_DIR=str(EXAMPLE),
+        RL_VLLM_PYTHON=str(engine_python),
+        RL_VLLM_DIR=str(EXAMPLE),
         PYTHONPATH=os.pathsep.join([str(ROOT / "worker"), str(ROOT / "operator")]),
     )
     workdir = tmp_path / "work"
