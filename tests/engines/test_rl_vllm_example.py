@@ -16,10 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from tests.engines.environment import ROOT
 
 EXAMPLE = ROOT / "examples" / "rl-vllm"
 REFITS = 3
+# An engine start plus its refits, on a loaded 2-core machine (the default is 300 s).
+pytestmark = pytest.mark.timeout(1500)
 
 
 def test_rl_example_refits_every_step_and_vllm_tokens_equal_hf(

@@ -28,6 +28,8 @@ from refit_worker.contract.config import RendezvousConfig, TransferConfig, Worke
 from refit_worker.rendezvous import FileStore, Layout
 
 REFITS = 2
+# An engine start plus its refits, on a loaded 2-core machine (the default is 300 s).
+pytestmark = pytest.mark.timeout(1500)
 START_TIMEOUT_S = 600  # a cold `import vllm` on a loaded 2-core machine
 STEP_TIMEOUT_S = 300
 
