@@ -180,15 +180,15 @@ class RefitWorkerExtension:
 
     def refit_pending(self) -> list[int]:
         """The refit ids this session still has to take (from where its gang resumes)."""
-        return list(self._require().receiver.session.pending_refits)
+        return list(self._refit_require().receiver.session.pending_refits)
 
     def refit_begin(self, refit_id: int, verified_as: Verification | None = None) -> None:
         """Start receiving refit ``refit_id`` in the background; generation goes on."""
-        self._require().receiver.begin(refit_id, verified_as=verified_as)
+        self._refit_require().receiver.begin(refit_id, verified_as=verified_as)
 
     def refit_ready(self) -> bool:
         """Whether :meth:`refit_land` would not wait (staged, or failed)."""
-        return self._require().receiver.ready()
+        return self._refit_require().receiver.ready()
 
     def refit_land(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Land the begun refit once staged (the driver holds generation meanwhile).
@@ -196,7 +196,7 @@ class RefitWorkerExtension:
         Returns ``refit_id``, ``landing_s``, ``staged_after_s`` and ``extras`` (the
         refit's extra tensors as lists).  Raises what stopped the refit (``Preempted``...)
         or :class:`LandingError`; the engine's weights are then untouched."""
-        staged, landing_s = self._require().land(timeout_s)
+        staged, landing_s = self._refit_require().land(timeout_s)
         return {
             "refit_id": staged.refit_id,
             "landing_s": landing_s,
@@ -206,11 +206,11 @@ class RefitWorkerExtension:
 
     def refit_commit(self, verify_s: float = 0.0) -> dict[str, Any]:
         """Commit the landed refit (after the caller's check, which took ``verify_s``)."""
-        return _figures(self._require().commit(verify_s))
+        return _figures(self._refit_require().commit(verify_s))
 
     def refit_reject(self, reason: str) -> None:
         """Refuse the refit in flight (e.g. its tokens differ): it is not committed."""
-        self._require().receiver.reject(reason)
+        self._refit_require().receiver.reject(reason)
 
     def refit_close(self) -> None:
         """Close the session (idempotent); the engine keeps serving what it has."""
@@ -218,7 +218,7 @@ class RefitWorkerExtension:
             self._refit.receiver.close()
             self._refit = None
 
-    def _require(self) -> RefitLanding:
+    def _refit_require(self) -> RefitLanding:
         if self._refit is None:
             raise RuntimeError("no refit session: call refit_connect() first")
         return self._refit
