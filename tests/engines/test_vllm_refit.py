@@ -97,6 +97,7 @@ def scenario(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         first.wait_for("the stall mid-refit 1", lambda m: "paused" in m, STEP_TIMEOUT_S)
         os.kill(rollout.pid, signal.SIGTERM)
         found["preempted"] = _step(rollout, "preempted")
+        found["progress0_preempted"] = store.snapshot(0).progress[("rollout", 0)]
         first.proc.kill()
         first.stop()
         second = policy(1)
@@ -144,6 +145,9 @@ def test_a_refit_preempted_mid_transfer_leaves_vllm_tokens_unchanged(
     assert preempted["before"] == refit0
     assert all(batch == refit0 for batch in preempted["during"])
     assert preempted["after"] == refit0
+    # The rank said so in its progress report; refit 0 stays the last one committed.
+    progress = scenario["progress0_preempted"]
+    assert progress.state == "preempted" and progress.refits_completed == 1
 
 
 def test_the_next_refit_lands_through_vllms_weight_transfer_registry(

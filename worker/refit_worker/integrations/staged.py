@@ -39,7 +39,7 @@ import torch
 
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
-from refit_worker.session import RefitSession, RefitStats
+from refit_worker.session import Preempted, RefitSession, RefitStats
 from refit_worker.waits import WaitTimeout
 
 #: Names under this prefix ride along with a refit but are not weights to land.
@@ -249,6 +249,13 @@ class StagedReceiver:
             return await self.session.receive(
                 refit_id=refit_id, verify=hold, verified_as=verified_as
             )
+        except Preempted as exc:
+            # As the session's own `with` block reports a rank's end: for the job's status.
+            self.session.reporter.publish("preempted", str(exc)[:200])
+            raise
+        except Exception as exc:
+            self.session.reporter.publish("failed", f"{type(exc).__name__}: {exc}"[:200])
+            raise
         finally:
             self._staged_event.set()  # wake staged() on failure too
 
