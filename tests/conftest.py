@@ -1,6 +1,7 @@
 """Test tiers by folder: ``unit/`` (pure), ``integration/`` (API emulator + kopf in-loop),
 ``e2e/`` (real processes, real NIXL, real signals), ``cluster/`` (a real Kubernetes
 control plane built from source, process nodes, the operator as a process);
+``engines/`` (real inference engines: vLLM's CPU build in its own cached environment);
 ``reliability/`` (fault injection on real processes) counts as e2e.  Each test gets its
 tier's marker, so ``-m unit`` selects the fast tier; CI runs all of them.  ``gpu/`` holds
 the CUDA tier in files named ``gpu_*.py``, which a plain run does not collect:
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-_TIERS = ("unit", "integration", "e2e", "cluster")
+_TIERS = ("unit", "integration", "e2e", "cluster", "engines")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

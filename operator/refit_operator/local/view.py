@@ -113,6 +113,8 @@ def event_line(event: Emit, elapsed: float) -> str:
 #: What each reported verification method means, in the summary's words.
 _VERIFIED = {
     "bit-exact": "bit-exact: every tensor checked against independently regenerated weights",
+    "tokens": "tokens: the engine's greedy tokens for fixed prompts equal the trainer's for"
+    " the same weights",
     "checksums": "checksums: every tensor's integrity hash matched the sender's",
     "manifest": "manifest only: every name, shape, dtype and byte accounted for, values unchecked",
     "none": "none reported: no rollout rank said it checked what it committed",

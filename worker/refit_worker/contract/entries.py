@@ -53,9 +53,17 @@ KeyKind: TypeAlias = Literal["meta", "progress", "barrier", "preempt"]
 ProgressState: TypeAlias = Literal["running", "done", "preempted", "failed"]
 #: How a rollout rank checked each refit before committing it, weakest first: nothing,
 #: the manifest (every name, shape and dtype, every byte accounted for), integrity hashes
-#: of every tensor, or every bit against independently regenerated weights.
-Verification: TypeAlias = Literal["none", "manifest", "checksums", "bit-exact"]
-VERIFICATION_ORDER: tuple[Verification, ...] = ("none", "manifest", "checksums", "bit-exact")
+#: of every tensor, the serving engine's greedy tokens for fixed prompts against the
+#: trainer's for the same weights (after the landing), or every bit against independently
+#: regenerated weights.
+Verification: TypeAlias = Literal["none", "manifest", "checksums", "tokens", "bit-exact"]
+VERIFICATION_ORDER: tuple[Verification, ...] = (
+    "none",
+    "manifest",
+    "checksums",
+    "tokens",
+    "bit-exact",
+)
 
 _KEY_RE = re.compile(r"(meta|progress)\.(policy|rollout)\.(0|[1-9][0-9]{0,8})")
 _DATA_KEY_RE = re.compile(r"[-._a-zA-Z0-9]+")

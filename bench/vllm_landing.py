@@ -1,0 +1,208 @@
+"""vLLM landing cost against the transfer, in ONE run: what a refit costs beyond the wire.
+
+A policy process sends refits of a Llama (default ~31 M parameters, float32, ~125 MB) over
+NIXL (UCX) with ``RefitSession.send``; a rollout process serves the same architecture with
+vLLM's CPU build and takes each refit through kube-refit's worker extension: received in
+the background into registered staging memory (integrity hashes on), then landed with
+vLLM's ``reload_weights`` (HF names; vLLM fuses qkv/gate_up and repacks for its CPU
+kernels).  Per refit the rollout reports:
+
+* ``transfer``: the session's own figure (first byte possible to every byte arrived and
+  verified, plus the commit), the baseline;
+* ``landing``: the one ``reload_weights`` call, during which generation is held.
+
+Printed: every timed refit, the medians of ``--runs`` refits (after ``--warmup``), and the
+ratio landing / transfer of the medians, all measured in this run (the load average is
+printed: other processes on the machine skew both alike).
+
+Usage: ``python bench/vllm_landing.py [--runs 3] [--warmup 1] [--json]`` from any Python
+of the project; the engine sides run in the vLLM environment (``tests/engines/install.sh``,
+made or reused first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "worker"))
+sys.path.insert(0, str(ROOT / "examples" / "rl-vllm"))
+
+
+def _size(opts: dict[str, Any]) -> dict[str, int]:
+    return {
+        "hidden_size": opts["hidden"],
+        "intermediate_size": opts["intermediate"],
+        "num_hidden_layers": opts["layers"],
+        "num_attention_heads": opts["hidden"] // 32,
+        "num_key_value_heads": max(1, opts["hidden"] // 128),
+        "vocab_size": opts["vocab"],
+    }
+
+
+def policy(opts: dict[str, Any]) -> None:
+    import tiny_llama
+    import torch
+
+    from refit_worker.session import RefitSession
+
+    model = tiny_llama.build_model(0, **_size(opts))
+    state = dict(model.state_dict())
+    with RefitSession.from_env() as session:
+        for refit in session.pending_refits:
+            with torch.no_grad():
+                for tensor in state.values():
+                    tensor.add_(1e-3)  # every refit carries new values
+            asyncio.run(session.send(state.items(), refit_id=refit))
+
+
+def rollout(opts: dict[str, Any]) -> None:
+    import tiny_llama
+
+    from refit_worker.integrations.vllm import WORKER_EXTENSION, VllmRefit
+
+    model_dir = Path(opts["dir"]) / "model"
+    tiny_llama.save_checkpoint(tiny_llama.build_model(0, **_size(opts)), model_dir)
+    llm = tiny_llama.start_llm(model_dir, worker_extension_cls=WORKER_EXTENSION)
+    refit = VllmRefit(llm)
+    figures = []
+    try:
+        refit.connect()
+        for refit_id in refit.pending():
+            refit.begin(refit_id)
+            refit.land()
+            figures.append(refit.commit())
+        refit.close()
+    finally:
+        tiny_llama.shutdown_llm(llm)
+    print(json.dumps({"figures": figures}), flush=True)
+
+
+def _env(store: Path, role: str, refits: int, bucket: int) -> dict[str, str]:
+    from refit_worker.contract.config import RendezvousConfig, TransferConfig, WorkerConfig
+
+    return WorkerConfig(
+        job="landing-bench",
+        role=role,  # type: ignore[arg-type]
+        rank=0,
+        policy_world_size=1,
+        rollout_world_size=1,
+        pod_uid=str(uuid.uuid4()),
+        transfer=TransferConfig(bucket_size=bucket, timeout_seconds=600, refits=refits),
+        rendezvous=RendezvousConfig(store="file", location=str(store)),
+        termination_message_path=str(store.parent / f"{role}.termination"),
+    ).to_env()
+
+
+def drive(args: argparse.Namespace) -> int:
+    from refit_worker.rendezvous import FileStore, Layout
+
+    started = time.monotonic()
+    venv = subprocess.run(
+        ["bash", str(ROOT / "tests" / "engines" / "install.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if venv.returncode != 0:
+        print(f"vllm_landing: the vLLM environment failed to install:\n{venv.stderr}")
+        return 1
+    python = Path(venv.stdout.strip().splitlines()[-1]) / "bin" / "python"
+    refits = args.warmup + args.runs
+    opts = {k: getattr(args, k) for k in ("hidden", "intermediate", "layers", "vocab")}
+    with tempfile.TemporaryDirectory(prefix="vllm-landing-") as tmp:
+        store = Path(tmp) / "rdzv"
+        opts["dir"] = tmp
+        base = dict(os.environ)
+        base.update(
+            PYTHONPATH=str(ROOT / "worker"),
+            BENCH_OPTS=json.dumps(opts),
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",
+            VLLM_CPU_OMP_THREADS_BIND="nobind",
+        )
+        procs = {}
+        for role in ("rollout", "policy"):
+            env = {**base, **_env(store, role, refits, args.bucket_mib << 20)}
+            procs[role] = subprocess.Popen(
+                [str(python), __file__, "--role", role],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=open(Path(tmp) / f"{role}.log", "w"),  # noqa: SIM115
+                text=True,
+            )
+        FileStore(store, Layout(1, 1, 1)).open_barrier(0, timeout=900)
+        out, _ = procs["rollout"].communicate(timeout=1800)
+        procs["policy"].wait(timeout=120)
+        if procs["rollout"].returncode != 0:
+            print((Path(tmp) / "rollout.log").read_text()[-4000:])
+            return 1
+    figures = json.loads(out.strip().splitlines()[-1])["figures"][args.warmup :]
+    report(figures, args, time.monotonic() - started)
+    return 0
+
+
+def report(figures: list[dict[str, Any]], args: argparse.Namespace, elapsed: float) -> None:
+    mb = figures[0]["bytes"] / 1e6
+    print(
+        f"vLLM landing vs transfer: {mb:.0f} MB per refit, {args.runs} timed refits after "
+        f"{args.warmup} warm-up; load average {os.getloadavg()[0]:.1f}; {elapsed:.0f} s in all"
+    )
+    print(f"  {'refit':>5}  {'transfer s':>10}  {'landing s':>9}  {'landing/transfer':>16}")
+    for f in figures:
+        ratio = f["landing_s"] / f["transfer_s"]
+        row = f"  {f['refit_id']:>5}  {f['transfer_s']:>10.4f}  {f['landing_s']:>9.4f}"
+        print(f"{row}  {ratio:>16.2f}")
+    transfer = statistics.median(f["transfer_s"] for f in figures)
+    landing = statistics.median(f["landing_s"] for f in figures)
+    print(
+        f"  median  {transfer:>10.4f}  {landing:>9.4f}  {landing / transfer:>16.2f}"
+        f"   (transfer {mb / transfer / 1e3:.2f} GB/s; landing {mb / landing / 1e3:.2f} GB/s)"
+    )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "case": "vllm-landing",
+                    "bytes": figures[0]["bytes"],
+                    "transfer_s": transfer,
+                    "landing_s": landing,
+                    "landing_over_transfer": landing / transfer,
+                }
+            )
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="timed refits (median of these)")
+    parser.add_argument("--warmup", type=int, default=1, help="refits before the timed ones")
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--intermediate", type=int, default=1408)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--bucket-mib", type=int, default=16)
+    parser.add_argument("--json", action="store_true", help="a JSON line after the table")
+    parser.add_argument("--role", choices=("policy", "rollout"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.warmup < 0:
+        parser.error("--runs must be >= 1 and --warmup >= 0")
+    if args.role is not None:
+        role_opts = json.loads(os.environ["BENCH_OPTS"])
+        (policy if args.role == "policy" else rollout)(role_opts)
+        return 0
+    return drive(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
