@@ -76,24 +76,7 @@ def add_parser(sub: Any) -> None:
         f"output pipe closed: {128 + signal.SIGPIPE}).",
     )
     run.add_argument("manifest", type=Path, help="RefitJob YAML, e.g. examples/local.yaml")
-    run.add_argument(
-        "--drain-after",
-        type=_seconds(allow_zero=True),
-        metavar="SECONDS",
-        help="simulate a node drain on one pod this long after the gang first runs",
-    )
-    run.add_argument(
-        "--drain-at-refit",
-        type=_refit_count,
-        metavar="N",
-        help="simulate a node drain on one pod once N refits are committed (1 <= N < "
-        "spec.transfer.refits): the gang is preempted and a new one resumes at refit N",
-    )
-    run.add_argument(
-        "--drain-pod",
-        metavar="POD",
-        help="the pod to drain with --drain-after or --drain-at-refit (default: <job>-rollout-0)",
-    )
+    _add_drain_arguments(run)
     run.add_argument(
         "--timeout",
         type=_seconds(allow_zero=False),
@@ -125,6 +108,28 @@ def add_parser(sub: Any) -> None:
         help="start even when the job looks too large for this machine",
     )
     run.set_defaults(func=cmd_run)
+
+
+def _add_drain_arguments(run: Any) -> None:
+    """The flags that simulate a node drain, one pod at a time."""
+    run.add_argument(
+        "--drain-after",
+        type=_seconds(allow_zero=True),
+        metavar="SECONDS",
+        help="simulate a node drain on one pod this long after the gang first runs",
+    )
+    run.add_argument(
+        "--drain-at-refit",
+        type=_refit_count,
+        metavar="N",
+        help="simulate a node drain on one pod once N refits are committed (1 <= N < "
+        "spec.transfer.refits): the gang is preempted and a new one resumes at refit N",
+    )
+    run.add_argument(
+        "--drain-pod",
+        metavar="POD",
+        help="the pod to drain with --drain-after or --drain-at-refit (default: <job>-rollout-0)",
+    )
 
 
 def _refit_count(text: str) -> int:
@@ -286,12 +291,8 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     def request_stop(signum: int, frame: object) -> None:
         stop.setdefault("signal", signum)
 
-    def pipe_closed() -> None:
-        stop.setdefault("signal", signal.SIGPIPE)
-
-    printer = _Output(out, pipe_closed)
-    for stale in workdir.sweep_stale():
-        printer.line(f"refit run: removed {stale}, left by an earlier run that was killed")
+    printer = _Output(out, lambda: stop.setdefault("signal", signal.SIGPIPE) and None)
+    _announce(printer, args, manifest, spec)
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     drawn = [0]
     last_key: list[object] = [None]
@@ -317,8 +318,6 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             last_key[0] = view.status_key(status)
             printer.line(view.status_line(job, spec, status, elapsed, committed))
 
-    for line in _opening_lines(args, manifest, spec):
-        printer.line(line)
     try:
         result = run_job(
             manifest,
@@ -336,6 +335,16 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     return _summarise(
         printer, args, job=job, spec=spec, result=result, elapsed=elapsed, signum=signum
     )
+
+
+def _announce(
+    printer: _Output, args: argparse.Namespace, manifest: dict[str, Any], spec: RefitJobSpec
+) -> None:
+    """Before anything starts: what an earlier killed run left, and what this run is."""
+    for stale in workdir.sweep_stale():
+        printer.line(f"refit run: removed {stale}, left by an earlier run that was killed")
+    for line in _opening_lines(args, manifest, spec):
+        printer.line(line)
 
 
 def _run_options(args: argparse.Namespace, claims: Mapping[str, Path]) -> RunOptions:

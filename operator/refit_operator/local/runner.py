@@ -16,6 +16,7 @@ job's ConfigMaps on one machine.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
 import time
 import uuid
@@ -287,8 +288,6 @@ def run_job(
     finally:
         cluster.close(timeout=float(spec.preemption.grace_period_seconds) + 5)
         if own_dir:
-            import shutil
-
             shutil.rmtree(workdir, ignore_errors=True)
 
 
