@@ -291,7 +291,10 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     def request_stop(signum: int, frame: object) -> None:
         stop.setdefault("signal", signum)
 
-    printer = _Output(out, lambda: stop.setdefault("signal", signal.SIGPIPE) and None)
+    def pipe_closed() -> None:
+        stop.setdefault("signal", signal.SIGPIPE)
+
+    printer = _Output(out, pipe_closed)
     _announce(printer, args, manifest, spec)
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     drawn = [0]
