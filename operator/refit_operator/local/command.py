@@ -334,9 +334,8 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     _clear(printer, drawn)
-    elapsed, signum = time.monotonic() - started, stop.get("signal")
     return _summarise(
-        printer, args, job=job, spec=spec, result=result, elapsed=elapsed, signum=signum
+        printer, args, job=job, spec=spec, result=result, started=started, signum=stop.get("signal")
     )
 
 
@@ -369,10 +368,11 @@ def _summarise(
     job: str,
     spec: RefitJobSpec,
     result: RunResult,
-    elapsed: float,
+    started: float,
     signum: int | None,
 ) -> int:
     """The run's summary lines; returns the exit status of ``refit run``."""
+    elapsed = time.monotonic() - started
     for line in view.summary(job, spec, result, elapsed):
         printer.line(line)
     note = _undrained_note(args, result)
