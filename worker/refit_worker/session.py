@@ -41,6 +41,7 @@ import torch
 from refit_worker.checkpoint_engines import LayoutMismatchError, NIXLCheckpointEngine
 from refit_worker.checkpoint_engines.base import dtype_from_name
 from refit_worker.checkpoint_engines.planning import TensorSpec
+from refit_worker.checkpoint_engines.shards import is_sharded
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
 from refit_worker.rendezvous import (
@@ -271,7 +272,12 @@ class RefitSession:
     async def send(
         self, weights: Iterable[tuple[str, torch.Tensor]], *, refit_id: int
     ) -> RefitStats:
-        """Stream ``weights`` (e.g. ``model.named_parameters()``) as refit ``refit_id``."""
+        """Stream ``weights`` (e.g. ``model.named_parameters()``) as refit ``refit_id``.
+
+        DTensor weights (FSDP2, tensor parallel) are sent shard by shard: this rank writes
+        only its own blocks (no ``full_tensor()``, no collective on the trainer's group), and
+        the stats count only those bytes; see docs/trainers.md.
+        """
         engine = self._require("policy")
         items = [(name, tensor.detach()) for name, tensor in weights]
         nbytes = sum(t.numel() * t.element_size() for _, t in items)
@@ -279,6 +285,8 @@ class RefitSession:
         timing = engine.last_refit
         seconds = timing.seconds if timing is not None else 0.0
         control = timing.control_s if timing is not None else 0.0
+        if is_sharded(items):  # DTensors: this rank sent only its blocks
+            nbytes = timing.bytes if timing is not None else 0
         self.reporter.refit(refit_id, nbytes, seconds, None)
         return RefitStats(refit_id, nbytes, seconds, control)
 
