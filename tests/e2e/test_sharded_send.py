@@ -3,10 +3,12 @@
 Real: two policy processes in a real gloo group training a tiny HF Llama (FSDP2
 ``fully_shard``, or ``ColwiseParallel``/``RowwiseParallel``) with real optimizer steps, real
 ``RefitSession``s over the file rendezvous store, real NIXL (UCX) WRITEs, and rollout
-processes receiving into plain HF models of their own (``receive_into(model)``, tied
-embeddings).  Counted on every policy rank during each ``send``: every ``torch.distributed``
-collective call and every c10d / functional-collective op dispatched; the gather-then-send
-control shows the counter sees ``full_tensor()``'s all-gathers.
+processes receiving into plain HF models of their own (``receive_into(model)`` in place and
+double-buffered, tied embeddings).  Counted on every policy rank during each ``send``: every
+``torch.distributed`` collective call and every c10d / functional-collective op dispatched;
+the gather-then-send refit of the first case shows the counter sees ``full_tensor()``'s
+all-gathers.  The refusals of ``_StridedShard`` and ``Partial`` run in one real gloo rank
+(no transfer).
 """
 
 from __future__ import annotations
