@@ -20,6 +20,11 @@ Two ways to receive:
   in reassembly memory kept across refits (:mod:`.staging`), valid until the next refit.  A
   buffer is credited again once the consumer resumed and the hash of its bytes is done.
 
+A sharded refit (DTensor senders, :mod:`.shard_plan`) names its senders in the manifest's
+source boxes: the receiver connects to each on first use, every byte lands in the target (or
+the reassembly memory of the views API, yielded whole at the end), and bucket ``k`` comes
+from ``plan.senders[k]``.
+
 Completeness and integrity are checked *before the last batch is yielded* (and before
 :meth:`~RefitReceiver.into` returns): a refit that would end incomplete or corrupted raises
 instead, so a caller that commits after the loop never commits a partial refit.

@@ -13,6 +13,9 @@ Per target, the descriptor lists and one WRITE handle per bucket are prepared on
 reposted refit after refit with the new notification (:class:`Routes`), for as long as the
 plan, the source addresses and the landing memory stay the same.
 
+A sharded refit (:meth:`RefitSender.plan_sharded`) writes only this rank's pieces of the
+global plan, each from its offset in the local shard (:func:`~.shard_plan.source_offset`).
+
 With integrity on, a pool thread hashes each bucket's source bytes while the transfer runs
 (:mod:`.integrity`); digests follow the buckets as they are ready.
 
