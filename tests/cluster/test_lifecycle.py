@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from tests.cluster.support import (
@@ -191,6 +192,38 @@ def test_a_not_retryable_exit_fails_the_job_at_once(cluster: Cluster, install: I
     ]
     assert "Failed" in reasons and "Restarted" not in reasons, reasons
     cluster.kubectl.ok("delete", "rj", "no-retry", "-n", NS, "--wait=true", "--timeout=120s")
+
+
+def test_a_checkpoint_the_worker_cannot_move_fails_the_job_at_once(
+    cluster: Cluster, install: Install, tmp_path: Path
+) -> None:
+    """The real refit-worker on a safetensors checkpoint with a uint16 tensor: it exits
+    84 naming the tensor, and the job fails at once, with no restart and no backoff."""
+    import torch
+    from safetensors.torch import save_file
+
+    cluster.namespace(NS)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    weights = {
+        "embed.weight": torch.zeros(64, 32),
+        "router.counts": torch.zeros(16).to(torch.uint16),
+    }
+    save_file(weights, str(ckpt / "model.safetensors"))
+    for node in cluster.nodes.values():
+        node.kubelet.serve_claim("ckpt-u16", ckpt)
+    job = example("local", metadata={"name": "u16", "namespace": NS})
+    job["spec"]["weights"] = {"safetensors": {"claimName": "ckpt-u16"}}
+    job["spec"]["failurePolicy"] = {"maxRestarts": 3, "backoffSeconds": 10}
+    cluster.kubectl.apply(job)
+    status = _finished(cluster, "u16")
+    assert status["phase"] == "Failed", status
+    assert (status["restarts"], status["preemptions"], status["epoch"]) == (0, 0, 0), status
+    assert "exit code 84" in status["message"], status
+    assert "'router.counts' has dtype uint16" in status["message"], status
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "NotRetryable", failed
+    cluster.kubectl.ok("delete", "rj", "u16", "-n", NS, "--wait=true", "--timeout=120s")
 
 
 def test_suspend_mid_job_keeps_the_rest_and_resumes_in_a_new_epoch(

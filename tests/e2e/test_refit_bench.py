@@ -64,3 +64,29 @@ def test_quick_bench_emits_one_valid_json_line_per_case() -> None:
             assert line["verified"] is True, line  # every rollout ended with the sent bytes
             assert line["registrations_last"] == 0, line  # reused after the warm-up
     assert "raw NIXL" in done.stdout and "x raw" in done.stdout  # the human table too
+
+
+def test_quick_sharded_bench_compares_with_gather_then_send() -> None:
+    """``bench/sharded_send.py``: both cases ran, the ratio is theirs, the rollout is exact."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "sharded_send.py"),
+            "--quick",
+            "--runs",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (line,) = [json.loads(row) for row in done.stdout.splitlines() if row.startswith("{")]
+    assert line["case"] == "sharded-send" and line["topology"] == "2x1"
+    assert line["verified"] is True, line  # the rollout ended bit-exact with the model
+    assert line["sharded_s"] > 0 and line["gather_s"] > 0
+    assert abs(line["x_gather"] - line["gather_s"] / line["sharded_s"]) < 0.01
+    assert len(line["sharded_runs_s"]) == len(line["gather_runs_s"]) == 1
+    assert "ratio: gather-then-send takes" in done.stdout

@@ -266,7 +266,12 @@ class RefitSession:
     async def send(
         self, weights: Iterable[tuple[str, torch.Tensor]], *, refit_id: int
     ) -> RefitStats:
-        """Stream ``weights`` (e.g. ``model.named_parameters()``) as refit ``refit_id``."""
+        """Stream ``weights`` (e.g. ``model.named_parameters()``) as refit ``refit_id``.
+
+        DTensor weights (FSDP2, tensor parallel) are sent shard by shard: this rank writes
+        only its own blocks (no ``full_tensor()``, no collective on the trainer's group), and
+        the stats count only those bytes; see docs/trainers.md.
+        """
         engine = self._require("policy")
         items = [(name, tensor.detach()) for name, tensor in weights]
         timing = await self._watched(engine.send_weights(iter(items), refit_id=refit_id))

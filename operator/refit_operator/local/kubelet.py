@@ -116,6 +116,11 @@ class ProcessKubelet:
 
     # -- lifecycle -------------------------------------------------------------------
 
+    def serve_claim(self, claim: str, directory: Path) -> None:
+        """Serve PersistentVolumeClaim ``claim`` from ``directory`` to pods started from now
+        on, as a node with that volume attached would."""
+        self._claims[claim] = Path(directory).resolve()
+
     def create(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Start the pod's process; returns the manifest as stored (uid filled in)."""
         pod = _with_uid(manifest)

@@ -5,7 +5,11 @@ Public names mirror upstream ``nemo_rl.utils.checkpoint_engines`` (``NIXLCheckpo
 mapping, layouts and messages are pure and importable without nixl; nixl itself is imported
 only when an agent is created.
 
-Must not import: the operator, torch.distributed.
+DTensor weights (FSDP2, tensor parallel) are sent shard by shard: :mod:`.boxes` and
+:mod:`.shard_plan` plan it (pure), :mod:`.shards` reads the DTensors.
+
+Must not import: the operator, torch.distributed's collectives (DTensor types only, in
+:mod:`.shards`).
 """
 
 from .agent import (

@@ -29,6 +29,7 @@ Must not import: torch, nixl, the transport modules of this package.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -43,10 +44,12 @@ from pydantic import (
 )
 
 PROTOCOL_VERSION: Literal[1] = 1
-#: Version of the control messages.  2: the receiver plans from the manifest and answers
-#: ``ready`` with its landing memory; per-piece integrity digests (1 had credits with
-#: ``landing``, pieces in every ``bucket`` and per-tensor CRCs in the manifest).
-CONTROL_VERSION: Literal[2] = 2
+#: Version of the control messages.  3: manifest entries may carry the source boxes of a
+#: sharded tensor (``sources``) and the destination's place in it (``offset``).  2: the
+#: receiver plans from the manifest and answers ``ready`` with its landing memory; per-piece
+#: integrity digests (1 had credits with ``landing``, pieces in every ``bucket`` and
+#: per-tensor CRCs in the manifest).  A peer of another version is refused by name.
+CONTROL_VERSION: Literal[3] = 3
 CONTROL_MAGIC = b"RFT1"
 
 
@@ -110,16 +113,31 @@ def parse_metadata(metadata: Sequence[MetadataLike], expected: int) -> list[Nixl
 
 
 class _Control(_Model):
-    v: Literal[2] = CONTROL_VERSION
+    v: Literal[3] = CONTROL_VERSION
     refit: int = Field(ge=0)
 
 
+class SourceBox(_Model):
+    """A block of a sharded tensor (global coordinates) that one policy rank sends."""
+
+    rank: int = Field(ge=0)
+    offset: tuple[Annotated[int, Field(ge=0)], ...]
+    size: tuple[Annotated[int, Field(ge=0)], ...]
+
+
 class ManifestEntry(_Model):
-    """One tensor the receiver must end up with."""
+    """One tensor the receiver must end up with.
+
+    A sharded tensor also lists its ``sources`` (each block sent by one policy rank) and
+    where the receiver's tensor (``shape``) sits in the global tensor (``offset``; zeros by
+    default); without ``sources`` every sender holds the whole tensor.
+    """
 
     name: str = Field(min_length=1)
     dtype: str
     shape: tuple[int, ...]
+    offset: tuple[Annotated[int, Field(ge=0)], ...] | None = None
+    sources: tuple[SourceBox, ...] | None = None
 
 
 class Manifest(_Control):
@@ -220,7 +238,23 @@ def decode(raw: bytes) -> Message:
     """Parse a framed control message; ``ProtocolError`` naming the problem otherwise."""
     if not is_control(raw):
         raise ProtocolError(f"not a control message (starts with {raw[:8]!r})")
+    body = raw[len(CONTROL_MAGIC) :]
     try:
-        return _ADAPTER.validate_json(raw[len(CONTROL_MAGIC) :])
+        return _ADAPTER.validate_json(body)
     except ValidationError as exc:
+        version = _version(body)
+        if version is not None and version != CONTROL_VERSION:
+            raise ProtocolError(
+                f"invalid control message: protocol version {version}, this worker speaks "
+                f"version {CONTROL_VERSION}; run the same kube-refit release on both sides"
+            ) from exc
         raise ProtocolError(f"invalid control message: {exc}") from exc
+
+
+def _version(body: bytes) -> object:
+    """The ``v`` field of a JSON object, if it is one (to name the peer's version)."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    return parsed.get("v") if isinstance(parsed, dict) else None

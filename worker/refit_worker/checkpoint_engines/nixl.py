@@ -36,7 +36,12 @@ With ``release_after_refit=True`` the receive buffers are deregistered and freed
 refit and the peers disconnected; call ``prepare()`` again, re-exchange the metadata and
 call ``init_*`` again before the next refit.
 
-Must not import: torch.distributed, the operator.
+A policy rank may pass DTensor weights (FSDP2, tensor parallel, both): it then sends only its
+own local shards, and the rollout ranks receive whole tensors (:mod:`.shards`,
+:mod:`.shard_plan`); each policy rank connects to every rollout rank it holds blocks for.
+
+Must not import: torch.distributed's collectives (only DTensor types, through
+:mod:`.shards`), the operator.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ from .planning import TensorSpec, check_bucket_size
 from .receiver import RefitReceiver, Shared, Source, TargetResolver
 from .registry import MemoryRegistry
 from .sender import RefitSender, Routes, Target, prepare_sources, sources_ready
+from .shards import is_sharded, local_sources
 from .staging import Staging
 
 
@@ -130,6 +136,12 @@ class NIXLCheckpointEngine(CheckpointEngine):
         self._rank = -1
         self._targets: list[Target] = []
         self._sources: list[Source] = []
+        # All peers' metadata, for the connections only a sharded refit needs; those peers
+        # are kept apart, so an unsharded refit still goes by the pairing of `mapping`.
+        self._peers: list[NixlAgentMetadata] = []
+        self._more_targets: list[Target] = []
+        self._more_sources: list[Source] = []
+        self._train_world_size = 0
         self._routes: dict[str, Routes] = {}  # per target agent, this connection
         self._sent: dict[str, set[str]] = {}  # landing sets sent per source agent
         self._hash_threads = hash_threads
@@ -207,25 +219,55 @@ class NIXLCheckpointEngine(CheckpointEngine):
         self._disconnect_peers()
         # A policy rank only sends from its own tensors; its receive buffers are not needed.
         self._release_transfer_buffers()
+        self._peers, self._train_world_size = parsed, train_world_size
         for rollout_rank in ranks:
             peer = parsed[train_world_size + rollout_rank]
             self._check_buffers(peer, rollout_rank)
-            self._targets.append(
-                Target(
-                    rank=rollout_rank,
-                    agent=self.agent.add_remote_agent(peer),
-                    buffers=peer.buffers,
-                    sources=source_ranks_for_rollout(
-                        rollout_rank,
-                        train_world_size=train_world_size,
-                        rollout_world_size=rollout_world_size,
-                        stripe=self.stripe,
-                    ),
-                    layout=TargetWeightLayout.model_validate(peer.layout) if peer.layout else None,
-                    dev_id=peer.buffers[0].dev_id,
-                )
-            )
+            self._targets.append(self._target(rollout_rank))
         self._role, self._rank = "policy", worker_rank
+
+    def _target(self, rollout_rank: int) -> Target:
+        """Connect to rollout rank ``rollout_rank`` (metadata from ``init_*``)."""
+        train, peers = self._train_world_size, self._peers
+        peer = peers[train + rollout_rank]
+        return Target(
+            rank=rollout_rank,
+            agent=self.agent.add_remote_agent(peer),
+            buffers=peer.buffers,
+            sources=source_ranks_for_rollout(
+                rollout_rank,
+                train_world_size=train,
+                rollout_world_size=len(peers) - train,
+                stripe=self.stripe,
+            ),
+            layout=TargetWeightLayout.model_validate(peer.layout) if peer.layout else None,
+            dev_id=peer.buffers[0].dev_id,
+        )
+
+    def _all_targets(self) -> list[Target]:
+        """Every rollout rank: a sharded refit sends each of them this rank's blocks."""
+        known = {target.rank for target in self._targets + self._more_targets}
+        for rollout_rank in range(len(self._peers) - self._train_world_size):
+            if rollout_rank not in known:
+                peer = self._peers[self._train_world_size + rollout_rank]
+                self._check_buffers(peer, rollout_rank)
+                self._more_targets.append(self._target(rollout_rank))
+        return sorted(self._targets + self._more_targets, key=lambda target: target.rank)
+
+    def _source(self, policy_rank: int) -> Source:
+        """Policy rank ``policy_rank`` as a source, connected on first use (sharded refits)."""
+        for source in self._sources + self._more_sources:
+            if source.rank == policy_rank:
+                return source
+        if not 0 <= policy_rank < self._train_world_size:
+            raise ValueError(
+                f"a sharded manifest names policy rank {policy_rank}; there are "
+                f"{self._train_world_size}"
+            )
+        agent = self.agent.add_remote_agent(self._peers[policy_rank])
+        source = Source(rank=policy_rank, agent=agent)
+        self._more_sources.append(source)
+        return source
 
     def _check_buffers(self, peer: NixlAgentMetadata, rollout_rank: int) -> None:
         if (
@@ -257,6 +299,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         if not self._buffers:
             raise RuntimeError("call prepare() before init_rollout_process_group()")
         self._disconnect_peers()
+        self._peers, self._train_world_size = parsed, train_world_size
         self._sources = [
             Source(rank=r, agent=self.agent.add_remote_agent(parsed[r])) for r in ranks
         ]
@@ -298,7 +341,14 @@ class NIXLCheckpointEngine(CheckpointEngine):
         Returns what the refit cost; its ``bytes`` are those written, to every target.
         """
         self._require("policy")
-        items = prepare_sources(weights, self.device)
+        given = list(weights)
+        sharded = is_sharded(given)
+        if sharded:
+            local = local_sources(
+                given, rank=self._rank, world_size=self._train_world_size, device=self.device
+            )
+        else:
+            items = prepare_sources(given, self.device)
         refit = self._next_refit(refit_id)
         registered = self.registry.registered
         sender = RefitSender(
@@ -313,7 +363,12 @@ class NIXLCheckpointEngine(CheckpointEngine):
             hasher=self._hash_pool() if self.checksum else None,
             integrity=algorithm_for(self.device) if self.checksum else None,
         )
-        streams = sender.plan(items, self._targets)
+        if sharded:
+            streams = sender.plan_sharded(
+                [s.held for s in local], {s.held.name: s.local for s in local}, self._all_targets()
+            )
+        else:
+            streams = sender.plan(items, self._targets)
         # After the per-target slices: the NIC must not read a copy still in flight.
         ready = sources_ready(self.device)
         await sender.run(streams, ready)
@@ -321,7 +376,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         timing = RefitTiming(
             refit_id=refit,
             role="policy",
-            bytes=sum(t.numel() * t.element_size() for s in streams for t in s.tensors.values()),
+            bytes=sum(stream.nbytes for stream in streams),
             seconds=sender.ended_at - sender.started_at,
             control_s=sender.control_s,
             registrations=self.registry.registered - registered,
@@ -345,7 +400,9 @@ class NIXLCheckpointEngine(CheckpointEngine):
             sources=self._sources,
             timeout_s=self.timeout_s,
             device=self.device,
-            shared=Shared(self.registry, self._hash_pool, self._sent, self._staging),
+            shared=Shared(
+                self.registry, self._hash_pool, self._sent, self._staging, connect=self._source
+            ),
         )
 
     def _received(self, receiver: RefitReceiver, nbytes: int, registered: int) -> RefitTiming:
@@ -426,10 +483,12 @@ class NIXLCheckpointEngine(CheckpointEngine):
         for routes in self._routes.values():
             routes.clear()  # prepared handles name the peer: release them first
         self._routes, self._sent, self._routes_built = {}, {}, 0
+        targets, sources = self._targets + self._more_targets, self._sources + self._more_sources
         if self._agent is not None:
-            for name in {t.agent for t in self._targets} | {s.agent for s in self._sources}:
+            for name in {t.agent for t in targets} | {s.agent for s in sources}:
                 self._agent.remove_remote_agent(name)
         self._targets, self._sources, self._role = [], [], None
+        self._more_targets, self._more_sources = [], []
 
     def _release_transfer_buffers(self) -> None:
         if self._registration is not None and self._agent is not None:

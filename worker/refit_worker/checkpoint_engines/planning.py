@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .base import TensorMeta, element_size
+from .mapping import bucket_sender
 
 Bucket = list[TensorMeta]
 
@@ -139,6 +140,15 @@ class Plan:
     bucket_size: int
     specs: tuple[TensorSpec, ...]
     buckets: tuple[tuple[TensorMeta, ...], ...]
+    #: The policy rank that sends each bucket (a sharded plan, :mod:`.shard_plan`); None:
+    #: identical senders take turns (:func:`~.mapping.bucket_sender`).
+    senders: tuple[int, ...] | None = None
+
+    def sender(self, seq: int, sources: tuple[int, ...]) -> int:
+        """The policy rank that sends bucket ``seq`` (``sources``: the receiver's, in turn)."""
+        if self.senders is not None:
+            return self.senders[seq]
+        return bucket_sender(seq, sources)
 
 
 _PLANS: dict[tuple[tuple[TensorSpec, ...], int], Plan] = {}

@@ -20,6 +20,11 @@ Two ways to receive:
   in reassembly memory kept across refits (:mod:`.staging`), valid until the next refit.  A
   buffer is credited again once the consumer resumed and the hash of its bytes is done.
 
+A sharded refit (DTensor senders, :mod:`.shard_plan`) names its senders in the manifest's
+source boxes: the receiver connects to each on first use, every byte lands in the target (or
+the reassembly memory of the views API, yielded whole at the end), and bucket ``k`` comes
+from ``plan.senders[k]``.
+
 Completeness and integrity are checked *before the last batch is yielded* (and before
 :meth:`~RefitReceiver.into` returns): a refit that would end incomplete or corrupted raises
 instead, so a caller that commits after the loop never commits a partial refit.
@@ -39,9 +44,18 @@ import torch
 
 from .agent import IDLE_BACKOFF, REFIT_BACKOFF, NixlAgent
 from .base import TensorMeta, dtype_from_name
+from .boxes import Box
 from .integrity import Hasher, algorithm_for, as_bytes
-from .mapping import bucket_sender
-from .messages import BucketReady, Credit, Digest, Done, LandingSet, Manifest, Ready
+from .messages import (
+    BucketReady,
+    Credit,
+    Digest,
+    Done,
+    LandingSet,
+    Manifest,
+    ManifestEntry,
+    Ready,
+)
 from .planning import (
     Plan,
     TensorSpec,
@@ -52,6 +66,7 @@ from .planning import (
     lands,
 )
 from .registry import MemoryRegistry
+from .shard_plan import ShardSpec, cached_shard_plan
 from .staging import Staging
 
 #: Given the specs a manifest lists, the tensors to receive them into (by name).
@@ -84,6 +99,8 @@ class Shared:
     #: Per source agent: landing set ids already sent in full on this connection.
     sent: dict[str, set[str]]
     staging: Staging | None = None
+    #: A policy rank by rank, connected on first use (a sharded refit names its senders).
+    connect: Callable[[int], Source] | None = None
 
 
 def _listing(names: Sequence[str]) -> str:
@@ -146,6 +163,7 @@ class RefitReceiver:
         self._verified: set[int] = set()
         self.integrity: str | None = None
         self._views = False
+        self._by_rank: dict[int, Source] = {}  # a sharded refit's sources by policy rank
         self._offer: LandingSet | None = None
         #: Whether senders were told where to land (from then on, targets may change).
         self.exposed = False
@@ -154,7 +172,13 @@ class RefitReceiver:
         self.control_s = 0.0
 
     def _sender(self, seq: int) -> Source:
-        return self.sources[bucket_sender(seq, tuple(range(len(self.sources))))]
+        if self.plan.senders is not None:
+            return self._by_rank[self.plan.senders[seq]]
+        return self.sources[self.plan.sender(seq, tuple(range(len(self.sources))))]
+
+    @property
+    def sharded(self) -> bool:
+        return self.plan.senders is not None
 
     async def into(self, targets: TargetResolver) -> Mapping[str, torch.Tensor]:
         """Receive the refit straight into ``targets(specs)``; returns them, verified."""
@@ -178,6 +202,8 @@ class RefitReceiver:
                 batch = await self._bucket(seq)
                 if seq == total - 1:
                     await self._finish()
+                    if self.sharded:  # blocks from several senders: whole at the end
+                        batch = self._assembled()
                 if batch:
                     yield batch
                 await self._free(seq)
@@ -213,6 +239,7 @@ class RefitReceiver:
         if not isinstance(manifest, Manifest):
             raise IncompleteRefitError(f"{self.who}: expected a manifest, got {manifest}")
         specs = self._check_manifest(manifest)
+        self._connect_senders()
         resolved: Mapping[str, torch.Tensor] = {}
         if targets is not None:
             resolved = targets(specs)
@@ -257,8 +284,17 @@ class RefitReceiver:
             check_unique_names([entry.name for entry in manifest.tensors])
             for entry in manifest.tensors:
                 dtype_from_name(entry.dtype)
-            specs = [TensorSpec(e.name, e.dtype, e.shape) for e in manifest.tensors]
-            self.plan = cached_plan(specs, manifest.bucket_size)
+            sharded = [e.sources is not None for e in manifest.tensors]
+            specs: list[TensorSpec]
+            if any(sharded):
+                if not all(sharded):
+                    raise ValueError("some entries list source blocks and some do not")
+                shard_specs = [_shard_spec(e) for e in manifest.tensors]
+                self.plan = cached_shard_plan(shard_specs, manifest.bucket_size)
+                specs = list(shard_specs)
+            else:
+                specs = [TensorSpec(e.name, e.dtype, e.shape) for e in manifest.tensors]
+                self.plan = cached_plan(specs, manifest.bucket_size)
         except ValueError as exc:
             raise IncompleteRefitError(f"{self.who}: bad manifest: {exc}") from exc
         if (self.plan.digest, len(self.plan.buckets)) != (manifest.digest, manifest.total_buckets):
@@ -275,12 +311,37 @@ class RefitReceiver:
         self.integrity = manifest.integrity
         return specs
 
+    def _connect_senders(self) -> None:
+        """A sharded plan names its senders: this rank hears from them (and its first)."""
+        if not self.sharded:
+            return
+        first = self.sources[0]
+        ranks = sorted(set(self.plan.senders or ()) - {first.rank})
+        connect = self.shared.connect
+        if ranks and connect is None:
+            raise IncompleteRefitError(f"{self.who}: a sharded manifest, but no way to connect")
+        self.sources = [first] + [connect(rank) for rank in ranks] if connect else [first]
+        self._by_rank = {source.rank: source for source in self.sources}
+
+    def _assembled(self) -> list[tuple[str, torch.Tensor]]:
+        """Every tensor of a sharded refit, whole, as views of its reassembly memory."""
+        found = []
+        for spec in self.plan.specs:
+            dtype = dtype_from_name(spec.dtype)
+            memory = self._memory.get(spec.name)
+            if memory is None:
+                found.append((spec.name, torch.empty(spec.shape, dtype=dtype, device=self.device)))
+            else:
+                found.append((spec.name, memory.view(dtype).view(spec.shape)))
+        return found
+
     def _stage(self, specs: Sequence[TensorSpec], bucket_size: int) -> dict[str, torch.Tensor]:
-        """Reassembly memory for the tensors larger than a bucket (views API)."""
+        """Reassembly memory for the tensors larger than a bucket, or for every tensor of a
+        sharded refit (views API)."""
         staging = self.shared.staging
         if staging is None:
             raise RuntimeError("the views API needs reassembly memory (engine bug)")
-        big = [spec for spec in specs if spec.nbytes > bucket_size]
+        big = [spec for spec in specs if spec.nbytes > bucket_size or self.sharded]
         staging.keep_only(spec.name for spec in big)
         return {spec.name: staging.get(spec.name, spec.nbytes, self.device) for spec in big}
 
@@ -313,7 +374,7 @@ class RefitReceiver:
         for piece in self.plan.buckets[seq]:
             data = self._bytes(piece, slot)
             views.append(data)
-            item = self._complete(piece, data) if self._views else None
+            item = self._complete(piece, data) if self._views and not self.sharded else None
             if item is not None:
                 batch.append(item)
         if self.integrity is not None:
@@ -399,6 +460,18 @@ class RefitReceiver:
             )
         self.agent.poll()  # one progress call: usually enough to send it
         self.ended_at = time.monotonic()
+
+
+def _shard_spec(entry: ManifestEntry) -> ShardSpec:
+    if entry.sources is None:
+        raise ValueError(f"not a sharded manifest entry: {entry}")
+    return ShardSpec(
+        entry.name,
+        entry.dtype,
+        entry.shape,
+        offset=entry.offset or tuple(0 for _ in entry.shape),
+        sources=tuple((s.rank, Box(s.offset, s.size)) for s in entry.sources),
+    )
 
 
 __all__ = [

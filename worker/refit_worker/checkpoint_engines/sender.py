@@ -13,6 +13,9 @@ Per target, the descriptor lists and one WRITE handle per bucket are prepared on
 reposted refit after refit with the new notification (:class:`Routes`), for as long as the
 plan, the source addresses and the landing memory stay the same.
 
+A sharded refit (:meth:`RefitSender.plan_sharded`) writes only this rank's pieces of the
+global plan, each from its offset in the local shard (:func:`~.shard_plan.source_offset`).
+
 With integrity on, a pool thread hashes each bucket's source bytes while the transfer runs
 (:mod:`.integrity`); digests follow the buckets as they are ready.
 
@@ -24,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +47,6 @@ from .agent import (
 from .base import dtype_name
 from .integrity import Algorithm, Hasher, as_bytes
 from .layout import WHOLE, TargetWeightLayout, select_slice
-from .mapping import bucket_sender
 from .messages import (
     BucketReady,
     BufferDesc,
@@ -55,10 +57,12 @@ from .messages import (
     Manifest,
     ManifestEntry,
     Ready,
+    SourceBox,
     encode,
 )
 from .planning import Plan, TensorSpec, buffer_slots, cached_plan, check_unique_names, lands
 from .registry import MemoryRegistry, device_id
+from .shard_plan import Holding, ShardSpec, cached_shard_plan, receiver_specs, source_offset
 
 Region = tuple[int, int, int]
 _ROUTES_KEPT = 4  # double buffering alternates two landing sets; room for a layout change
@@ -128,6 +132,14 @@ class _Stream:
 
     def __post_init__(self) -> None:
         self.position = {seq: i for i, seq in enumerate(self.seqs)}
+
+    @property
+    def nbytes(self) -> int:
+        """The refit's bytes for this target: a sharded plan's pieces this rank sends, else
+        every tensor (striping senders each count the whole model, as before)."""
+        if self.plan.senders is not None:
+            return sum(p.chunk_size for seq in self.seqs for p in self.plan.buckets[seq])
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
 def prepare_sources(
@@ -219,15 +231,44 @@ class RefitSender:
             seqs = [
                 seq
                 for seq in range(len(plan.buckets))
-                if bucket_sender(seq, target.sources) == self.rank
+                if plan.sender(seq, target.sources) == self.rank
             ]
             routes = self.routes.setdefault(target.agent, Routes())
             streams.append(_Stream(target, routes, tensors, plan, seqs))
+        self._register(streams, t0)
+        return streams
+
+    def plan_sharded(
+        self,
+        held: Sequence[Holding],
+        local: Mapping[str, torch.Tensor],
+        targets: Sequence[Target],
+    ) -> list[_Stream]:
+        """Per target: the global plan of the sharded refit and this rank's buckets of it
+        (``local``: this rank's block of each weight).
+
+        A target gets a stream when this rank sends it a bucket or its manifest."""
+        t0 = time.perf_counter()
+        streams = []
+        for target in targets:
+            plan = cached_shard_plan(
+                receiver_specs(held, target.rank, target.layout), self.bucket_size
+            )
+            seqs = [seq for seq in range(len(plan.buckets)) if plan.sender(seq, ()) == self.rank]
+            if not seqs and target.sources[0] != self.rank:
+                continue
+            names = {piece.name for seq in seqs for piece in plan.buckets[seq]}
+            tensors = {name: local[name] for name in local if name in names}
+            routes = self.routes.setdefault(target.agent, Routes())
+            streams.append(_Stream(target, routes, tensors, plan, seqs))
+        self._register(streams, t0)
+        return streams
+
+    def _register(self, streams: list[_Stream], t0: float) -> None:
         self.registry.next_refit()
         self.registry.ensure(t for s in streams for t in s.tensors.values())
         self.registry.sweep(keep=1)
         self.control_s += time.perf_counter() - t0
-        return streams
 
     async def run(self, streams: list[_Stream], ready: torch.cuda.Event | None) -> None:
         self.agent.forget_before(self.refit)
@@ -257,7 +298,7 @@ class RefitSender:
                 key = (stream.plan.digest, seq, tuple(t.data_ptr() for t in sources))
                 if key not in shared:
                     views = [
-                        as_bytes(t)[p.chunk_offset : p.chunk_offset + p.chunk_size]
+                        as_bytes(t)[source_offset(p) : source_offset(p) + p.chunk_size]
                         for t, p in zip(sources, bucket, strict=True)
                     ]
                     shared[key] = self.hasher.submit(views, self.integrity, ready)
@@ -272,13 +313,11 @@ class RefitSender:
         for stream in streams:
             await self._ready(stream)
         self.started_at = time.monotonic()
-        longest = max((len(s.plan.buckets) for s in streams), default=0)
-        for seq in range(longest):
+        longest = max((len(s.seqs) for s in streams), default=0)
+        for turn in range(longest):
             for stream in streams:
-                if seq < len(stream.plan.buckets) and bucket_sender(seq, stream.target.sources) == (
-                    self.rank
-                ):
-                    await self._send_bucket(stream, seq)
+                if turn < len(stream.seqs):
+                    await self._send_bucket(stream, stream.seqs[turn])
                     self._progress()
                     self._send_digests(stream, block=False)
         await apoll_until(
@@ -311,10 +350,7 @@ class RefitSender:
                 digest=stream.plan.digest,
                 bucket_size=self.bucket_size,
                 integrity=self.integrity,
-                tensors=tuple(
-                    ManifestEntry(name=s.name, dtype=s.dtype, shape=s.shape)
-                    for s in stream.plan.specs
-                ),
+                tensors=tuple(_entry(spec) for spec in stream.plan.specs),
             )
             stream.routes.manifests = {key: cached}
         return cached.model_copy(update={"refit": self.refit})
@@ -418,7 +454,7 @@ class RefitSender:
                 source = stream.tensors[piece.name]
                 group.append(len(local))
                 local.append(
-                    (source.data_ptr() + piece.chunk_offset, piece.chunk_size, device_id(source))
+                    (source.data_ptr() + source_offset(piece), piece.chunk_size, device_id(source))
                 )
                 if lands(piece, sizes):
                     dest = where[piece.name]
@@ -464,6 +500,21 @@ class RefitSender:
                 who=self._who(stream.target),
             )
             del stream.hashes[seq]
+
+
+def _entry(spec: TensorSpec) -> ManifestEntry:
+    """A manifest entry; a sharded tensor's names its place and its source blocks."""
+    if not isinstance(spec, ShardSpec):
+        return ManifestEntry(name=spec.name, dtype=spec.dtype, shape=spec.shape)
+    return ManifestEntry(
+        name=spec.name,
+        dtype=spec.dtype,
+        shape=spec.shape,
+        offset=spec.dest.offset,
+        sources=tuple(
+            SourceBox(rank=rank, offset=box.offset, size=box.size) for rank, box in spec.sources
+        ),
+    )
 
 
 __all__ = ["Done", "RefitSender", "Routes", "Target", "for_target", "prepare_sources"]
