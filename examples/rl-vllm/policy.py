@@ -7,12 +7,13 @@ the rank-0 address the operator set in ``REFIT_MASTER_*``, shards a tiny Llama w
 
 1. takes one optimizer step (AdamW) on real tokens of the built-in text (each rank its own
    windows of it: data parallel);
-2. gathers every parameter (:func:`full_weights`, see there) and, on rank 0, computes HF
-   ``generate``'s greedy tokens for the fixed prompts with exactly those weights;
+2. on rank 0, computes HF ``generate``'s greedy tokens for the fixed prompts with exactly
+   those weights (the reference of the check, from :func:`reference_weights`) and
    broadcasts them to every rank (a tensor, no pickle);
-3. sends the weights plus those tokens (the extra tensor ``expected_tokens``) to the
-   rollout with ``RefitSession.send``; the rollout lands them in vLLM and checks vLLM's
-   greedy tokens against them before it commits.
+3. sends the FSDP2 parameters as they are, DTensors, plus those tokens (the extra tensor
+   ``expected_tokens``) with ``RefitSession.send``: each rank writes only its own shards,
+   with no gather; the rollout lands them in vLLM and checks vLLM's greedy tokens against
+   them before it commits.
 
 Preemption: the job's signal (or preemption notice) stops the send at a bucket boundary;
 the rank exits with the preempted exit code and the recreated gang resumes at the next
@@ -48,13 +49,10 @@ BATCH = 4
 LR = 1e-2
 
 
-def full_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """Every parameter whole, by HF name: ``full_tensor()`` of each FSDP2 DTensor.
-
-    Interim: once ``RefitSession.send`` takes DTensor parameters (each rank sending only
-    its own shards, no all-gather), pass ``model.named_parameters()`` straight to it and
-    delete this function.
-    """
+def reference_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter whole, by HF name, for the HF reference the rollout is checked
+    against.  This gathers (``full_tensor()``), but only to compute the expected tokens:
+    the refit itself sends the DTensors shard by shard (see :func:`train_and_refit`)."""
     out = []
     for name, param in model.named_parameters():
         data = param.detach()
@@ -100,9 +98,10 @@ def train_and_refit(config: WorkerConfig, session: RefitSession) -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        weights = full_weights(model)
-        tokens = expected_tokens(weights, rank)
-        weights.append((EXTRA_PREFIX + "expected_tokens", tokens))
+        tokens = expected_tokens(reference_weights(model), rank)
+        # DTensors as they are: this rank sends its own shards only; the plain tokens
+        # tensor goes from one rank.
+        weights = [*model.named_parameters(), (EXTRA_PREFIX + "expected_tokens", tokens)]
         stats = asyncio.run(session.send(weights, refit_id=refit))
         log.info(
             "refit %d: loss %.4f, sent %d bytes in %.4f s; expected tokens %s",

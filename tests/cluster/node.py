@@ -71,7 +71,9 @@ class PodNetwork:
         self._ports: dict[tuple[str, str], LoopbackPorts] = {}
         self._lock = threading.Lock()
 
-    def env(self, pod: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
+    def env(
+        self, pod: Mapping[str, Any], env: dict[str, str], *, weights_dir: Path | None = None
+    ) -> dict[str, str]:
         labels = pod["metadata"].get("labels") or {}
         if names.LABEL_JOB not in labels:
             return env  # not a RefitJob pod: nothing to rewrite
@@ -80,7 +82,7 @@ class PodNetwork:
         key = (str(pod["metadata"]["namespace"]), f"{labels[names.LABEL_JOB]}/{owner}")
         with self._lock:
             ports = self._ports.setdefault(key, LoopbackPorts())
-            return local_env(env, port=ports.for_pod(pod))
+            return local_env(env, port=ports.for_pod(pod), weights_dir=weights_dir)
 
 
 class ProcessNode:
@@ -320,12 +322,21 @@ class ProcessNode:
         self.kubeconfigs[meta["uid"]] = path
 
     def _pod_env(self, pod: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
-        env = self.network.env(pod, env)
+        env = self.network.env(pod, env, weights_dir=self._weights_dir(pod))
         uid = str(pod["metadata"]["uid"])
         path = self.kubeconfigs.get(uid)
         env = {**env, "KUBECONFIG": str(path)} if path else env
         self.envs[uid] = dict(env)
         return env
+
+    def _weights_dir(self, pod: Mapping[str, Any]) -> Path | None:
+        """Where this node serves the pod's weights claim (the worker's config names the
+        mount path, which a process cannot bind-mount; the node points it here)."""
+        for volume in pod["spec"].get("volumes") or []:
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            if claim and (local := self.kubelet.claim_dir(str(claim))) is not None:
+                return local
+        return None
 
     def _env_from_api(self, pod: Mapping[str, Any], source: Mapping[str, Any]) -> str:
         """A ``secretKeyRef`` or ``configMapKeyRef`` read from the API, as a kubelet does."""

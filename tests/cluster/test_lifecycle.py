@@ -210,6 +210,42 @@ def test_a_checkpoint_the_worker_cannot_move_fails_the_job_at_once(
         "router.counts": torch.zeros(16).to(torch.uint16),
     }
     save_file(weights, str(ckpt / "model.safetensors"))
+    # The claim exists and is bound, as a real one would be (the scheduler holds a pod
+    # whose claim is missing); each process node serves it from the local directory.
+    cluster.kubectl.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": "lifecycle-ckpt-u16"},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadOnlyMany"],
+                    "storageClassName": "manual",
+                    "hostPath": {"path": str(ckpt)},
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "ckpt-u16", "namespace": NS},
+                "spec": {
+                    "accessModes": ["ReadOnlyMany"],
+                    "storageClassName": "manual",
+                    "volumeName": "lifecycle-ckpt-u16",
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            },
+        ]
+    )
+    wait(
+        lambda: (
+            cluster.kubectl.json("get", "pvc", "ckpt-u16", "-n", NS)["status"].get("phase")
+            == "Bound"
+        ),
+        "claim ckpt-u16 to be bound",
+        timeout=60,
+    )
     for node in cluster.nodes.values():
         node.kubelet.serve_claim("ckpt-u16", ckpt)
     job = example("local", metadata={"name": "u16", "namespace": NS})
@@ -224,6 +260,8 @@ def test_a_checkpoint_the_worker_cannot_move_fails_the_job_at_once(
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "NotRetryable", failed
     cluster.kubectl.ok("delete", "rj", "u16", "-n", NS, "--wait=true", "--timeout=120s")
+    cluster.kubectl.ok("delete", "pvc", "ckpt-u16", "-n", NS, "--wait=false")
+    cluster.kubectl.ok("delete", "pv", "lifecycle-ckpt-u16", "--wait=false")
 
 
 def test_suspend_mid_job_keeps_the_rest_and_resumes_in_a_new_epoch(

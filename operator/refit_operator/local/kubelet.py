@@ -121,6 +121,10 @@ class ProcessKubelet:
         on, as a node with that volume attached would."""
         self._claims[claim] = Path(directory).resolve()
 
+    def claim_dir(self, claim: str) -> Path | None:
+        """The local directory that serves PersistentVolumeClaim ``claim``, if any."""
+        return self._claims.get(claim)
+
     def create(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Start the pod's process; returns the manifest as stored (uid filled in)."""
         pod = _with_uid(manifest)
