@@ -137,3 +137,17 @@ def test_committed_bytes_of_a_rank_further_ahead_than_its_ring_itemises() -> Non
     ledger.ingest({**a.data(), **b.data()})
     # Refits 2-11 of rank 0 are not all in its ring of 8: each refit moves the same bytes.
     assert ledger.committed_bytes(rollout_ranks=2) == 20 + 20
+
+
+def test_most_committed_is_the_first_rank_to_report_a_refit() -> None:
+    """What ``--drain-at-refit`` waits for: one rollout rank's commit is enough."""
+    ledger = RefitLedger()
+    assert ledger.most_committed() == 0
+    a, b = Rank(0), Rank(1)
+    a.refit(100)
+    ledger.ingest({**a.data(), **b.data()})
+    assert ledger.most_committed() == 1
+    b.refit(100)
+    a.refit(100)
+    ledger.ingest(a.data())
+    assert ledger.most_committed() == 2

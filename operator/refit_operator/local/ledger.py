@@ -70,6 +70,10 @@ class RefitLedger:
                 self._latest[slot] = entry
             self._items.setdefault(slot, {}).update((r.refit, r) for r in entry.recent)
 
+    def most_committed(self) -> int:
+        """The most refits any one rollout rank has reported committed (0: none yet)."""
+        return max((e.refits_completed for e in self._latest.values()), default=0)
+
     @property
     def total_bytes(self) -> int:
         return sum(e.bytes_total for e in self._latest.values())

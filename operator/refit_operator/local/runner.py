@@ -46,6 +46,8 @@ from refit_worker.rendezvous.file_store import FileStore
 
 #: How often the loop observes and reconciles.
 TICK_S = 0.2
+#: How often the loop looks while ``--drain-at-refit`` waits for its refit.
+DRAIN_TICK_S = 0.05
 #: Lines of a failed pod's log that the summary shows.
 FAILED_LOG_LINES = 12
 
@@ -271,12 +273,7 @@ def run_job(
             if running_since is None and status.phase == Phase.RUNNING:
                 running_since = time.monotonic()
             _drain_when_due(
-                options,
-                result,
-                cluster,
-                status=status,
-                running_since=running_since,
-                on_event=on_event,
+                options, result, cluster, running_since=running_since, on_event=on_event
             )
             if should_stop():
                 result.interrupted = True
@@ -284,7 +281,9 @@ def run_job(
             if time.monotonic() - started > options.timeout:
                 result.timed_out = True
                 return result
-            time.sleep(options.tick_s)
+            # A drain waiting for its refit looks more often, so it lands inside the job.
+            pending = options.drain_at_refit is not None and result.drained is None
+            time.sleep(min(options.tick_s, DRAIN_TICK_S) if pending else options.tick_s)
     finally:
         cluster.close(timeout=float(spec.preemption.grace_period_seconds) + 5)
         if own_dir:
@@ -321,12 +320,11 @@ def _drain_when_due(
     result: RunResult,
     cluster: LocalCluster,
     *,
-    status: RefitJobStatus,
     running_since: float | None,
     on_event: Callable[[Emit], None],
 ) -> None:
     """``--drain-after`` / ``--drain-at-refit``: drain one pod once it is due (once per run)."""
-    if result.drained is not None or not _drain_due(options, status, running_since):
+    if result.drained is not None or not _drain_due(options, result.ledger, running_since):
         return
     target = options.drain_pod or names.pod_name(cluster.job.name, "rollout", 0)
     if cluster.kubelet.disrupt(target):
@@ -340,10 +338,12 @@ def _drain_when_due(
         )
 
 
-def _drain_due(options: RunOptions, status: RefitJobStatus, running_since: float | None) -> bool:
-    """Whether the simulated drain is due: N refits committed, or S seconds of running."""
+def _drain_due(options: RunOptions, ledger: RefitLedger, running_since: float | None) -> bool:
+    """Whether the simulated drain is due: a rollout rank committed N refits, or S seconds
+    of running.  The first rank's report, not the job's count: a small model's refits take
+    a fraction of a second, and the drain must land while the job still has refits left."""
     if options.drain_at_refit is not None:
-        return status.refits_completed >= options.drain_at_refit
+        return ledger.most_committed() >= options.drain_at_refit
     return (
         options.drain_after is not None
         and running_since is not None
