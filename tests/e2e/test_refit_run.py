@@ -315,12 +315,15 @@ def test_a_failing_worker_says_why(tmp_path: Path) -> None:
 
 
 def test_the_worker_writes_its_own_reason(tmp_path: Path) -> None:
-    """refit-worker's termination message: its exception, not a log line."""
-    path = _manifest(tmp_path, **{"transfer.backend": "BOGUS", "failurePolicy.maxRestarts": 0})
+    """refit-worker's termination message: its exception, not a log line.  An unknown
+    backend is a failure no restart can cure: exit 84, and the job fails at once even
+    with restarts left."""
+    path = _manifest(tmp_path, **{"transfer.backend": "BOGUS", "failurePolicy.maxRestarts": 2})
     done = _run([str(path), "--plain"], timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     message = done.stdout.split("message: ")[1].splitlines()[0]
-    assert "failed: exit code 1: " in message and "BOGUS" in message, message
+    assert "failed: exit code 84: " in message and "BOGUS" in message, message
+    assert "not retryable" in message and "restarts 0" in done.stdout, done.stdout
 
 
 USER_CODE = r"""
