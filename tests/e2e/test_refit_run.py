@@ -416,3 +416,43 @@ def test_the_session_example_outside_a_pod_says_where_it_runs() -> None:
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert "runs inside a RefitJob pod" in done.stderr and "spec.policy.command" in done.stderr
+
+
+def test_kill_rollout_at_refit_replaces_that_replica_alone(tmp_path: Path) -> None:
+    """Issue #20: a SIGKILLed rollout pod is replaced alone; the policy pods run on, the
+    replacement joins at a refit boundary and checks what it commits bit for bit."""
+    path = _manifest(tmp_path, **{"transfer.refits": 6})
+    done = _run([str(path), "--kill-rollout-at-refit", "2", "--plain"], timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert re.search(r"reason=Fault SIGKILL rollout pod e2e-run-rollout-0\S* at refit 2", out)
+    assert "the policy pods ran on untouched (same 2 uid(s))" in out, out
+    assert re.search(r"its replacement committed its first refit [\d.]+ s after the kill", out)
+    assert "refits 6/6" in out and "restarts 0" in out and "replacements 1" in out, out
+    assert "gen0=1" in out, out  # the per-replica status: rank 0 is on its second pod
+    assert "verification: bit-exact" in out
+
+
+def test_kill_policy_at_refit_restarts_the_policy_gang_only(tmp_path: Path) -> None:
+    path = _manifest(tmp_path, **{"transfer.refits": 6})
+    done = _run([str(path), "--kill-policy-at-refit", "2", "--plain"], timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert re.search(r"reason=Fault SIGKILL policy pod e2e-run-policy-0\S* at refit 2", out)
+    assert "the rollout pods ran on untouched (same 2 uid(s))" in out, out
+    assert "refits 6/6" in out and "restarts 1" in out and "replacements 0" in out, out
+    assert "verification: bit-exact" in out
+
+
+@pytest.mark.parametrize("replicas", [3, 1])
+def test_scale_rollout_at_refit_leaves_the_policy_pods(tmp_path: Path, replicas: int) -> None:
+    path = _manifest(tmp_path, **{"transfer.refits": 6})
+    done = _run([str(path), "--scale-rollout-at-refit", f"1:{replicas}", "--plain"], timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert f"reason=Fault scaling e2e-run: spec.rollout.replicas -> {replicas} at refit 1" in out
+    assert f"scaled to {replicas} rollout replica(s) at refit 1" in out
+    assert "the policy pods ran on untouched (same 2 uid(s))" in out, out
+    assert f"rollout_ready={replicas}/{replicas}" in out, out
+    assert "refits 6/6" in out and "restarts 0" in out and "preemptions 0" in out, out
+    assert "verification: bit-exact" in out

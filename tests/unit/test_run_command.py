@@ -57,6 +57,18 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--drain-at-refit", "3"], "the job does 3 refit(s), so nothing would be left"),
         (["--drain-at-refit", "1", "--drain-after", "2"], "give one of them"),
         (["--drain-at-refit", "1", "--drain-pod", "nope"], "--drain-pod 'nope' is not a pod"),
+        (["--kill-rollout-at-refit", "0"], "'0': must be a whole number of refits >= 1"),
+        (["--kill-rollout-at-refit", "3"], "the job does 3 refit(s), so no refit would be left"),
+        (["--kill-policy-at-refit", "-1"], "'-1': must be a whole number of refits >= 1"),
+        (["--kill-policy-at-refit", "7"], "--kill-policy-at-refit 7: the job does 3 refit(s)"),
+        (["--scale-rollout-at-refit", "3"], "'3': expected N:R"),
+        (["--scale-rollout-at-refit", "1:x"], "'1:x': expected N:R"),
+        (["--scale-rollout-at-refit", "0:3"], "the refit N must be >= 1"),
+        (["--scale-rollout-at-refit", "1:0"], "R must be >= 1"),
+        (["--scale-rollout-at-refit", "1:2"], "the job already has 2 rollout replica(s)"),
+        (["--scale-rollout-at-refit", "3:1"], "the job does 3 refit(s)"),
+        (["--scale-rollout-at-refit", "1:5000"], "over the 4096 a rendezvous holds"),
+        (["--kill-rollout-at-refit", "1", "--drain-at-refit", "1"], "give one of them per run"),
     ],
 )
 def test_bad_flags_are_refused_with_the_reason(

@@ -29,7 +29,16 @@ from typing import Any, TextIO
 from refit_operator import names
 from refit_operator.core.coordinate import merged
 from refit_operator.core.decision import Emit
-from refit_operator.local import ignored, metrics_ports, paths, preflight, sizing, view, workdir
+from refit_operator.local import (
+    faults,
+    ignored,
+    metrics_ports,
+    paths,
+    preflight,
+    sizing,
+    view,
+    workdir,
+)
 from refit_operator.local.ledger import RefitLedger
 from refit_operator.local.manifest import ManifestError, load_manifest
 from refit_operator.local.runner import LocalCluster, RunOptions, RunResult, run_job
@@ -77,6 +86,7 @@ def add_parser(sub: Any) -> None:
     )
     run.add_argument("manifest", type=Path, help="RefitJob YAML, e.g. examples/local.yaml")
     _add_drain_arguments(run)
+    faults.add_arguments(run)
     run.add_argument(
         "--timeout",
         type=_seconds(allow_zero=False),
@@ -120,7 +130,7 @@ def _add_drain_arguments(run: Any) -> None:
     )
     run.add_argument(
         "--drain-at-refit",
-        type=_refit_count,
+        type=faults.refit_number,
         metavar="N",
         help="simulate a node drain on one pod once N refits are committed (1 <= N < "
         "spec.transfer.refits): the gang is preempted and a new one resumes at refit N",
@@ -130,12 +140,6 @@ def _add_drain_arguments(run: Any) -> None:
         metavar="POD",
         help="the pod to drain with --drain-after or --drain-at-refit (default: <job>-rollout-0)",
     )
-
-
-def _refit_count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a whole number of refits >= 1")
-    return int(text)
 
 
 def _claim(text: str) -> tuple[str, Path]:
@@ -199,7 +203,8 @@ def _check_args(args: argparse.Namespace, job: str, spec: RefitJobSpec) -> str |
         if args.drain_pod not in pods:
             shown = ", ".join(pods[:8]) + (", ..." if len(pods) > 8 else "")
             return f"--drain-pod {args.drain_pod!r} is not a pod of job {job}: pods are {shown}"
-    return None
+    drains = args.drain_after is not None or args.drain_at_refit is not None
+    return faults.problem(faults.planned(args), spec, drains=drains)
 
 
 def _claims(args: argparse.Namespace, spec: RefitJobSpec) -> tuple[dict[str, Path], int | None]:
@@ -265,8 +270,11 @@ def _prepare(
         raise ManifestError("; ".join(cannot))
     claims, model = _claims(args, spec)
     _check_resources(args, spec, model)
+    most = faults.most_rollout_replicas(faults.planned(args), spec)
+    scaled = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"replicas": most})})
     try:
-        args.metrics_ports = metrics_ports.plan(spec, metrics_ports.loopback_free)
+        # Ports for every rank the run will have, a scale-up's included.
+        args.metrics_ports = metrics_ports.plan(scaled, metrics_ports.loopback_free)
     except metrics_ports.PortsError as exc:
         raise ManifestError(str(exc)) from exc
     if args.workdir is not None:
@@ -358,6 +366,7 @@ def _run_options(args: argparse.Namespace, claims: Mapping[str, Path]) -> RunOpt
         timeout=args.timeout,
         claims=claims,
         metrics_ports=args.metrics_ports,
+        faults=faults.planned(args),
     )
 
 
@@ -378,6 +387,8 @@ def _summarise(
     note = _undrained_note(args, result)
     if note is not None:
         printer.line(note)
+    for line in view.fault_lines(faults.planned(args), result):
+        printer.line(line)
     if result.interrupted:
         signum = signum or signal.SIGINT
         printer.line(

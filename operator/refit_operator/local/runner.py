@@ -33,7 +33,9 @@ from refit_operator.core.decision import Delete, Emit, JobView, LiftGate
 from refit_operator.core.observe import Observed, observe
 from refit_operator.core.reconcile import reconcile
 from refit_operator.core.writes import WriteError
-from refit_operator.local import metrics_ports
+from refit_operator.local import fault_actions, metrics_ports
+from refit_operator.local import faults as fault_plan
+from refit_operator.local.faults import Fault, Fired
 from refit_operator.local.kubelet import KubeletError, ProcessKubelet
 from refit_operator.local.ledger import RefitLedger
 from refit_operator.local.workdir import create_own
@@ -71,6 +73,8 @@ class RunOptions:
     tick_s: float = TICK_S
     #: (role, rank) -> the local port its metrics serve on (see metrics_ports.py).
     metrics_ports: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    #: Kills and scales to do once their refit is committed (see faults.py).
+    faults: tuple[Fault, ...] = ()
 
 
 @dataclass
@@ -82,6 +86,10 @@ class RunResult:
     failed_logs: dict[str, str] = field(default_factory=dict)
     events: list[Emit] = field(default_factory=list)
     drained: str | None = None
+    #: The faults done, in order, with what followed each.
+    fired: list[Fired] = field(default_factory=list)
+    #: role -> uid -> seconds into the run when a pod of that uid was first seen.
+    first_seen: dict[str, dict[str, float]] = field(default_factory=dict)
     interrupted: bool = False
     timed_out: bool = False
 
@@ -248,7 +256,7 @@ def run_job(
     own_dir = options.workdir is None
     # Absolute: every pod runs in a directory of its own, so a relative path would miss.
     workdir = create_own(job.name) if options.workdir is None else options.workdir.resolve()
-    cluster = LocalCluster(job, spec, workdir, options.claims)
+    cluster = LocalCluster(job, _sized(spec, options), workdir, options.claims)
     applier = Applier(cluster, clock=lambda: datetime.now(UTC))
     cluster.metrics_ports = options.metrics_ports
     view = JobView(job, int(meta.get("generation") or 1), manifest["spec"], RefitJobStatus())
@@ -275,19 +283,33 @@ def run_job(
             _drain_when_due(
                 options, result, cluster, running_since=running_since, on_event=on_event
             )
+            view = fault_actions.round_(options, result, cluster, view, time.monotonic() - started)
             if should_stop():
                 result.interrupted = True
                 return result
             if time.monotonic() - started > options.timeout:
                 result.timed_out = True
                 return result
-            # A drain waiting for its refit looks more often, so it lands inside the job.
-            pending = options.drain_at_refit is not None and result.drained is None
-            time.sleep(min(options.tick_s, DRAIN_TICK_S) if pending else options.tick_s)
+            time.sleep(_tick(options, result))
     finally:
         cluster.close(timeout=float(spec.preemption.grace_period_seconds) + 5)
         if own_dir:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _sized(spec: RefitJobSpec, options: RunOptions) -> RefitJobSpec:
+    """The spec with as many rollout replicas as the run will have: a scale-up's ranks
+    need room in the rendezvous from the start."""
+    most = fault_plan.most_rollout_replicas(options.faults, spec)
+    return spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"replicas": most})})
+
+
+def _tick(options: RunOptions, result: RunResult) -> float:
+    """A drain or fault waiting for its refit looks more often, so it lands inside the job;
+    so does a kill whose replacement's first commit is being timed."""
+    drain = options.drain_at_refit is not None and result.drained is None
+    pending = drain or fault_actions.pending(options, result)
+    return min(options.tick_s, DRAIN_TICK_S) if pending else options.tick_s
 
 
 def _round(

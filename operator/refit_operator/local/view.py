@@ -6,7 +6,10 @@ Must not import: kopf, kubernetes.
 
 from __future__ import annotations
 
+from typing import Any
+
 from refit_operator.core.decision import Emit
+from refit_operator.local.faults import Fault, outcome
 from refit_operator.local.runner import RunResult
 from refit_operator.models import Phase, RefitJobSpec, RefitJobStatus
 
@@ -65,13 +68,63 @@ def live_lines(
     return [
         f"RefitJob {job}  phase {status.phase.value}  epoch {status.epoch}  elapsed {elapsed:.1f}s",
         f"  policy   ready {status.policy.ready}/{spec.policy.replicas}",
-        f"  rollout  ready {status.rollout.ready}/{spec.rollout.replicas}  "
+        f"  rollout  ready {status.rollout.ready}/{rollout_desired(spec, status)}  "
         f"refit {min(status.refits_completed + 1, refits)}/{refits}  "
         f"committed {status.refits_completed}  moved {moved(status, committed)}  "
         f"last {gbps(status)}",
         f"  restarts {status.restarts}  preemptions {status.preemptions}  "
-        f"ranks {connection(status)}",
+        f"replacements {replacements(status)}  ranks {connection(status)}",
+        *replica_lines(status),
     ]
+
+
+def rollout_desired(spec: RefitJobSpec, status: RefitJobStatus) -> int:
+    """The rollout replicas asked for now: the status's (a scale changes it mid-run) once
+    the operator reports it, the manifest's before."""
+    desired = getattr(status.rollout, "desired", 0)
+    return int(desired) if desired else spec.rollout.replicas
+
+
+def replacements(status: RefitJobStatus) -> int:
+    """Rollout replicas replaced alone so far (the status's count; 0 before it has one)."""
+    return int(getattr(status.rollout, "replacements", 0) or 0)
+
+
+def _replicas(status: RefitJobStatus) -> list[Any]:
+    return list(getattr(status, "rollout_replicas", None) or [])
+
+
+def replica_lines(status: RefitJobStatus) -> list[str]:
+    """One line per rollout replica, from ``status.rolloutReplicas`` (none until the
+    operator reports them): its generation (replacements of that rank) and last refit."""
+    out = []
+    for replica in sorted(_replicas(status), key=lambda r: int(r.rank)):
+        last = replica.last_committed_refit
+        out.append(
+            f"    rollout-{replica.rank}  generation {replica.generation}  "
+            f"{'ready' if replica.ready else 'not ready'}  last refit "
+            f"{'-' if last is None else last}  pod {replica.pod}"
+        )
+    return out
+
+
+def fault_lines(planned: tuple[Fault, ...], result: RunResult) -> list[str]:
+    """The summary's lines about ``--kill-*`` / ``--scale-*``: what each did and what
+    followed, or why it never fired."""
+    lines = []
+    for fired in result.fired:
+        other = "policy" if fired.fault.kind == "kill-rollout" else "rollout"
+        seen = result.first_seen.get(other, {})
+        new = frozenset(uid for uid, at in seen.items() if at > fired.at)
+        lines.append(outcome(fired, new))
+    done = {f.fault for f in result.fired}
+    for fault in planned:
+        if fault not in done and not result.interrupted:
+            lines.append(
+                f"  note: {fault.flag} {fault.at_refit} did not fire: the job ended before "
+                f"{fault.at_refit} refit(s) were committed"
+            )
+    return lines
 
 
 def status_key(status: RefitJobStatus) -> tuple[object, ...]:
@@ -85,7 +138,14 @@ def status_key(status: RefitJobStatus) -> tuple[object, ...]:
         status.restarts,
         status.preemptions,
         connection(status) == "connected",
+        rollout_desired_key(status),
+        replacements(status),
+        tuple((r.rank, r.generation, r.ready) for r in _replicas(status)),
     )
+
+
+def rollout_desired_key(status: RefitJobStatus) -> int:
+    return int(getattr(status.rollout, "desired", 0) or 0)
 
 
 def status_line(
@@ -97,12 +157,14 @@ def status_line(
     return (
         f"t={elapsed:.1f}s job={job} phase={status.phase.value} epoch={status.epoch} "
         f"policy_ready={status.policy.ready}/{spec.policy.replicas} "
-        f"rollout_ready={status.rollout.ready}/{spec.rollout.replicas} "
+        f"rollout_ready={status.rollout.ready}/{rollout_desired(spec, status)} "
         f"refits={status.refits_completed}/{spec.transfer.refits} "
         f"bytes={committed} "
         f"gbps={(status.last_throughput_bytes_per_second or 0) / 1e9:.4g} "
         f"restarts={status.restarts} preemptions={status.preemptions} "
+        f"replacements={replacements(status)} "
         f"connected={'yes' if connection(status) == 'connected' else 'no'}"
+        + "".join(f" gen{r.rank}={r.generation}" for r in _replicas(status))
     )
 
 
@@ -174,7 +236,8 @@ def summary(job: str, spec: RefitJobSpec, result: RunResult, elapsed: float) -> 
         f"  refits {status.refits_completed}/{spec.transfer.refits}  "
         f"bytes {human_bytes(status.bytes_transferred)}  restarts {status.restarts}  "
         f"preemptions {status.preemptions}"
-        + (f" (drained {result.drained})" if result.drained else ""),
+        + (f" (drained {result.drained})" if result.drained else "")
+        + f"  replacements {replacements(status)}",
         f"  verification: {verification(status)}",
     ]
     for pod, tail in result.failed_logs.items():
