@@ -11,6 +11,9 @@ size, and the figures they give.
   ConfigMap store's observed back-off, and the fault tests' outcome (operator included).
 - Operator restart mid-job: the test's outcome.
 - Bad input: the output of ``bench/reliability_badinput.py`` when that file exists.
+- Failure domains (issue #20): the output of ``bench/reliability_domains.py``: a rollout
+  or a policy pod SIGKILLed, the rollout replicas scaled, locally; and the cluster tier's
+  scenarios (kill, drain of a rollout-only node, a dead node, scale) with their figures.
 
 Run: ``python bench/reliability_report.py`` (``--quick``: one run per topology and 8
 kills, for a smoke check; the committed doc is made without it).  Nothing here asserts
@@ -316,11 +319,42 @@ def badinput() -> list[str]:
     return [done.stdout.rstrip(), ""]
 
 
+def failure_domains(runs: int, *, with_cluster: bool) -> list[str]:
+    """``bench/reliability_domains.py``'s section (issue #20), or why it is missing."""
+    script = ROOT / "bench" / "reliability_domains.py"
+    argv = [sys.executable, str(script), "--runs", str(runs)]
+    done = subprocess.run(
+        argv + ([] if with_cluster else ["--no-cluster"]),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        return [
+            "## Failure domains",
+            "",
+            f"`bench/reliability_domains.py` failed (exit {done.returncode}):",
+            "",
+            "```",
+            done.stderr[-2000:],
+            "```",
+            "",
+        ]
+    return [done.stdout.rstrip(), ""]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="drain runs per topology")
     parser.add_argument("--kill-cases", type=int, default=20)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--no-cluster",
+        action="store_true",
+        help="leave out the failure-domain scenarios of the cluster tier (they need its "
+        "control plane, tests/cluster/build.sh)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "reliability.md")
     args = parser.parse_args()
     runs, cases = (1, 10) if args.quick else (args.runs, args.kill_cases)
@@ -328,6 +362,7 @@ def main() -> None:
         parser.error(f"--runs must be >= 1 and --kill-cases >= 5 (got {runs}, {cases})")
     started = time.monotonic()
     body = drains(runs) + kills(cases) + api_faults() + badinput()
+    body += failure_domains(runs, with_cluster=not args.no_cluster)
     head = [
         "# Reliability: figures under faults",
         "",
