@@ -347,11 +347,15 @@ class RendezvousStore(ABC):
                 raise EntryError(
                     key, f"missing for epoch {barrier.epoch}, though the barrier lists it"
                 )
-            if (entry.uid, entry.generation) != (held.uid, held.generation):
+            if entry.uid != held.uid:
+                raise EntryError(
+                    key, f"written by pod uid {entry.uid!r}, but the barrier recorded {held.uid!r}"
+                )
+            if entry.generation != held.generation:
                 raise EntryError(
                     key,
-                    f"written by pod uid {entry.uid!r} (generation {entry.generation}), "
-                    f"but the barrier recorded {held.uid!r} (generation {held.generation})",
+                    f"written by generation {entry.generation} of pod uid {entry.uid!r}, "
+                    f"but the barrier recorded generation {held.generation}",
                 )
             found[(role, rank)] = entry
         return found
