@@ -19,6 +19,7 @@ import pytest
 
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
+    RANKS_PER_SHARD,
     BarrierEntry,
     EntryError,
     Layout,
@@ -28,6 +29,7 @@ from refit_worker.contract.rendezvous import (
     RolloutMember,
     make_preempt_notice,
     membership,
+    meta_key,
 )
 from refit_worker.contract.roles import Role
 from refit_worker.rendezvous import FileStore, Member, Preempted, PreemptionWatch, Removed
@@ -179,3 +181,26 @@ def test_progress_all_gives_every_rank_whatever_its_epoch(tmp_path: Path) -> Non
         ("policy", 0): (5, 0, "running"),
         ("rollout", 1): (5, 2, "left"),
     }
+
+
+def test_a_scale_up_past_a_shard_is_followed_by_the_ranks_already_running(
+    tmp_path: Path,
+) -> None:
+    # 99 policy ranks + 1 rollout rank fill one shard; a second rollout rank (index 100)
+    # lands in shard 1, which the running ranks' layout did not have.
+    policy = RANKS_PER_SHARD - 1
+    old = FileStore(tmp_path, Layout(policy, 1, 1))
+    for rank in range(policy):
+        old.publish_metadata(Member("policy", rank, 0, f"p{rank}"), "{}")
+    old.publish_metadata(R0, "{}")
+    grown = FileStore(tmp_path, Layout(policy, 2, 2))
+    grown.publish_metadata(R1, "{}")
+    assert (tmp_path / "shard-1" / meta_key("rollout", 1)).is_file()
+    live = {("policy", r): LivePod(f"p{r}") for r in range(policy)}
+    live.update({("rollout", 0): LivePod("r0"), ("rollout", 1): LivePod("r1", 2)})
+    barrier = membership(grown.snapshot(0), policy, 2, live, None)  # type: ignore[arg-type]
+    assert barrier is not None and barrier.members() == (0, 1)
+    old.put_entry(BARRIER_KEY, barrier)
+    peers = old.peers(Member("policy", 0, 0, "p0"), barrier)
+    assert peers[("rollout", 1)].uid == "r1" and len(peers) == policy + 2
+    assert old.layout == Layout(policy, 2, 2)
