@@ -20,6 +20,7 @@ from refit_worker.contract.rendezvous import (
     BarrierEntry,
     MetadataEntry,
     ProgressEntry,
+    RolloutMember,
     encode_entry,
     meta_key,
     progress_key,
@@ -231,7 +232,9 @@ def test_connected_says_how_many_ranks_published_until_the_barrier_opens() -> No
 def test_a_forged_barrier_is_removed_until_every_rank_published() -> None:
     running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
     pods = _pods(0, **dict.fromkeys(NAMES, RUNNING))
-    forged = BarrierEntry(epoch=0, policy_uids=("x",), rollout_uids=("y", "z"))
+    forged = BarrierEntry(
+        epoch=0, policy_uids=("x",), rollout=(RolloutMember(uid="y"), RolloutMember(uid="z"))
+    )
     data = {**_published(0, NAMES[:1]), BARRIER_KEY: encode_entry(BARRIER_KEY, forged)}
     d = _run(running, pods, data)
     (patch,) = [a for a in d.actions if isinstance(a, PatchData)]
@@ -297,7 +300,7 @@ def test_a_rank_gone_after_the_barrier_opened_is_lost_even_if_the_status_was() -
     barrier = BarrierEntry(
         epoch=0,
         policy_uids=(_uid(NAMES[0], 0),),
-        rollout_uids=(_uid(NAMES[1], 0), _uid(NAMES[2], 0)),
+        rollout=(RolloutMember(uid=_uid(NAMES[1], 0)), RolloutMember(uid=_uid(NAMES[2], 0))),
     )
     data = {**_published(0, NAMES), BARRIER_KEY: encode_entry(BARRIER_KEY, barrier)}
     d = _run(lost, pods, data)

@@ -21,7 +21,7 @@ from refit_operator.core.decision import JobView
 from refit_operator.core.observe import Observed, ObservedPod
 from refit_operator.models import RefitJobSpec, RefitJobStatus
 from refit_operator.render import RenderOptions
-from refit_worker.contract.rendezvous import ProgressSummary
+from refit_worker.contract.rendezvous import LivePod, ProgressSummary
 from refit_worker.contract.roles import ROLES
 
 
@@ -145,11 +145,18 @@ def _read_rendezvous(
     current: tuple[ObservedPod, ...],
     epoch: int,
 ) -> Coordination:
-    uids = {(p.role, p.rank): p.uid for p in current if p.role in ROLES and p.uid}
+    # A pod being deleted or failed holds its rank no more: what it wrote is no member's.
+    # (Generation 0 for all: rollout pods are recreated with the gang until rollout
+    # replicas are their own failure domain.)
+    live = {
+        (p.role, p.rank): LivePod(p.uid, 0, running=p.phase == "Running")
+        for p in current
+        if p.role in ROLES and p.uid and not p.deleting and p.failure is None
+    }
     return coordinate(
         job.ref.name,
         observed.entries,
         epoch=epoch,
         world=(spec.policy.replicas, spec.rollout.replicas),
-        pod_uids=uids,
+        live=live,
     )
