@@ -90,4 +90,6 @@ def test_layout_mismatch_is_refused_before_any_byte_lands(tmp_path: Path, mode: 
     )
     assert "nothing was written" in rollout["error"]
     assert rollout["live_weights_partial"] is False
-    assert policy["error_type"] == "PeerError" and "aborted refit 0" in policy["error"], policy
+    # The rollout's failure is not the policy's: the engine drops that target from the
+    # refit (RefitTiming.dropped) instead of failing the send (docs/failure-domains.md).
+    assert "error" not in policy, policy

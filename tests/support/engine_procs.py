@@ -124,8 +124,10 @@ def rank_main(job_json: str, role: str, rank: int, meta_q: Any, my_q: Any, out_q
             if role == "policy":
                 sd = state_dict(refit, experts=job.experts)
                 sd = {n: t.to(job.device) for n, t in sd.items()}
-                asyncio.run(engine.send_weights(iter(sd.items())))
-                report["refits"].append({})
+                timing = asyncio.run(engine.send_weights(iter(sd.items())))
+                report["refits"].append(
+                    {"delivered": list(timing.delivered), "dropped": dict(timing.dropped)}
+                )
             else:
                 report["refits"].append(asyncio.run(_receive(engine, job, out_q, rank)))
         engine.finalize()

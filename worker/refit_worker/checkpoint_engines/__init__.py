@@ -5,6 +5,11 @@ Public names mirror upstream ``nemo_rl.utils.checkpoint_engines`` (``NIXLCheckpo
 mapping, layouts and messages are pure and importable without nixl; nixl itself is imported
 only when an agent is created.
 
+Membership (:mod:`.membership`, :mod:`.delivery`, :mod:`.admission`): peers follow the
+rendezvous's member list with ``update_peers``; a refit goes to the members present, a
+failing target is dropped from it alone, and a receiver declines a refit it should not
+take (an older one, or one its sources planned from different memberships).
+
 DTensor weights (FSDP2, tensor parallel) are sent shard by shard: :mod:`.boxes` and
 :mod:`.shard_plan` plan it (pure), :mod:`.shards` reads the DTensors.
 
@@ -12,9 +17,11 @@ Must not import: the operator, torch.distributed's collectives (DTensor types on
 :mod:`.shards`).
 """
 
+from .admission import RefitDeclinedError
 from .agent import (
     NIXL_DEFAULT_BACKEND_NAME,
     NIXL_TRANSFER_BUFFER_COUNT,
+    DeclinedError,
     NixlAgent,
     PeerError,
     RefitTimeoutError,
@@ -29,6 +36,7 @@ from .mapping import (
     rollout_targets_for_policy,
     source_ranks_for_rollout,
 )
+from .membership import PeerUpdate, targets_for_policy
 from .messages import BufferDesc, NixlAgentMetadata, ProtocolError
 from .nixl import NIXLCheckpointEngine, ReceivedRefit
 from .planning import TensorSpec, plan_buckets
@@ -39,14 +47,17 @@ __all__ = [
     "NIXL_TRANSFER_BUFFER_COUNT",
     "BufferDesc",
     "CheckpointEngine",
+    "DeclinedError",
     "IncompleteRefitError",
     "LayoutMismatchError",
     "NIXLCheckpointEngine",
     "NixlAgent",
     "NixlAgentMetadata",
     "PeerError",
+    "PeerUpdate",
     "ProtocolError",
     "ReceivedRefit",
+    "RefitDeclinedError",
     "RefitTimeoutError",
     "RefitTiming",
     "TargetWeightLayout",
@@ -59,4 +70,5 @@ __all__ = [
     "resolve_nixl_backend_kwargs",
     "rollout_targets_for_policy",
     "source_ranks_for_rollout",
+    "targets_for_policy",
 ]

@@ -38,6 +38,7 @@ from .messages import (
     BucketReady,
     ControlMessage,
     Credit,
+    Decline,
     Done,
     Manifest,
     NixlAgentMetadata,
@@ -64,6 +65,11 @@ class RefitTimeoutError(TimeoutError):
 
 class PeerError(RuntimeError):
     """A peer failed: a transfer to it went to ERR, or it aborted the refit."""
+
+
+class DeclinedError(PeerError):
+    """A rollout peer declined the refit (it waits for a newer one, or its sources
+    disagreed): not delivered, not a failure of this rank."""
 
 
 def _nixl(exc: BaseException) -> str:
@@ -120,6 +126,8 @@ class NixlAgent:
         """Forget a peer and disconnect from it."""
         self._agent.remove_remote_agent(agent_name)
         self._raw.pop(agent_name, None)
+        for key in [k for k in self._control if k[0] == agent_name]:
+            del self._control[key]
 
     # -- memory -------------------------------------------------------------------------
     def register(self, regions: Sequence[Region], mem_type: str) -> Any:
@@ -266,7 +274,7 @@ class NixlAgent:
                     continue
                 message = decode(data)
                 key = (peer, message.kind, message.refit, message.seq)
-                if key in self._control and message.kind != "abort":
+                if key in self._control and message.kind not in ("abort", "decline"):
                     raise ProtocolError(f"{peer!r} sent {message.kind} {key[2:]} twice")
                 self._control[key] = message
 
@@ -281,7 +289,19 @@ class NixlAgent:
         abort = self._control.get((peer, "abort", refit, 0))
         if isinstance(abort, Abort):
             raise PeerError(f"{peer!r} aborted refit {refit}: {abort.reason}")
+        decline = self._control.get((peer, "decline", refit, 0))
+        if isinstance(decline, Decline) and kind != "decline":
+            raise DeclinedError(f"{peer!r} declined refit {refit}: {decline.reason}")
         return self._control.pop((peer, kind, refit, seq), None)
+
+    def pending(self, peer: str, kind: str) -> list[int]:
+        """Refit ids of the ``kind`` messages from ``peer`` waiting in the inbox."""
+        self.poll()
+        return sorted(k[2] for k in self._control if k[0] == peer and k[1] == kind)
+
+    def discard(self, peer: str, kind: str, refit: int, seq: int = 0) -> None:
+        """Drop one message from the inbox (e.g. a manifest that was declined)."""
+        self._control.pop((peer, kind, refit, seq), None)
 
     async def wait_control(
         self,
@@ -407,6 +427,7 @@ __all__ = [
     "REFIT_BACKOFF",
     "BucketReady",
     "Credit",
+    "DeclinedError",
     "Done",
     "Manifest",
     "NixlAgent",

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import AsyncGenerator, Iterable
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -111,6 +111,11 @@ class RefitTiming:
     registrations: int
     #: Sets of prepared WRITE handles built in this refit (0 once they are reused).
     routes_built: int = 0
+    #: A policy rank: the rollout ranks that confirmed this refit, in order.
+    delivered: tuple[int, ...] = ()
+    #: A policy rank: the targets taken out of this refit (failed, declined, dropped by the
+    #: caller), each with its reason; they did not receive it.
+    dropped: Mapping[int, str] = field(default_factory=dict)
 
 
 class CheckpointEngine(abc.ABC):

@@ -21,7 +21,14 @@ notification of refit ``k-1`` can never be taken for refit ``k``:
 * ``digest`` (sender -> receiver): the integrity hash of every piece of bucket ``seq``,
   computed off the transfer's thread and sent when ready;
 * ``done`` (receiver -> sender): the refit arrived complete and verified;
-* ``abort`` (either way): the refit failed on the peer, with its reason.
+* ``abort`` (either way): the refit failed on the peer, with its reason;
+* ``decline`` (receiver -> sender): this rank will not take refit ``k`` (an older refit
+  than it waits for, or its sources disagree on the membership); the sender counts the
+  target as not delivered, not as an error.
+
+A manifest carries the sender's membership ``version`` and rollout world size, so that a
+receiver with several sources takes a refit only when they all planned it from the same
+membership (:mod:`.membership`).
 
 Must not import: torch, nixl, the transport modules of this package.
 """
@@ -44,12 +51,14 @@ from pydantic import (
 )
 
 PROTOCOL_VERSION: Literal[1] = 1
-#: Version of the control messages.  3: manifest entries may carry the source boxes of a
-#: sharded tensor (``sources``) and the destination's place in it (``offset``).  2: the
-#: receiver plans from the manifest and answers ``ready`` with its landing memory; per-piece
-#: integrity digests (1 had credits with ``landing``, pieces in every ``bucket`` and
-#: per-tensor CRCs in the manifest).  A peer of another version is refused by name.
-CONTROL_VERSION: Literal[3] = 3
+#: Version of the control messages.  4: every source sends a manifest carrying the
+#: membership ``version`` and ``rollout_world_size``; ``decline``.  3: manifest entries may
+#: carry the source boxes of a sharded tensor (``sources``) and the destination's place in
+#: it (``offset``).  2: the receiver plans from the manifest and answers ``ready`` with its
+#: landing memory; per-piece integrity digests (1 had credits with ``landing``, pieces in
+#: every ``bucket`` and per-tensor CRCs in the manifest).  A peer of another version is
+#: refused by name.
+CONTROL_VERSION: Literal[4] = 4
 CONTROL_MAGIC = b"RFT1"
 
 
@@ -92,16 +101,19 @@ class NixlAgentMetadata(_Model):
 MetadataLike = NixlAgentMetadata | str | dict[str, Any]
 
 
-def parse_metadata(metadata: Sequence[MetadataLike], expected: int) -> list[NixlAgentMetadata]:
+def parse_metadata(
+    metadata: Sequence[MetadataLike | None], expected: int
+) -> list[NixlAgentMetadata | None]:
+    """Validate the all-ranks metadata listing (policy ranks, then rollout ranks); ``None``
+    stands for a rank that is absent now (no member in its slot)."""
     if isinstance(metadata, str | bytes) or len(metadata) != expected:
         got = "a string" if isinstance(metadata, str | bytes) else f"{len(metadata)} entries"
         raise ValueError(
             f"metadata must list {expected} ranks (policy ranks, then rollout ranks), got {got}"
         )
-    """Validate the all-ranks metadata listing (policy ranks, then rollout ranks)."""
-    parsed: list[NixlAgentMetadata] = []
+    parsed: list[NixlAgentMetadata | None] = []
     for index, item in enumerate(metadata):
-        if isinstance(item, NixlAgentMetadata):
+        if item is None or isinstance(item, NixlAgentMetadata):
             parsed.append(item)
         elif isinstance(item, str):
             parsed.append(NixlAgentMetadata.model_validate_json(item))
@@ -109,11 +121,15 @@ def parse_metadata(metadata: Sequence[MetadataLike], expected: int) -> list[Nixl
             parsed.append(NixlAgentMetadata.model_validate(item))
         else:
             raise TypeError(f"metadata[{index}] is a {type(item).__name__}, not NixlAgentMetadata")
+    names = [m.agent_name for m in parsed if m is not None]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"metadata names agent(s) {twice} for more than one rank")
     return parsed
 
 
 class _Control(_Model):
-    v: Literal[3] = CONTROL_VERSION
+    v: Literal[4] = CONTROL_VERSION
     refit: int = Field(ge=0)
 
 
@@ -149,6 +165,10 @@ class Manifest(_Control):
     #: Hash every piece is checked with before the refit is accepted; None: no check.
     integrity: Literal["xxh3_64", "wsum64"] | None = None
     tensors: tuple[ManifestEntry, ...]
+    #: The membership version the sender planned this refit from (see :mod:`.membership`).
+    version: int = Field(0, ge=0)
+    #: The rollout world size it planned with; None: the receiver's own.
+    rollout_world_size: int | None = Field(None, ge=1)
 
 
 class BucketReady(_Control):
@@ -215,7 +235,13 @@ class Abort(_Control):
     reason: str
 
 
-Message = Manifest | Ready | BucketReady | Credit | Digest | Done | Abort
+class Decline(_Control):
+    kind: Literal["decline"] = "decline"
+    seq: Literal[0] = 0
+    reason: str
+
+
+Message = Manifest | Ready | BucketReady | Credit | Digest | Done | Abort | Decline
 ControlMessage = Annotated[Message, Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[ControlMessage] = TypeAdapter(ControlMessage)
 

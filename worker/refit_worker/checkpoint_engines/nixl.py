@@ -20,9 +20,12 @@ Flow on every rank::
     # [policy rank 0 .. T-1, rollout rank 0 .. R-1]
     engine.init_policy_process_group(worker_rank=p, train_world_size=T,
                                      rollout_world_size=R, metadata=all_meta)
+    # the membership changed (a rollout rank lost, added; None for an absent rank):
+    engine.update_peers(all_meta, train_world_size=T, rollout_world_size=R, version=v)
     timing = await engine.send_weights(model.named_parameters())  # policy
+    timing.delivered, timing.dropped            # who confirmed; who was dropped, and why
     async for batch in engine.receive_weight_batches(): ...       # rollout (copy the views)
-    got = await engine.receive_into(dict(model.named_parameters()))  # or: in place
+    got = await engine.receive_into(dict(model.named_parameters()), min_refit=k)
     got.tensors, got.timing
     engine.finalize()
 
@@ -52,6 +55,7 @@ from typing import Any
 
 import torch
 
+from .admission import Decliner, RefitDeclinedError
 from .agent import (
     NIXL_DEFAULT_BACKEND_NAME,
     NIXL_TRANSFER_BUFFER_COUNT,
@@ -61,10 +65,12 @@ from .agent import (
 from .base import CheckpointEngine, RefitTiming
 from .integrity import Hasher, algorithm_for
 from .layout import TargetWeightLayout
-from .mapping import check_world_sizes, rollout_targets_for_policy, source_ranks_for_rollout
+from .mapping import check_world_sizes, source_ranks_for_rollout
+from .membership import PeerUpdate
 from .messages import BufferDesc, MetadataLike, NixlAgentMetadata, parse_metadata
+from .peers import Peers
 from .planning import TensorSpec, check_bucket_size
-from .receiver import RefitReceiver, Shared, Source, TargetResolver
+from .receiver import RefitReceiver, Shared, TargetResolver
 from .registry import MemoryRegistry
 from .sender import RefitSender, Routes, Target, prepare_sources, sources_ready
 from .shards import is_sharded, local_sources
@@ -134,14 +140,9 @@ class NIXLCheckpointEngine(CheckpointEngine):
         self._registration: Any = None
         self._role: str | None = None
         self._rank = -1
-        self._targets: list[Target] = []
-        self._sources: list[Source] = []
-        # All peers' metadata, for the connections only a sharded refit needs; those peers
-        # are kept apart, so an unsharded refit still goes by the pairing of `mapping`.
-        self._peers: list[NixlAgentMetadata] = []
-        self._more_targets: list[Target] = []
-        self._more_sources: list[Source] = []
-        self._train_world_size = 0
+        self._peers = Peers()  # of the other role, following the membership (update_peers)
+        self._sending: RefitSender | None = None
+        self._declined: set[tuple[str, int]] = set()  # (source agent, refit) declined
         self._routes: dict[str, Routes] = {}  # per target agent, this connection
         self._sent: dict[str, set[str]] = {}  # landing sets sent per source agent
         self._hash_threads = hash_threads
@@ -206,68 +207,89 @@ class NIXLCheckpointEngine(CheckpointEngine):
         worker_rank: int,
         train_world_size: int,
         rollout_world_size: int,
-        metadata: Sequence[MetadataLike],
+        metadata: Sequence[MetadataLike | None],
     ) -> None:
         check_world_sizes(train_world_size, rollout_world_size)
-        parsed = parse_metadata(metadata, train_world_size + rollout_world_size)
-        ranks = rollout_targets_for_policy(
-            worker_rank,
-            train_world_size=train_world_size,
-            rollout_world_size=rollout_world_size,
-            stripe=self.stripe,
-        )
+        parse_metadata(metadata, train_world_size + rollout_world_size)
+        if isinstance(worker_rank, bool) or not isinstance(worker_rank, int):
+            raise ValueError(f"worker_rank must be an int, got {worker_rank!r}")
+        if not 0 <= worker_rank < train_world_size:
+            raise ValueError(f"worker_rank must be in [0, {train_world_size}), got {worker_rank}")
         self._disconnect_peers()
         # A policy rank only sends from its own tensors; its receive buffers are not needed.
         self._release_transfer_buffers()
-        self._peers, self._train_world_size = parsed, train_world_size
-        for rollout_rank in ranks:
-            peer = parsed[train_world_size + rollout_rank]
-            self._check_buffers(peer, rollout_rank)
-            self._targets.append(self._target(rollout_rank))
         self._role, self._rank = "policy", worker_rank
-
-    def _target(self, rollout_rank: int) -> Target:
-        """Connect to rollout rank ``rollout_rank`` (metadata from ``init_*``)."""
-        train, peers = self._train_world_size, self._peers
-        peer = peers[train + rollout_rank]
-        return Target(
-            rank=rollout_rank,
-            agent=self.agent.add_remote_agent(peer),
-            buffers=peer.buffers,
-            sources=source_ranks_for_rollout(
-                rollout_rank,
-                train_world_size=train,
-                rollout_world_size=len(peers) - train,
-                stripe=self.stripe,
-            ),
-            layout=TargetWeightLayout.model_validate(peer.layout) if peer.layout else None,
-            dev_id=peer.buffers[0].dev_id,
+        self.update_peers(
+            metadata, train_world_size=train_world_size, rollout_world_size=rollout_world_size
         )
 
-    def _all_targets(self) -> list[Target]:
-        """Every rollout rank: a sharded refit sends each of them this rank's blocks."""
-        known = {target.rank for target in self._targets + self._more_targets}
-        for rollout_rank in range(len(self._peers) - self._train_world_size):
-            if rollout_rank not in known:
-                peer = self._peers[self._train_world_size + rollout_rank]
-                self._check_buffers(peer, rollout_rank)
-                self._more_targets.append(self._target(rollout_rank))
-        return sorted(self._targets + self._more_targets, key=lambda target: target.rank)
+    def init_rollout_process_group(
+        self,
+        *,
+        rollout_rank: int,
+        train_world_size: int,
+        rollout_world_size: int,
+        metadata: Sequence[MetadataLike | None],
+    ) -> None:
+        check_world_sizes(train_world_size, rollout_world_size)
+        parse_metadata(metadata, train_world_size + rollout_world_size)
+        source_ranks_for_rollout(
+            rollout_rank, train_world_size=train_world_size, rollout_world_size=rollout_world_size
+        )  # names a bad rank
+        if not self._buffers:
+            raise RuntimeError("call prepare() before init_rollout_process_group()")
+        self._disconnect_peers()
+        self._role, self._rank = "rollout", rollout_rank
+        self.update_peers(
+            metadata, train_world_size=train_world_size, rollout_world_size=rollout_world_size
+        )
 
-    def _source(self, policy_rank: int) -> Source:
-        """Policy rank ``policy_rank`` as a source, connected on first use (sharded refits)."""
-        for source in self._sources + self._more_sources:
-            if source.rank == policy_rank:
-                return source
-        if not 0 <= policy_rank < self._train_world_size:
-            raise ValueError(
-                f"a sharded manifest names policy rank {policy_rank}; there are "
-                f"{self._train_world_size}"
-            )
-        agent = self.agent.add_remote_agent(self._peers[policy_rank])
-        source = Source(rank=policy_rank, agent=agent)
-        self._more_sources.append(source)
-        return source
+    def update_peers(
+        self,
+        metadata: Sequence[MetadataLike | None],
+        *,
+        train_world_size: int,
+        rollout_world_size: int,
+        version: int = 0,
+    ) -> PeerUpdate:
+        """Follow a new membership without touching the peers that stayed.
+
+        ``metadata`` lists policy ranks then rollout ranks, ``None`` for a rank absent now.
+        Peers of the other role that are new, gone, or changed (another agent, other
+        buffers) are loaded / forgotten with ``add_remote_agent`` / ``remove_remote_agent``;
+        a forgotten peer's prepared WRITEs and landing sets are released.  Later refits map
+        ranks from ``(train_world_size, rollout_world_size)`` and the members present, and
+        carry ``version`` in their manifests.  Bad input raises before anything changes.
+        Returns what changed.
+        """
+        if self._role is None:
+            raise RuntimeError("call init_policy_process_group() or init_rollout_process_group()")
+        return self._peers.update(
+            self.agent,
+            metadata,
+            role="policy" if self._role == "policy" else "rollout",
+            rank=self._rank,
+            train_world_size=train_world_size,
+            rollout_world_size=rollout_world_size,
+            version=version,
+            check=self._check_buffers,
+            forgotten=self._forget_routes,
+        )
+
+    def _forget_routes(self, agent_name: str) -> None:
+        routes = self._routes.pop(agent_name, None)
+        if routes is not None:
+            routes.clear()  # prepared handles name the peer: release them first
+        self._sent.pop(agent_name, None)
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """The rollout ranks connected now (a policy rank's possible targets)."""
+        return self._peers.members
+
+    def _target(self, rollout_rank: int) -> Target:
+        """Rollout member ``rollout_rank`` as a target of the next refit."""
+        return self._peers.target(rollout_rank, stripe=self.stripe)
 
     def _check_buffers(self, peer: NixlAgentMetadata, rollout_rank: int) -> None:
         if (
@@ -280,30 +302,6 @@ class NIXLCheckpointEngine(CheckpointEngine):
                 f"{peer.mem_type}; need >= 2 of >= {self.bucket_size} bytes in {self.mem_type}"
                 " (same bucket_size and device on both sides?)"
             )
-
-    def init_rollout_process_group(
-        self,
-        *,
-        rollout_rank: int,
-        train_world_size: int,
-        rollout_world_size: int,
-        metadata: Sequence[MetadataLike],
-    ) -> None:
-        parsed = parse_metadata(metadata, train_world_size + rollout_world_size)
-        ranks = source_ranks_for_rollout(
-            rollout_rank,
-            train_world_size=train_world_size,
-            rollout_world_size=rollout_world_size,
-            stripe=self.stripe,
-        )
-        if not self._buffers:
-            raise RuntimeError("call prepare() before init_rollout_process_group()")
-        self._disconnect_peers()
-        self._peers, self._train_world_size = parsed, train_world_size
-        self._sources = [
-            Source(rank=r, agent=self.agent.add_remote_agent(parsed[r])) for r in ranks
-        ]
-        self._role, self._rank = "rollout", rollout_rank
 
     # -- refits ---------------------------------------------------------------------------
     def _next_refit(self, refit_id: int | None) -> int:
@@ -336,16 +334,21 @@ class NIXLCheckpointEngine(CheckpointEngine):
     async def send_weights(
         self, weights: Iterable[tuple[str, torch.Tensor]], *, refit_id: int | None = None
     ) -> RefitTiming:
-        """Send all of ``weights`` to this rank's rollout peers; return once they confirm.
+        """Send all of ``weights`` to this refit's targets; return once each confirmed or
+        was dropped.
 
-        Returns what the refit cost; its ``bytes`` are those written, to every target.
+        The targets are the members (see :meth:`update_peers`) this rank sends to.  A target
+        that fails, declines or is dropped with :meth:`drop_target` does not fail the send:
+        the returned timing lists ``delivered`` and ``dropped`` (rank -> reason); ``bytes``
+        are those written to the delivered targets.  Raises only for this rank's own
+        failures (bad weights, a local NIXL error).
         """
         self._require("policy")
         given = list(weights)
         sharded = is_sharded(given)
         if sharded:
             local = local_sources(
-                given, rank=self._rank, world_size=self._train_world_size, device=self.device
+                given, rank=self._rank, world_size=self._peers.train_world_size, device=self.device
             )
         else:
             items = prepare_sources(given, self.device)
@@ -362,25 +365,35 @@ class NIXLCheckpointEngine(CheckpointEngine):
             routes=self._routes,
             hasher=self._hash_pool() if self.checksum else None,
             integrity=algorithm_for(self.device) if self.checksum else None,
+            version=self._peers.version,
+            rollout_world_size=self._peers.rollout_world_size,
         )
+        targets = self._peers.targets(self._rank, stripe=self.stripe, sharded=sharded)
         if sharded:
             streams = sender.plan_sharded(
-                [s.held for s in local], {s.held.name: s.local for s in local}, self._all_targets()
+                [s.held for s in local], {s.held.name: s.local for s in local}, targets
             )
         else:
-            streams = sender.plan(items, self._targets)
+            streams = sender.plan(items, targets)
         # After the per-target slices: the NIC must not read a copy still in flight.
         ready = sources_ready(self.device)
-        await sender.run(streams, ready)
+        self._sending = sender
+        try:
+            await sender.run(streams, ready)
+        finally:
+            self._sending = None
         built = sum(r.built for r in self._routes.values())
+        delivered = sender.delivery.delivered(s.target.rank for s in streams)
         timing = RefitTiming(
             refit_id=refit,
             role="policy",
-            bytes=sum(stream.nbytes for stream in streams),
+            bytes=sum(s.nbytes for s in streams if s.target.rank in delivered),
             seconds=sender.ended_at - sender.started_at,
             control_s=sender.control_s,
             registrations=self.registry.registered - registered,
             routes_built=built - self._routes_built,
+            delivered=delivered,
+            dropped=dict(sender.delivery.dropped),
         )
         self._routes_built = built
         if self.release_after_refit:
@@ -388,22 +401,60 @@ class NIXLCheckpointEngine(CheckpointEngine):
             self.registry.clear()
         return timing
 
-    def _receiver(self, refit_id: int | None) -> RefitReceiver:
-        self._require("rollout")
+    def drop_target(self, rank: int, reason: str) -> bool:
+        """Stop waiting for rollout rank ``rank`` in the send in progress (call it from the
+        same event loop, e.g. a task watching the membership); it ends up in ``dropped``.
+        Returns whether a send was in progress."""
+        if self._sending is None:
+            return False
+        self._sending.drop(rank, reason)
+        return True
+
+    def _receiver(self, refit: int, exact: bool) -> RefitReceiver:
         if self._staging is None:
             self._staging = Staging(self.registry)
         return RefitReceiver(
             self.agent,
             rank=self._rank,
-            refit=self._next_refit(refit_id),
+            refit=refit,
+            exact=exact,
             buffers=self._buffers,
-            sources=self._sources,
+            peers=self._peers.sources,
+            world=(self._peers.train_world_size, self._peers.rollout_world_size, self.stripe),
             timeout_s=self.timeout_s,
             device=self.device,
-            shared=Shared(
-                self.registry, self._hash_pool, self._sent, self._staging, connect=self._source
-            ),
+            shared=Shared(self.registry, self._hash_pool, self._sent, self._staging),
+            decline=Decliner(self.agent, self._rank, self._declined),
         )
+
+    async def _admitted(self, refit_id: int | None, min_refit: int | None) -> RefitReceiver:
+        """A receiver whose refit was admitted: exactly ``refit_id`` (default: the next), or
+        the first of id >= ``min_refit`` that its sources agree on (declined ones skipped)."""
+        self._require("rollout")
+        if min_refit is not None and refit_id is not None:
+            raise ValueError("pass refit_id= or min_refit=, not both")
+        if min_refit is None:
+            receiver = self._receiver(self._next_refit(refit_id), exact=True)
+            await self._admit(receiver)
+            return receiver
+        self._next_refit(min_refit)  # validates it
+        while True:
+            receiver = self._receiver(min_refit, exact=False)
+            try:
+                await self._admit(receiver)
+            except RefitDeclinedError as exc:
+                min_refit = exc.refit + 1
+                continue
+            self.refit_id = receiver.refit + 1
+            return receiver
+
+    @staticmethod
+    async def _admit(receiver: RefitReceiver) -> None:
+        try:
+            await receiver.admit()
+        except BaseException as exc:
+            receiver.fail(exc)  # tells the sources (a decline told them already)
+            raise
 
     def _received(self, receiver: RefitReceiver, nbytes: int, registered: int) -> RefitTiming:
         timing = RefitTiming(
@@ -424,6 +475,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         self,
         *,
         refit_id: int | None = None,
+        min_refit: int | None = None,
         on_complete: Callable[[RefitTiming], None] | None = None,
     ) -> AsyncGenerator[list[tuple[str, torch.Tensor]], None]:
         """Yield lists of ``(name, tensor)``; tensors are views valid until the next batch.
@@ -435,7 +487,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         refit starts.  Upstream's API: copy what you keep.  :meth:`receive_into` lands the
         refit in your own tensors instead, with no copy.
         """
-        receiver = self._receiver(refit_id)
+        receiver = await self._admitted(refit_id, min_refit)
         registered, nbytes = self.registry.registered, 0
         async for batch in receiver.batches():
             nbytes += sum(t.numel() * t.element_size() for _, t in batch)
@@ -449,6 +501,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         targets: Mapping[str, torch.Tensor] | TargetResolver,
         *,
         refit_id: int | None = None,
+        min_refit: int | None = None,
     ) -> ReceivedRefit:
         """Receive a refit straight into ``targets``: contiguous tensors by name.
 
@@ -459,6 +512,10 @@ class NIXLCheckpointEngine(CheckpointEngine):
         land in it.  Returns the targets and what the refit cost once every byte arrived and
         (with ``checksum``) passed its integrity check.  If it raises instead, the targets
         may hold a mix of old and new bytes.
+
+        ``min_refit=k``: take the first refit with id >= k that this rank's sources agree
+        on; older refits (and refits whose sources disagree on the membership) are declined
+        before anything lands.  ``timing.refit_id`` says which refit landed.
         """
         resolve: TargetResolver
         if callable(targets):
@@ -469,7 +526,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
             def resolve(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
                 return fixed
 
-        receiver = self._receiver(refit_id)
+        receiver = await self._admitted(refit_id, min_refit)
         registered = self.registry.registered
         try:
             resolved = await receiver.into(resolve)
@@ -483,12 +540,8 @@ class NIXLCheckpointEngine(CheckpointEngine):
         for routes in self._routes.values():
             routes.clear()  # prepared handles name the peer: release them first
         self._routes, self._sent, self._routes_built = {}, {}, 0
-        targets, sources = self._targets + self._more_targets, self._sources + self._more_sources
-        if self._agent is not None:
-            for name in {t.agent for t in targets} | {s.agent for s in sources}:
-                self._agent.remove_remote_agent(name)
-        self._targets, self._sources, self._role = [], [], None
-        self._more_targets, self._more_sources = [], []
+        self._peers.clear(self._agent)
+        self._role = None
 
     def _release_transfer_buffers(self) -> None:
         if self._registration is not None and self._agent is not None:

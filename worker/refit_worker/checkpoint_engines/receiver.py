@@ -1,9 +1,12 @@
 """The rollout side of one refit: check the manifest, offer landing memory, verify, confirm.
 
-Order of events for refit ``r``: the receiver takes the manifest from its first source and
-checks it (names, dtypes, and the bucket plan, which it computes itself from the manifest
-and compares with the sender's digest).  It then tells every source ``ready``, naming the
-memory tensors land in, and credits the receive buffers of the first buckets that need one.
+Order of events for refit ``r``: the receiver admits the refit (:meth:`RefitReceiver.admit`,
+:mod:`.admission`): it takes the first manifest of a policy peer, checks it (names, dtypes,
+and the bucket plan, which it computes itself from the manifest and compares with the
+sender's digest), computes its sources from ``(T, R)`` and the plan, and collects their
+manifests; a refit whose sources disagree on the membership is declined.  It then tells
+every source ``ready``, naming the memory tensors land in, and credits the receive buffers
+of the first buckets that need one.
 For each bucket ``k`` it waits for the WRITE's notification from ``bucket_sender(k)`` and
 hands the bucket's bytes to the hash pool; at the end it compares every hash with the
 sender's digest and only then confirms ``done``.
@@ -42,10 +45,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .agent import IDLE_BACKOFF, REFIT_BACKOFF, NixlAgent
+from .admission import Decliner, RefitDeclinedError, first_manifest, other_manifests
+from .agent import REFIT_BACKOFF, NixlAgent
 from .base import TensorMeta, dtype_from_name
 from .boxes import Box
 from .integrity import Hasher, algorithm_for, as_bytes
+from .membership import disagreement, expected_sources
 from .messages import (
     BucketReady,
     Credit,
@@ -99,8 +104,6 @@ class Shared:
     #: Per source agent: landing set ids already sent in full on this connection.
     sent: dict[str, set[str]]
     staging: Staging | None = None
-    #: A policy rank by rank, connected on first use (a sharded refit names its senders).
-    connect: Callable[[int], Source] | None = None
 
 
 def _listing(names: Sequence[str]) -> str:
@@ -145,15 +148,23 @@ class RefitReceiver:
         *,
         rank: int,
         refit: int,
+        exact: bool,
         buffers: Sequence[torch.Tensor],
-        sources: Sequence[Source],
+        peers: Callable[[], Mapping[int, str]],
+        world: tuple[int, int, bool],
         timeout_s: float,
         device: torch.device,
         shared: Shared,
+        decline: Decliner,
     ) -> None:
-        self.agent, self.rank, self.refit = agent, rank, refit
-        self.buffers, self.sources, self.timeout_s = list(buffers), list(sources), timeout_s
-        self.device, self.shared = device, shared
+        self.agent, self.rank, self.refit, self.exact = agent, rank, refit, exact
+        self.buffers, self.peers, self.timeout_s = list(buffers), peers, timeout_s
+        #: (train world size, rollout world size, stripe) of the membership this rank has.
+        self.world = world
+        self.device, self.shared, self.decline = device, shared, decline
+        self.sources: list[Source] = []  # this refit's, in turn order (set by admit)
+        self.manifest: Manifest | None = None
+        self._specs: list[TensorSpec] = []
         self.who = f"rollout rank {rank}: refit {refit}"
         self._memory: dict[str, torch.Tensor] = {}  # landing tensors as flat bytes, by name
         self._sizes: dict[str, int] = {}
@@ -189,7 +200,7 @@ class RefitReceiver:
             await self._finish()
             return resolved
         except BaseException as exc:
-            self._fail(exc)
+            self.fail(exc)
             raise
 
     async def batches(self) -> AsyncGenerator[list[tuple[str, torch.Tensor]], None]:
@@ -208,20 +219,21 @@ class RefitReceiver:
                     yield batch
                 await self._free(seq)
         except BaseException as exc:
-            self._fail(exc)
+            self.fail(exc)
             raise
 
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
+        """The refit failed here: cancel the hashes, abort it to the sources."""
         for future in self._hashes.values():
             future.cancel()
+        if isinstance(exc, RefitDeclinedError):
+            return  # the sources were told: declined
         reason = f"rollout rank {self.rank}: {type(exc).__name__}: {exc}"
         for source in self.sources:
             self.agent.abort(source.agent, self.refit, reason)
 
     # -- set-up -----------------------------------------------------------------------
-    async def _wait(
-        self, source: Source, kind: str, seq: int, what: str, idle: bool = False
-    ) -> object:
+    async def _wait(self, source: Source, kind: str, seq: int, what: str) -> object:
         return await self.agent.wait_control(
             source.agent,
             kind,
@@ -229,17 +241,74 @@ class RefitReceiver:
             seq,
             what=f"{self.who}: {what} (policy rank {source.rank}, within {self.timeout_s}s)",
             deadline=time.monotonic() + self.timeout_s,
-            backoff=IDLE_BACKOFF if idle else REFIT_BACKOFF,
+            backoff=REFIT_BACKOFF,
         )
 
-    async def _begin(self, targets: TargetResolver | None) -> Mapping[str, torch.Tensor]:
-        self.agent.forget_before(self.refit)
-        manifest = await self._wait(self.sources[0], "manifest", 0, "the manifest", idle=True)
-        t0 = time.perf_counter()
+    async def admit(self) -> None:
+        """Take this refit's manifests; ``RefitDeclinedError`` (sources told) when they are
+        missing or disagree, before anything lands."""
+        if self.exact:  # else older manifests are declined, not dropped unanswered
+            self.agent.forget_before(self.refit)
+        first, manifest = await first_manifest(
+            self.agent,
+            self.peers,
+            refit=self.refit,
+            exact=self.exact,
+            timeout_s=self.timeout_s,
+            who=self.who,
+            decline=self.decline,
+        )
         if not isinstance(manifest, Manifest):
             raise IncompleteRefitError(f"{self.who}: expected a manifest, got {manifest}")
-        specs = self._check_manifest(manifest)
-        self._connect_senders()
+        self.refit = manifest.refit
+        self.who = f"rollout rank {self.rank}: refit {self.refit}"
+        self.agent.forget_before(self.refit)
+        peers = self.peers()
+        self.sources = [Source(first, peers[first])]
+        t0 = time.perf_counter()
+        self._specs = self._check_manifest(manifest)
+        train, rollout, stripe = self.world
+        rollout = manifest.rollout_world_size or rollout
+        if self.rank >= rollout:
+            self._declined(list(peers), f"not among the {rollout} rollout ranks it was sent for")
+        ranks = expected_sources(
+            self.rank,
+            train_world_size=train,
+            rollout_world_size=rollout,
+            stripe=stripe,
+            sharded_senders=self.plan.senders,
+        )
+        if first not in ranks:
+            self._declined([first], f"policy rank {first} is not one of its sources {ranks}")
+        # Half the timeout: a decline must reach the present senders before they give up.
+        others = await other_manifests(
+            self.agent,
+            {rank: peers.get(rank) for rank in ranks if rank != first},
+            refit=self.refit,
+            wait_s=self.timeout_s / 2,
+        )
+        reason = disagreement({first: manifest, **others})
+        if reason is not None:
+            self._declined(ranks, reason)
+        self.sources = [Source(rank, peers[rank]) for rank in ranks]
+        self._by_rank = {source.rank: source for source in self.sources}
+        self.manifest = manifest
+        self.control_s += time.perf_counter() - t0
+
+    def _declined(self, ranks: Sequence[int], reason: str) -> None:
+        peers = self.peers()
+        for rank in ranks:
+            if rank in peers:
+                self.decline(peers[rank], self.refit, reason)
+        raise RefitDeclinedError(self.refit, reason)
+
+    async def _begin(self, targets: TargetResolver | None) -> Mapping[str, torch.Tensor]:
+        if self.manifest is None:
+            await self.admit()
+        manifest, specs = self.manifest, self._specs
+        if manifest is None:
+            raise RuntimeError("the refit was not admitted (engine bug)")
+        t0 = time.perf_counter()
         resolved: Mapping[str, torch.Tensor] = {}
         if targets is not None:
             resolved = targets(specs)
@@ -310,18 +379,6 @@ class RefitReceiver:
             )
         self.integrity = manifest.integrity
         return specs
-
-    def _connect_senders(self) -> None:
-        """A sharded plan names its senders: this rank hears from them (and its first)."""
-        if not self.sharded:
-            return
-        first = self.sources[0]
-        ranks = sorted(set(self.plan.senders or ()) - {first.rank})
-        connect = self.shared.connect
-        if ranks and connect is None:
-            raise IncompleteRefitError(f"{self.who}: a sharded manifest, but no way to connect")
-        self.sources = [first] + [connect(rank) for rank in ranks] if connect else [first]
-        self._by_rank = {source.rank: source for source in self.sources}
 
     def _assembled(self) -> list[tuple[str, torch.Tensor]]:
         """Every tensor of a sharded refit, whole, as views of its reassembly memory."""

@@ -16,6 +16,10 @@ plan, the source addresses and the landing memory stay the same.
 A sharded refit (:meth:`RefitSender.plan_sharded`) writes only this rank's pieces of the
 global plan, each from its offset in the local shard (:func:`~.shard_plan.source_offset`).
 
+A target that fails (its WRITEs go to ERR, a wait on it times out, it aborts or
+declines) or that the caller drops is taken out of the refit alone (:mod:`.delivery`): the
+others complete, and the refit reports which targets confirmed and why the others did not.
+
 With integrity on, a pool thread hashes each bucket's source bytes while the transfer runs
 (:mod:`.integrity`); digests follow the buckets as they are ready.
 
@@ -30,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -45,6 +50,7 @@ from .agent import (
     RefitTimeoutError,
 )
 from .base import dtype_name
+from .delivery import Delivery
 from .integrity import Algorithm, Hasher, as_bytes
 from .layout import WHOLE, TargetWeightLayout, select_slice
 from .messages import (
@@ -207,8 +213,14 @@ class RefitSender:
         routes: dict[str, Routes],
         hasher: Hasher | None,
         integrity: Algorithm | None,
+        version: int = 0,
+        rollout_world_size: int | None = None,
     ) -> None:
         self.agent, self.rank, self.refit = agent, rank, refit
+        self.version, self.rollout_world_size = version, rollout_world_size
+        #: Targets taken out of this refit, with their reasons.
+        self.delivery = Delivery()
+        self._settled: set[int] = set()
         self.bucket_size, self.mem_type, self.timeout_s = bucket_size, mem_type, timeout_s
         self.registry, self.routes = registry, routes
         self.hasher, self.integrity = hasher, integrity
@@ -286,6 +298,33 @@ class RefitSender:
                 self.agent.abort(stream.target.agent, self.refit, f"policy rank {self.rank}: {exc}")
             raise
 
+    def drop(self, rank: int, reason: str) -> None:
+        """Stop waiting for target ``rank`` in this refit (it no longer counts)."""
+        self.delivery.drop(rank, reason)
+
+    def _live(self, streams: Sequence[_Stream]) -> list[_Stream]:
+        self._settle()
+        return [s for s in streams if self.delivery.live(s.target.rank)]
+
+    def _settle(self) -> None:
+        """Release what a dropped target's stream holds; tell the target (best effort)."""
+        for stream in self._streams:
+            rank = stream.target.rank
+            if self.delivery.live(rank) or rank in self._settled:
+                continue
+            self._settled.add(rank)
+            # Its in-flight handles must not be reposted; its landing sets stay known.
+            stream.routes.forget_prepared()
+            stream.inflight = []
+            for future in stream.hashes.values():
+                future.cancel()
+            stream.hashes.clear()
+            self.agent.abort(
+                stream.target.agent,
+                self.refit,
+                f"policy rank {self.rank} dropped it: {self.delivery.dropped[rank]}",
+            )
+
     def _start_hashes(self, streams: list[_Stream], ready: torch.cuda.Event | None) -> None:
         if self.hasher is None or self.integrity is None:
             return
@@ -305,36 +344,54 @@ class RefitSender:
                 stream.hashes[seq] = shared[key]
 
     async def _stream_all(self, streams: list[_Stream]) -> None:
-        for stream in streams:
-            if stream.target.sources[0] == self.rank:
-                self.agent.send_control(
-                    stream.target.agent, self._manifest(stream), who=self._who(stream.target)
-                )
-        for stream in streams:
-            await self._ready(stream)
+        d = self.delivery
+        for stream in streams:  # every source sends one: the receiver compares them
+            d.attempt_now(stream.target.rank, partial(self._send_manifest, stream))
+        for stream in self._live(streams):
+            await d.attempt(stream.target.rank, self._ready(stream))
         self.started_at = time.monotonic()
         longest = max((len(s.seqs) for s in streams), default=0)
         for turn in range(longest):
-            for stream in streams:
+            for stream in self._live(streams):
                 if turn < len(stream.seqs):
-                    await self._send_bucket(stream, stream.seqs[turn])
+                    rank = stream.target.rank
+                    await d.attempt(rank, self._send_bucket(stream, stream.seqs[turn]))
                     self._progress()
-                    self._send_digests(stream, block=False)
-        await apoll_until(
-            self._progress,
-            timeout=self.timeout_s,
-            what=f"policy rank {self.rank}: the WRITEs of refit {self.refit} to complete",
-            backoff=REFIT_BACKOFF,
-            error=RefitTimeoutError,
-            sleep=precise_sleep,
-        )
-        for stream in streams:
+                    d.attempt_now(rank, partial(self._send_digests, stream, block=False))
+        await self._writes_done(streams)
+        for stream in self._live(streams):
             for seq in sorted(stream.hashes):
                 await asyncio.wrap_future(stream.hashes[seq])
-            self._send_digests(stream, block=True)
-        for stream in streams:
-            await self._wait(stream, "done", 0, f"confirmation of refit {self.refit}")
+            d.attempt_now(stream.target.rank, partial(self._send_digests, stream, block=True))
+        for stream in self._live(streams):
+            await d.attempt(
+                stream.target.rank,
+                self._wait(stream, "done", 0, f"confirmation of refit {self.refit}"),
+            )
+        self._settle()
         self.ended_at = time.monotonic()
+
+    async def _writes_done(self, streams: list[_Stream]) -> None:
+        """Wait for every posted WRITE; a target whose WRITEs do not finish is dropped."""
+        try:
+            await apoll_until(
+                self._progress,
+                timeout=self.timeout_s,
+                what=f"policy rank {self.rank}: the WRITEs of refit {self.refit} to complete",
+                backoff=REFIT_BACKOFF,
+                error=RefitTimeoutError,
+                sleep=precise_sleep,
+            )
+        except RefitTimeoutError as exc:
+            for stream in self._live(streams):
+                if stream.inflight:
+                    self.delivery.drop(stream.target.rank, f"RefitTimeoutError: {exc}")
+            self._settle()
+
+    def _send_manifest(self, stream: _Stream) -> None:
+        self.agent.send_control(
+            stream.target.agent, self._manifest(stream), who=self._who(stream.target)
+        )
 
     def _who(self, target: Target) -> str:
         return f"policy rank {self.rank}: rollout rank {target.rank}"
@@ -346,6 +403,8 @@ class RefitSender:
         if cached is None:
             cached = Manifest(
                 refit=self.refit,
+                version=self.version,
+                rollout_world_size=self.rollout_world_size,
                 total_buckets=len(stream.plan.buckets),
                 digest=stream.plan.digest,
                 bucket_size=self.bucket_size,
@@ -353,7 +412,13 @@ class RefitSender:
                 tensors=tuple(_entry(spec) for spec in stream.plan.specs),
             )
             stream.routes.manifests = {key: cached}
-        return cached.model_copy(update={"refit": self.refit})
+        return cached.model_copy(
+            update={
+                "refit": self.refit,
+                "version": self.version,
+                "rollout_world_size": self.rollout_world_size,
+            }
+        )
 
     async def _wait(self, stream: _Stream, kind: str, seq: int, what: str) -> Any:
         """Wait for a control message, driving this refit's WRITEs meanwhile.
@@ -365,6 +430,7 @@ class RefitSender:
 
         def arrived() -> Any:
             self._progress()
+            self.delivery.check(stream.target.rank)
             return self.agent.take_control(peer, kind, self.refit, seq)
 
         return await apoll_until(
@@ -378,20 +444,34 @@ class RefitSender:
         )
 
     def _progress(self) -> bool:
-        """Check every WRITE in flight (which drives it); True once none is left."""
+        """Check every WRITE in flight (which drives it); True once none is left.
+
+        A target whose WRITE fails is dropped from the refit, not raised for."""
         for stream in self._streams:
-            still = []
+            if not self.delivery.live(stream.target.rank):
+                continue
+            still: list[int] = []
             for seq in stream.inflight:
-                state = self.agent.transfer_state(stream.handle(seq))
+                try:
+                    state = self.agent.transfer_state(stream.handle(seq))
+                except Exception as exc:  # a peer that died: nixl raises instead of "ERR"
+                    state, error = "ERR", f": {type(exc).__name__}: {exc}"
+                else:
+                    error = " (peer gone?)"
                 if state == "ERR":
-                    raise PeerError(
-                        f"{self._who(stream.target)}: bucket {seq} of refit {self.refit} "
-                        "failed (peer gone?)"
+                    self.delivery.drop(
+                        stream.target.rank,
+                        f"PeerError: {self._who(stream.target)}: bucket {seq} of refit "
+                        f"{self.refit} failed{error}",
                     )
+                    still = []
+                    break
                 if state != "DONE":
                     still.append(seq)
             stream.inflight = still
-        return not any(stream.inflight for stream in self._streams)
+        return not any(
+            stream.inflight for stream in self._streams if self.delivery.live(stream.target.rank)
+        )
 
     async def _ready(self, stream: _Stream) -> None:
         """Wait for the target's ``ready``; load its landing memory; prepare the WRITEs."""
@@ -466,6 +546,7 @@ class RefitSender:
         return self.agent.prepare_writes(stream.target.agent, local, remote, self.mem_type, groups)
 
     async def _send_bucket(self, stream: _Stream, seq: int) -> None:
+        self.delivery.check(stream.target.rank)  # dropped meanwhile: its handles are gone
         target, slot = stream.target, stream.slots[seq]
         if slot >= 0:
             credit = await self._wait(stream, "credit", seq, f"credit for bucket {seq}")
@@ -490,6 +571,7 @@ class RefitSender:
 
     def _send_digests(self, stream: _Stream, *, block: bool) -> None:
         """Send the digests of finished hashes, in bucket order."""
+        self.delivery.check(stream.target.rank)
         for seq in sorted(stream.hashes):
             future = stream.hashes[seq]
             if not (block or future.done()):
