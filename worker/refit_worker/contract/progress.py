@@ -24,7 +24,7 @@ from refit_worker.contract.entries import (
 
 @dataclass
 class ProgressLog:
-    """Counts from ``first_refit`` (refits committed in earlier epochs) onwards."""
+    """Counts from ``first_refit`` (refits committed before this rank started) onwards."""
 
     first_refit: int = 0
     verification: Verification = "none"
@@ -41,13 +41,16 @@ class ProgressLog:
     def record(
         self, refit: int, nbytes: int, seconds: float, verification: Verification | None = None
     ) -> RefitReport:
-        """Account for one more refit, ``refit`` by its id (its place in the job's count
-        when the caller numbers from ``first_refit``, as ``RefitSession.pending_refits``)."""
+        """Account for one more refit, ``refit`` by its id.
+
+        ``refits_completed`` becomes ``refit + 1`` (the last committed id + 1): a rollout
+        rank that joined late and skipped refits it missed counts from the job's start
+        like the others, and never goes back (an older id leaves it as it is)."""
         if refit < 0 or nbytes < 0:
             raise ValueError(f"a refit id and its bytes are >= 0, got {refit} and {nbytes}")
         report = RefitReport(refit=refit, bytes=nbytes, seconds=max(seconds, 0.0))
         self.recent.append(report)
-        self.refits_completed += 1
+        self.refits_completed = max(self.refits_completed, refit + 1)
         self.bytes_total += nbytes
         self.seconds_total += report.seconds
         if verification is not None:
