@@ -50,13 +50,13 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--timeout", "0"], "'0': must be a finite number > 0"),
         (["--timeout", "-1"], "'-1': must be a finite number > 0"),
         (["--timeout", "soon"], "'soon' is not a number of seconds"),
-        (["--drain-after", "1", "--drain-pod", "nope"], "--drain-pod 'nope' is not a pod"),
+        (["--drain-after", "1", "--drain-pod", "nope"], "--drain-pod 'nope' is not a rank"),
         (["--drain-pod", "local-demo-rollout-0"], "needs --drain-at-refit N or --drain-after"),
         (["--drain-at-refit", "0"], "'0': must be a whole number of refits >= 1"),
         (["--drain-at-refit", "x"], "'x': must be a whole number of refits >= 1"),
         (["--drain-at-refit", "3"], "the job does 3 refit(s), so nothing would be left"),
         (["--drain-at-refit", "1", "--drain-after", "2"], "give one of them"),
-        (["--drain-at-refit", "1", "--drain-pod", "nope"], "--drain-pod 'nope' is not a pod"),
+        (["--drain-at-refit", "1", "--drain-pod", "nope"], "--drain-pod 'nope' is not a rank"),
     ],
 )
 def test_bad_flags_are_refused_with_the_reason(
