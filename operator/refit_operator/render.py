@@ -123,6 +123,7 @@ def worker_config(
         policy_world_size=spec.policy.replicas,
         rollout_world_size=spec.rollout.replicas,
         epoch=epoch,
+        generation=generation if role == "rollout" else 0,
         first_refit=first_refit,
         master_addr=names.master_addr(
             job.name, role, job.namespace, _leader(role, epoch, generation, leader)

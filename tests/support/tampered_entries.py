@@ -34,7 +34,9 @@ from refit_worker.contract.rendezvous import (
     BarrierEntry,
     EntryError,
     Layout,
+    LivePod,
     MetadataEntry,
+    RolloutMember,
     encode_entry,
 )
 from refit_worker.rendezvous import FileStore, Member, Preempted
@@ -59,9 +61,27 @@ def _json(**fields: Any) -> bytes:
 
 
 def _meta(
-    epoch: int = 0, uid: str = "p0", role: str = "policy", rank: int = 0, agent: str = AGENT
+    epoch: int = 0,
+    uid: str = "p0",
+    role: str = "policy",
+    rank: int = 0,
+    agent: str = AGENT,
+    generation: int = 0,
 ) -> bytes:
-    return _json(v=PROTOCOL_VERSION, epoch=epoch, uid=uid, role=role, rank=rank, agent=agent)
+    return _json(
+        v=PROTOCOL_VERSION,
+        epoch=epoch,
+        uid=uid,
+        role=role,
+        rank=rank,
+        agent=agent,
+        generation=generation,
+    )
+
+
+def _barrier(epoch: int, policy: list[str], rollout: list[str]) -> bytes:
+    slots = [{"uid": uid, "generation": 0} for uid in rollout]
+    return _json(v=PROTOCOL_VERSION, epoch=epoch, version=1, policy_uids=policy, rollout=slots)
 
 
 def honest() -> dict[str, str]:
@@ -76,7 +96,7 @@ def honest() -> dict[str, str]:
     }
 
 
-HONEST_BARRIER = BarrierEntry(epoch=0, policy_uids=("p0",), rollout_uids=("r0",))
+HONEST_BARRIER = BarrierEntry(epoch=0, policy_uids=("p0",), rollout=(RolloutMember(uid="r0"),))
 
 
 @dataclass(frozen=True)
@@ -101,12 +121,12 @@ TAMPERED: list[Tamper] = [
         "meta.policy.0",
         lambda m: _meta(epoch=5),
         "waits",
-        "refused: 'meta.policy.0': missing for epoch 0, though the barrier is open",
+        "refused: 'meta.policy.0': missing for epoch 0, though the barrier lists it",
     ),
     Tamper(
         "barrier of another epoch",
         BARRIER_KEY,
-        lambda m: _json(v=PROTOCOL_VERSION, epoch=5, policy_uids=["x"], rollout_uids=["y"]),
+        lambda m: _barrier(5, ["x"], ["y"]),
         "opened",
         "waits",
     ),
@@ -122,12 +142,20 @@ TAMPERED: list[Tamper] = [
         "meta.policy.0",
         lambda m: _meta(uid="intruder"),
         "refused: 'meta.policy.0': written by pod uid 'intruder', but the rank's pod is 'p0'",
-        "refused: 'meta.policy.0': written by pod uid 'intruder', but the barrier recorded",
+        "refused: 'meta.policy.0': written by pod uid 'intruder', but the barrier recorded 'p0'",
+    ),
+    Tamper(
+        "rollout metadata of another generation",
+        "meta.rollout.0",
+        lambda m: _meta(uid="r0", role="rollout", generation=1),
+        "waits",
+        "refused: 'meta.rollout.0': written by generation 1 of pod uid 'r0', "
+        "but the barrier recorded generation 0",
     ),
     Tamper(
         "barrier naming another pod",
         BARRIER_KEY,
-        lambda m: _json(v=PROTOCOL_VERSION, epoch=0, policy_uids=["intruder"], rollout_uids=["r0"]),
+        lambda m: _barrier(0, ["intruder"], ["r0"]),
         "rewritten",
         "refused: lists pod uid 'intruder' for policy rank 0, but this pod is 'p0'",
     ),
@@ -198,20 +226,21 @@ TAMPERED: list[Tamper] = [
         f"refused: protocol version {PROTOCOL_VERSION + 1}, this reader speaks {PROTOCOL_VERSION}",
         f"refused: protocol version {PROTOCOL_VERSION + 1}, this reader speaks {PROTOCOL_VERSION}",
     ),
+    # Stale after a scale-down, say: ignored by both, not an error (protocol v3).
     Tamper(
         "rank outside the job",
-        "meta.policy.7",
-        lambda m: _meta(rank=7),
-        "refused: rank 7 is outside the policy world size 1",
-        "refused: rank 7 is outside the policy world size 1",
+        "meta.rollout.7",
+        lambda m: _meta(rank=7, role="rollout"),
+        "opened",
+        "proceeds",
     ),
     Tamper("key outside the protocol", "annotations.evil", pickled(0), "opened", "proceeds"),
     Tamper(
         "barrier of another shape",
         BARRIER_KEY,
-        lambda m: _json(v=PROTOCOL_VERSION, epoch=0, policy_uids=["p0", "p1"], rollout_uids=["r0"]),
-        "refused: lists 2 policy and 1 rollout ranks",
-        "refused: lists 2 policy and 1 rollout ranks",
+        lambda m: _barrier(0, ["p0", "p1"], ["r0"]),
+        "refused: lists 2 policy ranks, the job has 1",
+        "refused: lists 2 policy ranks, the job has 1",
     ),
     Tamper(
         "JSON list",
@@ -233,7 +262,7 @@ def operator_outcome(row: Tamper, marker: Path) -> str:
         decode({"job-rendezvous": data}),
         epoch=0,
         world=(1, 1),
-        pod_uids={("policy", 0): "p0", ("rollout", 0): "r0"},
+        live={("policy", 0): LivePod("p0"), ("rollout", 0): LivePod("r0")},
     )
     if result.problem is not None and not result.patches:
         return f"refused: {result.problem}"
@@ -241,7 +270,8 @@ def operator_outcome(row: Tamper, marker: Path) -> str:
         return "waits"
     (patch,) = result.patches
     barrier = json.loads(patch.data[BARRIER_KEY] or "{}")
-    if (barrier.get("policy_uids"), barrier.get("rollout_uids")) != (["p0"], ["r0"]):
+    honest_slots = [{"uid": "r0", "generation": 0}]
+    if (barrier.get("policy_uids"), barrier.get("rollout")) != (["p0"], honest_slots):
         return f"ACCEPTED a barrier for {barrier}"
     # A forged barrier is replaced by the true one, and the status says so.
     return "rewritten" if result.problem is not None else "opened"

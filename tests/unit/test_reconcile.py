@@ -338,7 +338,8 @@ def test_barrier_opens_once_every_rank_of_the_epoch_published() -> None:
     (patch,) = [a for a in full.actions if isinstance(a, PatchData)]
     barrier = decode_entry(BARRIER_KEY, str(patch.data[BARRIER_KEY]))
     assert isinstance(barrier, BarrierEntry) and barrier.epoch == 0
-    assert barrier.rollout_uids == ("uid-job-rollout-0-g0-0",)
+    assert [m.uid if m else None for m in barrier.rollout] == ["uid-job-rollout-0-g0-0"]
+    assert barrier.version == 1
     assert barrier.policy_uids == ("uid-job-policy-0-e0-0", "uid-job-policy-1-e0-0")
     # Entries of another epoch do not count.
     old = _run(running, pods, rendezvous={"job-rendezvous": _published(7)})

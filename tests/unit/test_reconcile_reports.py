@@ -13,6 +13,7 @@ from tests.support.reconcile_harness import uid as _uid
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Create, Delete, Emit
 from refit_operator.models import Phase, RefitJobStatus, RolloutReplica
+from refit_operator.names import pod_name
 from refit_worker.contract.entries import ProgressState, Verification
 from refit_worker.contract.progress import ProgressLog
 from refit_worker.contract.rendezvous import (
@@ -20,6 +21,7 @@ from refit_worker.contract.rendezvous import (
     BarrierEntry,
     MetadataEntry,
     ProgressEntry,
+    RolloutMember,
     encode_entry,
     meta_key,
     progress_key,
@@ -60,7 +62,8 @@ def _report(
         log.record(refit, nbytes, 0.5)
     entry = ProgressEntry(
         epoch=epoch,
-        uid=_uid(f"job-{role}-{rank}", epoch),
+        # The uid of the rank's pod of that epoch (rollout pods at generation 0).
+        uid=_uid(pod_name("job", role, rank, epoch if role == "policy" else 0), epoch),
         role=role,
         rank=rank,
         **log.fields(state),
@@ -254,7 +257,9 @@ def test_connected_says_how_many_ranks_published_until_the_barrier_opens() -> No
 def test_a_forged_barrier_is_removed_until_every_rank_published() -> None:
     running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
     pods = _pods(0, **dict.fromkeys(NAMES, RUNNING))
-    forged = BarrierEntry(epoch=0, policy_uids=("x",), rollout_uids=("y", "z"))
+    forged = BarrierEntry(
+        epoch=0, policy_uids=("x",), rollout=(RolloutMember(uid="y"), RolloutMember(uid="z"))
+    )
     data = {**_published(0, NAMES[:1]), BARRIER_KEY: encode_entry(BARRIER_KEY, forged)}
     d = _run(running, pods, data)
     (patch,) = [a for a in d.actions if isinstance(a, PatchData)]
@@ -321,7 +326,7 @@ def test_a_rollout_rank_gone_after_the_barrier_opened_comes_back_alone() -> None
     barrier = BarrierEntry(
         epoch=0,
         policy_uids=(_uid(NAMES[0], 0),),
-        rollout_uids=(_uid(NAMES[1], 0), _uid(NAMES[2], 0)),
+        rollout=(RolloutMember(uid=_uid(NAMES[1], 0)), RolloutMember(uid=_uid(NAMES[2], 0))),
     )
     data = {**_published(0, NAMES), BARRIER_KEY: encode_entry(BARRIER_KEY, barrier)}
     d = _run(lost, pods, data)

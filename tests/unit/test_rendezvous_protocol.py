@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
+    MAX_GENERATION,
     MAX_META_BYTES,
     MAX_PROGRESS_BYTES,
     MAX_RANKS,
@@ -25,19 +26,20 @@ from refit_worker.contract.rendezvous import (
     BarrierEntry,
     EntryError,
     Key,
+    LivePod,
     MetadataEntry,
     PreemptNotice,
     ProgressEntry,
     RefitReport,
+    RolloutMember,
     aggregate_progress,
-    barrier_ready,
     configmap_name,
     decode_entry,
     encode_entry,
     is_valid_data_key,
-    make_barrier,
     make_preempt_notice,
     max_value_bytes,
+    membership,
     merge_patch,
     meta_key,
     parse_key,
@@ -52,9 +54,26 @@ AGENT = json.dumps({"name": "policy-0", "metadata": "QUJD" * 150, "buffers": [[1
 
 
 def meta(
-    role: str = "policy", rank: int = 0, epoch: int = 0, uid: str = "uid-p0", agent: str = AGENT
+    role: str = "policy",
+    rank: int = 0,
+    epoch: int = 0,
+    uid: str = "uid-p0",
+    agent: str = AGENT,
+    generation: int = 0,
 ) -> MetadataEntry:
-    return MetadataEntry(epoch=epoch, uid=uid, role=role, rank=rank, agent=agent)  # type: ignore[arg-type]
+    return MetadataEntry(
+        epoch=epoch,
+        uid=uid,
+        role=role,  # type: ignore[arg-type]
+        rank=rank,
+        agent=agent,
+        generation=generation,
+    )
+
+
+def slots(*uids: str | None) -> tuple[RolloutMember | None, ...]:
+    """Membership slots of generation 0 (None: an empty slot)."""
+    return tuple(None if uid is None else RolloutMember(uid=uid) for uid in uids)
 
 
 def published(policy: int, rollout: int, epoch: int = 0) -> dict[str, str]:
@@ -147,8 +166,18 @@ def test_entries_round_trip() -> None:
                 verification="checksums",
             ),
         ),
-        (BARRIER_KEY, BarrierEntry(epoch=1, policy_uids=("a",), rollout_uids=("b", "c"))),
+        (
+            BARRIER_KEY,
+            BarrierEntry(
+                epoch=1,
+                version=4,
+                policy_uids=("a",),
+                rollout=(RolloutMember(uid="b", generation=2), None),
+            ),
+        ),
         (PREEMPT_KEY, make_preempt_notice(1, "job-rollout-0", "u1", "DisruptionTarget")),
+        (PREEMPT_KEY, make_preempt_notice(1, "job-policy-0", "u1", "drain", role="policy")),
+        ("meta.rollout.3", meta("rollout", 3, uid="r3", generation=5)),
     ]
     for key, entry in cases:
         text = encode_entry(key, entry)
@@ -207,7 +236,7 @@ def test_encode_refuses_misplaced_or_oversized_entries() -> None:
     with pytest.raises(EntryError, match="a MetadataEntry cannot be stored under this key"):
         encode_entry("progress.policy.0", meta())
     with pytest.raises(EntryError, match="a BarrierEntry cannot be stored"):
-        encode_entry(PREEMPT_KEY, BarrierEntry(epoch=0, policy_uids=("a",), rollout_uids=("b",)))
+        encode_entry(PREEMPT_KEY, BarrierEntry(epoch=0, policy_uids=("a",), rollout=slots("b")))
     big = json.dumps({"blob": "x" * MAX_META_BYTES})
     with pytest.raises(EntryError, match="over the 5120-byte limit"):
         encode_entry("meta.policy.0", meta(agent=big))
@@ -226,12 +255,11 @@ def test_metadata_payload_must_be_json() -> None:
     [
         (1, 1),
         (2, 1),
-        (128, 1),
-        (129, 2),
-        (256, 2),
-        (257, 3),
-        (1024, 8),
-        (MAX_RANKS, 32),
+        (RANKS_PER_SHARD, 1),
+        (RANKS_PER_SHARD + 1, 2),
+        (2 * RANKS_PER_SHARD, 2),
+        (2 * RANKS_PER_SHARD + 1, 3),
+        (MAX_RANKS, math.ceil(MAX_RANKS / RANKS_PER_SHARD)),
     ],
 )
 def test_shards_needed(total: int, shards: int) -> None:
@@ -250,12 +278,15 @@ def test_shards_needed_rejects_out_of_range(total: int) -> None:
         ("policy", 0, 2, 2, 1, 0),
         ("rollout", 1, 2, 2, 1, 0),
         ("policy", 99, 100, 100, 2, 0),
-        ("rollout", 0, 100, 100, 2, 1),  # 200 ranks in 2 blocks of 100
+        ("rollout", 0, 100, 100, 2, 1),  # index 100: the second block of 100
         ("rollout", 99, 100, 100, 2, 1),
-        ("policy", 127, 512, 512, 8, 0),
-        ("policy", 128, 512, 512, 8, 1),
-        ("rollout", 511, 512, 512, 8, 7),
-        ("rollout", 0, 1, 1, 2, 1),  # more shards than needed is allowed
+        ("rollout", 0, 50, 60, 2, 0),  # by index, not in equal halves: 50 + 0 < 100
+        ("rollout", 49, 50, 60, 2, 0),
+        ("rollout", 50, 50, 60, 2, 1),
+        ("policy", 99, 512, 512, 11, 0),
+        ("policy", 100, 512, 512, 11, 1),
+        ("rollout", 511, 512, 512, 11, 10),
+        ("rollout", 0, 1, 1, 2, 0),  # more shards than needed is allowed (and unused)
     ],
 )
 def test_shard_of(role: str, rank: int, policy: int, rollout: int, shards: int, shard: int) -> None:
@@ -270,6 +301,7 @@ def test_shard_of(role: str, rank: int, policy: int, rollout: int, shards: int, 
         ("rollout", -1, 2, 2, 1, "rollout rank -1 is outside"),
         ("policy", 0, 0, 2, 1, "world sizes must be >= 1"),
         ("policy", 0, 200, 200, 3, "shards=3 is too few for 400 ranks"),
+        ("rollout", 0, 100, 1, 1, "shards=1 is too few for 101 ranks"),
         ("critic", 0, 2, 2, 1, "role 'critic'"),
     ],
 )
@@ -290,6 +322,19 @@ def test_shards_are_contiguous_and_within_capacity(policy: int, rollout: int, ex
     assert max(assigned.count(s) for s in set(assigned)) <= RANKS_PER_SHARD
 
 
+@given(policy=st.integers(1, 600), rollout=st.integers(1, 600), more=st.integers(1, 600))
+def test_scaling_the_rollout_role_moves_no_existing_key(
+    policy: int, rollout: int, more: int
+) -> None:
+    before = shards_needed(policy + rollout)
+    after = shards_needed(policy + rollout + more)
+    for role, world in (("policy", policy), ("rollout", rollout)):
+        for rank in range(world):
+            was = shard_of(role, rank, policy, rollout, before)  # type: ignore[arg-type]
+            now = shard_of(role, rank, policy, rollout + more, after)  # type: ignore[arg-type]
+            assert was == now
+
+
 def test_barrier_and_notice_live_in_shard_zero() -> None:
     assert shard_of_key(BARRIER_KEY, 600, 600, 10) == 0
     assert shard_of_key(PREEMPT_KEY, 600, 600, 10) == 0
@@ -307,8 +352,19 @@ def test_full_shard_zero_fits_in_a_configmap() -> None:
     )
     assert worst < SHARD_BUDGET_BYTES < 1 << 20
     uids = tuple("u" * MAX_UID_CHARS for _ in range(MAX_RANKS // 2))
-    barrier = BarrierEntry(epoch=10**9, policy_uids=uids, rollout_uids=uids)
+    full = RolloutMember(uid="u" * MAX_UID_CHARS, generation=MAX_GENERATION)
+    barrier = BarrierEntry(
+        epoch=10**9,
+        version=10**9,
+        policy_uids=uids,
+        rollout=(full,) * (MAX_RANKS - len(uids)),
+    )
     assert len(encode_entry(BARRIER_KEY, barrier)) <= max_value_bytes("barrier")
+    # The most rollout slots there may be fit too: the limit holds for any split.
+    barrier = barrier.model_copy(update={"policy_uids": uids[:1], "rollout": (full,) * 4095})
+    assert len(encode_entry(BARRIER_KEY, barrier)) <= max_value_bytes("barrier")
+    with pytest.raises(ValueError, match=f"over {MAX_RANKS}"):
+        BarrierEntry(epoch=0, policy_uids=uids[:1], rollout=(full,) * MAX_RANKS)
 
 
 @pytest.mark.parametrize(
@@ -351,8 +407,14 @@ def test_snapshot_ignores_other_epochs_and_unknown_keys() -> None:
     data["note.from.admin"] = "anything at all"
     snap = read_snapshot(data, 1, 2, 2)
     assert sorted(snap.meta) == [("policy", 0), ("policy", 1), ("rollout", 0)]
-    assert not barrier_ready(snap, 2, 2)
     assert read_snapshot(data, 0, 2, 2).meta.keys() == {("rollout", 1)}
+
+
+def test_snapshot_keeps_rollout_progress_of_any_epoch() -> None:
+    data = dict([progress(0, 5, 1.0, 10, epoch=3), progress(0, 1, 1.0, 10, role="policy")])
+    snap = read_snapshot(data, 4, 1, 1)
+    assert snap.progress[("rollout", 0)].refits_completed == 5  # carried across epochs
+    assert ("policy", 0) not in snap.progress  # a policy report of epoch 0 is not epoch 4's
 
 
 def test_snapshot_rejects_garbage_whatever_the_epoch() -> None:
@@ -360,61 +422,186 @@ def test_snapshot_rejects_garbage_whatever_the_epoch() -> None:
     data["progress.rollout.0"] = "{torn"
     with pytest.raises(EntryError, match=r"'progress\.rollout\.0': value is not JSON"):
         read_snapshot(data, 5, 1, 1)
-
-
-def test_snapshot_rejects_ranks_outside_the_job() -> None:
     data = published(1, 1)
-    data["meta.rollout.3"] = encode_entry("meta.rollout.3", meta("rollout", 3))
-    with pytest.raises(EntryError, match=r"'meta\.rollout\.3': rank 3 is outside the rollout"):
+    data["meta.rollout.7"] = "{torn"  # past R, but garbage all the same
+    with pytest.raises(EntryError, match=r"'meta\.rollout\.7': value is not JSON"):
         read_snapshot(data, 0, 1, 1)
 
 
-def test_snapshot_rejects_barrier_of_another_shape() -> None:
+def test_snapshot_ignores_ranks_past_the_world_sizes() -> None:
+    data = published(1, 1)
+    data["meta.rollout.3"] = encode_entry("meta.rollout.3", meta("rollout", 3))
+    data.update([progress(3, 9, 1.0, 10)])
+    snap = read_snapshot(data, 0, 1, 1)
+    assert sorted(snap.meta) == [("policy", 0), ("rollout", 0)]
+    assert snap.progress == {}
+
+
+def test_snapshot_rejects_barrier_of_another_policy_size() -> None:
     data = {
         BARRIER_KEY: encode_entry(
-            BARRIER_KEY, BarrierEntry(epoch=0, policy_uids=("a",), rollout_uids=("b",))
+            BARRIER_KEY, BarrierEntry(epoch=0, policy_uids=("a",), rollout=slots("b"))
         )
     }
-    with pytest.raises(EntryError, match="lists 1 policy and 1 rollout ranks, the job has 2"):
+    with pytest.raises(EntryError, match="lists 1 policy ranks, the job has 2"):
         read_snapshot(data, 0, 2, 2)
+    # Another R is no error: the coordinator rewrites the membership for the new R.
+    assert read_snapshot(data, 0, 1, 5).barrier is not None
 
 
-@pytest.mark.parametrize(
-    ("policy", "rollout", "drop", "ready"),
-    [
-        (2, 2, None, True),
-        (2, 2, "meta.policy.1", False),
-        (2, 2, "meta.rollout.0", False),
-        (1, 3, None, True),
-        (3, 1, "meta.rollout.0", False),
-    ],
-)
-def test_barrier_ready(policy: int, rollout: int, drop: str | None, ready: bool) -> None:
-    data = published(policy, rollout, epoch=4)
-    if drop is not None:
-        del data[drop]
-    snap = read_snapshot(data, 4, policy, rollout)
-    assert barrier_ready(snap, policy, rollout) is ready
-    if ready:
-        barrier = make_barrier(snap, policy, rollout)
-        assert barrier.epoch == 4
-        assert barrier.uid_of("rollout", rollout - 1) == f"uid-rollout-{rollout - 1}"
-    else:
-        with pytest.raises(ValueError, match=f"barrier of epoch 4 is not ready: missing {drop}"):
-            make_barrier(snap, policy, rollout)
+def test_barrier_membership_queries() -> None:
+    barrier = BarrierEntry(
+        epoch=2,
+        version=3,
+        policy_uids=("p0", "p1"),
+        rollout=(RolloutMember(uid="r0", generation=1), None, RolloutMember(uid="r2")),
+    )
+    assert (barrier.policy_world_size, barrier.rollout_world_size) == (2, 3)
+    assert barrier.members() == (0, 2)
+    assert barrier.is_member("rollout", 0, "r0", 1)
+    assert not barrier.is_member("rollout", 0, "r0", 0)  # the replaced generation
+    assert not barrier.is_member("rollout", 0, "other", 1)  # another pod
+    assert not barrier.is_member("rollout", 1, "r1", 0)  # an empty slot
+    assert not barrier.is_member("rollout", 3, "r3", 0)  # past R
+    assert barrier.is_member("policy", 1, "p1")
+    assert not barrier.is_member("policy", 2, "p2")
+    assert barrier.holder("rollout", 1) is None
+    assert barrier.holder("policy", 0) == RolloutMember(uid="p0")
 
 
-def test_barrier_ready_checks_pod_uids() -> None:
-    snap = read_snapshot(published(1, 1), 0, 1, 1)
-    uids = {("policy", 0): "uid-policy-0", ("rollout", 0): "uid-rollout-0"}
-    assert barrier_ready(snap, 1, 1, pod_uids=uids)  # type: ignore[arg-type]
-    uids[("rollout", 0)] = "someone-else"
+def live_pods(
+    policy: int, rollout: int, **changes: LivePod | None
+) -> dict[tuple[str, int], LivePod]:
+    """The live pods of ``published``'s ranks; ``rollout_1=None`` drops rollout rank 1,
+    ``rollout_1=LivePod(...)`` puts another pod there."""
+    pods = {("policy", r): LivePod(f"uid-policy-{r}") for r in range(policy)}
+    pods.update({("rollout", r): LivePod(f"uid-rollout-{r}") for r in range(rollout)})
+    for name, pod in changes.items():
+        role, rank = name.split("_")
+        if pod is None:
+            del pods[(role, int(rank))]
+        else:
+            pods[(role, int(rank))] = pod
+    return pods  # type: ignore[return-value]
+
+
+def decide(
+    data: dict[str, str],
+    live: dict[tuple[str, int], LivePod],
+    previous: BarrierEntry | None = None,
+    *,
+    epoch: int = 0,
+    world: tuple[int, int] = (2, 2),
+) -> BarrierEntry | None:
+    snap = read_snapshot(data, epoch, *world)
+    return membership(snap, *world, live, previous)  # type: ignore[arg-type]
+
+
+def test_membership_opens_once_every_running_rank_published() -> None:
+    data = published(2, 2, epoch=4)
+    barrier = decide(data, live_pods(2, 2), epoch=4)
+    assert barrier == BarrierEntry(
+        epoch=4,
+        version=1,
+        policy_uids=("uid-policy-0", "uid-policy-1"),
+        rollout=slots("uid-rollout-0", "uid-rollout-1"),
+    )
+    for missing in ("meta.policy.1", "meta.rollout.0"):
+        partial = {k: v for k, v in data.items() if k != missing}
+        assert decide(partial, live_pods(2, 2), epoch=4) is None
+
+
+def test_membership_first_opening_rules() -> None:
+    data = published(2, 2)
+    # A rollout rank with no pod, or with a pod still pending, is not waited for.
+    assert decide({k: v for k, v in data.items() if k != "meta.rollout.1"}, live_pods(2, 1)) == (
+        BarrierEntry(
+            epoch=0,
+            policy_uids=("uid-policy-0", "uid-policy-1"),
+            rollout=slots("uid-rollout-0", None),
+        )
+    )
+    pending = live_pods(2, 2, rollout_1=LivePod("uid-new", running=False))
+    assert decide(data, pending).rollout == slots("uid-rollout-0", None)  # type: ignore[union-attr]
+    # ... but a running one is, and so is every policy rank.
+    running = live_pods(2, 2, rollout_1=LivePod("uid-new"))
+    assert decide(data, running) is None
+    assert decide(data, live_pods(2, 2, policy_1=None)) is None
+    # No rollout member at all: nothing to refit to yet.
+    policy_only = {k: v for k, v in data.items() if k.startswith("meta.policy")}
+    assert decide(policy_only, live_pods(2, 0)) is None
+
+
+def test_membership_refuses_a_policy_entry_by_another_pod() -> None:
     with pytest.raises(
         EntryError,
-        match=r"'meta\.rollout\.0': written by pod uid "
-        r"'uid-rollout-0', but the rank's pod is 'someone-else'",
+        match=r"'meta\.policy\.1': written by pod uid 'uid-policy-1', "
+        r"but the rank's pod is 'someone-else'",
     ):
-        barrier_ready(snap, 1, 1, pod_uids=uids)  # type: ignore[arg-type]
+        decide(published(2, 2), live_pods(2, 2, policy_1=LivePod("someone-else")))
+
+
+def test_membership_rewrites_with_a_version_bump_on_loss_join_and_scale() -> None:
+    data = published(2, 2)
+    first = decide(data, live_pods(2, 2))
+    assert first is not None and first.version == 1
+    assert decide(data, live_pods(2, 2), first) is first  # nothing changed: no rewrite
+    # Rollout rank 1 is lost: its slot empties, the policy gang stays.
+    lost = decide(data, live_pods(2, 1), first)
+    assert lost is not None
+    assert (lost.version, lost.rollout, lost.policy_uids) == (
+        2,
+        slots("uid-rollout-0", None),
+        first.policy_uids,
+    )
+    # Its replacement (generation 1) runs: no member until it publishes as itself ...
+    new = LivePod("uid-rollout-1b", generation=1)
+    assert decide(data, live_pods(2, 2, rollout_1=new), lost) is lost
+    key = meta_key("rollout", 1)
+    data[key] = encode_entry(key, meta("rollout", 1, uid="uid-rollout-1b", generation=1))
+    joined = decide(data, live_pods(2, 2, rollout_1=new), lost)
+    assert joined is not None and joined.version == 3
+    assert joined.rollout[1] == RolloutMember(uid="uid-rollout-1b", generation=1)
+    # Scale up to 3: a slot for rank 2, empty until it publishes; then down to 1.
+    up = decide(data, live_pods(2, 3, rollout_1=new), joined, world=(2, 3))
+    assert up is not None and (up.version, up.rollout_world_size) == (4, 3)
+    assert up.rollout[2] is None
+    down = decide(data, live_pods(2, 3, rollout_1=new), up, world=(2, 1))
+    assert down is not None and (down.version, down.rollout) == (5, slots("uid-rollout-0"))
+
+
+def test_membership_stale_pods_are_not_members() -> None:
+    data = published(2, 2)
+    first = decide(data, live_pods(2, 2))
+    # The same uid of an older generation, or another uid of the same generation.
+    for stale in (LivePod("uid-rollout-1", generation=1), LivePod("uid-other")):
+        barrier = decide(data, live_pods(2, 2, rollout_1=stale), first)
+        assert barrier is not None and barrier.rollout[1] is None
+        assert not barrier.is_member("rollout", 1, "uid-rollout-1", 0)
+
+
+def test_membership_of_a_new_epoch_needs_the_rollout_meta_rewritten() -> None:
+    data = published(2, 2, epoch=0)
+    old = decide(data, live_pods(2, 2))
+    assert old is not None
+    # Policy gang of epoch 1 published; rollout ranks still have epoch-0 meta.
+    for rank in range(2):
+        key = meta_key("policy", rank)
+        data[key] = encode_entry(key, meta("policy", rank, epoch=1, uid=f"uid-policy-{rank}"))
+    assert decide(data, live_pods(2, 2), old, epoch=1) is None
+    key = meta_key("rollout", 0)
+    data[key] = encode_entry(key, meta("rollout", 0, epoch=1, uid="uid-rollout-0"))
+    assert decide(data, live_pods(2, 2), old, epoch=1) is None  # rank 1 runs: waited for
+    key = meta_key("rollout", 1)
+    data[key] = encode_entry(key, meta("rollout", 1, epoch=1, uid="uid-rollout-1"))
+    new = decide(data, live_pods(2, 2), old, epoch=1)
+    assert new is not None and (new.epoch, new.version) == (1, 1)
+
+
+def test_membership_ignores_ranks_past_r() -> None:
+    data = published(2, 3)  # rank 2 is left over from before a scale-down to 2
+    barrier = decide(data, live_pods(2, 3), world=(2, 2))
+    assert barrier is not None and barrier.rollout == slots("uid-rollout-0", "uid-rollout-1")
 
 
 def progress(
@@ -476,7 +663,8 @@ def test_aggregate_progress(
     data = dict(
         progress(*row[:4], **dict(zip(("role", "state"), row[4:], strict=False))) for row in rows
     )
-    data.update(dict([progress(0, 9, 9.0, 10**9, epoch=7)]) if not rows else {})
+    # A policy report of another epoch is not this epoch's.
+    data.update(dict([progress(0, 9, 9.0, 10**9, role="policy", epoch=7)]) if not rows else {})
     summary = aggregate_progress(read_snapshot(data, 0, 1, 2), 1, 2)
     assert summary.refits_completed == refits
     assert summary.bytes_total == total
@@ -487,6 +675,22 @@ def test_aggregate_progress(
     assert summary.ranks_reporting == len(rows)
 
 
+def test_aggregate_progress_counts_the_live_pods_of_the_slots() -> None:
+    data = dict([progress(0, 4, 1.0, 10), progress(1, 6, 1.0, 10, epoch=3), progress(2, 9, 1, 10)])
+    snap = read_snapshot(data, 5, 1, 2)  # rank 2 is past R; rank 1 reported in epoch 3
+    assert aggregate_progress(snap, 1, 2).refits_completed == 4
+    assert aggregate_progress(snap, 1, 2).ranks_reporting == 2
+    # Rank 1's pod was replaced: the old pod's report is not the slot's.
+    live = {("rollout", 0): LivePod("u0"), ("rollout", 1): LivePod("u1-new", generation=1)}
+    summary = aggregate_progress(snap, 1, 2, live)  # type: ignore[arg-type]
+    assert (summary.refits_completed, summary.ranks_reporting, summary.bytes_total) == (0, 1, 40)
+    live[("rollout", 1)] = LivePod("u1")
+    assert aggregate_progress(snap, 1, 2, live).refits_completed == 4  # type: ignore[arg-type]
+    # No pod holds slot 1 (its pod finished and was deleted): its report stays on record.
+    del live[("rollout", 1)]
+    assert aggregate_progress(snap, 1, 2, live).refits_completed == 4  # type: ignore[arg-type]
+
+
 def test_preempt_notice_of_epoch() -> None:
     notice = make_preempt_notice(3, "job-rollout-1", "uid-r1", "DisruptionTarget: eviction")
     data = {PREEMPT_KEY: encode_entry(PREEMPT_KEY, notice)}
@@ -494,3 +698,20 @@ def test_preempt_notice_of_epoch() -> None:
     assert read_snapshot(data, 4, 1, 1).preempt is None
     with pytest.raises(ValueError, match="reason"):
         PreemptNotice(epoch=0, pod="p", uid="u", reason="")
+
+
+def test_preempt_notice_role() -> None:
+    everyone = make_preempt_notice(0, "job-rollout-1", "u", "eviction")
+    policy = make_preempt_notice(0, "job-policy-0-e0", "u", "drain", role="policy")
+    assert everyone.stops("policy") and everyone.stops("rollout")
+    assert policy.stops("policy") and not policy.stops("rollout")
+    assert json.loads(encode_entry(PREEMPT_KEY, policy))["role"] == "policy"
+    with pytest.raises(ValueError, match="role"):
+        PreemptNotice(epoch=0, pod="p", uid="u", reason="r", role="rollout")  # type: ignore[arg-type]
+
+
+def test_progress_left_and_generation_round_trip() -> None:
+    entry = ProgressEntry(epoch=1, uid="u", role="rollout", rank=2, generation=3, state="left")
+    assert decode_entry("progress.rollout.2", encode_entry("progress.rollout.2", entry)) == entry
+    with pytest.raises(ValueError, match="generation"):
+        ProgressEntry(epoch=1, uid="u", role="rollout", rank=2, generation=-1)

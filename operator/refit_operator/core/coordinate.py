@@ -1,6 +1,7 @@
-"""The operator's side of the rendezvous protocol: open the barrier, read progress, post
-the job-wide preemption notice.  Decisions come from ``refit_worker.contract.rendezvous``
-(shared with the local runner); this module turns them into ConfigMap patches.
+"""The operator's side of the rendezvous protocol: write the membership (``barrier``),
+read progress, post the preemption notice.  Decisions come from
+``refit_worker.contract.rendezvous`` (:func:`membership`, shared with the local runner);
+this module turns them into ConfigMap patches.
 
 The operator never writes a rank's own keys; it writes only ``barrier`` and ``preempt``
 (both in shard 0), and clears the map between epochs.  The map is decoded once per round
@@ -13,24 +14,27 @@ Must not import: kopf, kubernetes, aiohttp.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from refit_operator import names
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     PREEMPT_KEY,
+    BarrierEntry,
     Entry,
     EntryError,
+    LivePod,
     MetadataEntry,
     ProgressEntry,
     ProgressSummary,
+    Snapshot,
     aggregate_progress,
-    barrier_ready,
     configmap_name,
     decode_entry,
     encode_entry,
-    make_barrier,
     make_preempt_notice,
+    membership,
     parse_key,
     read_snapshot,
 )
@@ -108,55 +112,92 @@ def coordinate(
     *,
     epoch: int,
     world: tuple[int, int],
-    pod_uids: Mapping[tuple[Role, int], str],
+    live: Mapping[tuple[Role, int], LivePod],
+    whole_gang: bool = True,
 ) -> Coordination:
-    """Open the barrier of ``epoch`` once every rank published, and read its progress."""
+    """Write the membership of ``epoch`` as :func:`membership` decides, and read progress.
+
+    ``live``: the pods now holding each rank.  ``whole_gang``: the first opening also
+    waits for every rollout slot to hold a member (one failure domain for the whole job,
+    as before per-role failure domains); later rewrites follow :func:`membership` either
+    way.
+    """
     policy, rollout = world
     try:
         snap = read_snapshot(decoded.data, epoch, policy, rollout, decoded.entry)
-        ready = barrier_ready(snap, policy, rollout, pod_uids)
-        want = make_barrier(snap, policy, rollout) if ready else None
-        progress = aggregate_progress(snap, policy, rollout)
+        stored = _stored_barrier(decoded)
+        previous = _own(snap, policy, stored)
+        want = membership(snap, policy, rollout, live, previous)
+        if previous is None and want is not None and whole_gang and None in want.rollout:
+            want = None
+        progress = aggregate_progress(snap, policy, rollout, live)
     except EntryError as exc:
         return Coordination(problem=str(exc))
     shard0 = names.rendezvous_name(job)
-    if snap.barrier == want:
-        return Coordination((), progress, None, len(snap.meta), want is not None)
-    if snap.barrier is None and want is not None:  # every rank published: open it
-        patch = PatchData(shard0, {BARRIER_KEY: encode_entry(BARRIER_KEY, want)})
-        return Coordination((patch,), progress, None, len(snap.meta), True)
+    published = len(snap.meta)
+    if stored is None or stored.epoch != epoch or previous is not None:
+        patches: tuple[PatchData, ...] = ()
+        if want is not None and want != stored:
+            patches = (PatchData(shard0, {BARRIER_KEY: encode_entry(BARRIER_KEY, want)}),)
+        return Coordination(patches, progress, None, published, want is not None)
     # Only the operator writes the barrier: one it would not have written is replaced by
-    # the true one, or removed while ranks are still missing.
-    value = encode_entry(BARRIER_KEY, want) if want is not None else None
+    # the true one (a version on, so no reader takes it for older), or removed while
+    # ranks are still missing.
+    value = None
+    if want is not None:
+        value = encode_entry(BARRIER_KEY, want.model_copy(update={"version": stored.version + 1}))
     problem = (
         f"rendezvous key {BARRIER_KEY!r}: a barrier of epoch {epoch} the operator did not "
         f"write; {'rewritten' if want is not None else 'removed until every rank publishes'}"
     )
     return Coordination(
-        (PatchData(shard0, {BARRIER_KEY: value}),),
-        progress,
-        problem,
-        len(snap.meta),
-        want is not None,
+        (PatchData(shard0, {BARRIER_KEY: value}),), progress, problem, published, want is not None
     )
 
 
+def _stored_barrier(decoded: Decoded) -> BarrierEntry | None:
+    """The barrier now in the map, of any epoch; EntryError if it does not decode."""
+    value = decoded.data.get(BARRIER_KEY)
+    if value is None:
+        return None
+    entry = decoded.entry(BARRIER_KEY, value)
+    return entry if isinstance(entry, BarrierEntry) else None
+
+
+def _own(snap: Snapshot, policy: int, stored: BarrierEntry | None) -> BarrierEntry | None:
+    """``stored`` when it is the operator's earlier membership of the snapshot's epoch:
+    the epoch's, listing the policy ranks that published for it.  (The operator keeps no
+    state between rounds; a barrier it could not have written is no ``previous``.)"""
+    if stored is None or stored.epoch != snap.epoch:
+        return None
+    uids = tuple(snap.meta[("policy", r)].uid for r in range(policy) if ("policy", r) in snap.meta)
+    return stored if uids == stored.policy_uids else None
+
+
 def progress_of(decoded: Decoded, *, epoch: int, world: tuple[int, int]) -> ProgressSummary | None:
-    """What the ranks of ``epoch`` reported, or None when it cannot be read."""
+    """What the ranks reported in ``epoch`` itself (a rollout report of a later epoch,
+    from the same key, is not this epoch's), or None when it cannot be read."""
     try:
         snap = read_snapshot(decoded.data, epoch, *world, decoded.entry)
-        return aggregate_progress(snap, *world)
     except EntryError:
         return None
+    own = {key: p for key, p in snap.progress.items() if p.epoch == epoch}
+    return aggregate_progress(replace(snap, progress=own), *world)
 
 
 def preempt_notice(
-    job: str, *, epoch: int, pod: str, uid: str, reason: str, role: Role | None = None
+    job: str,
+    *,
+    epoch: int,
+    pod: str,
+    uid: str,
+    reason: str,
+    role: Literal["policy"] | None = None,
 ) -> PatchData | None:
-    """Tell every rank of ``epoch`` (``role``: only that role's) to stop at its next safe
-    point (None: no valid uid)."""
+    """Tell every rank of ``epoch`` (``role`` None), or only its policy gang (``role``
+    "policy"), to stop at its next safe point (None: no valid uid)."""
     try:
-        notice = make_preempt_notice(epoch=epoch, pod=pod, uid=uid, reason=reason[:200])
+        notice = make_preempt_notice(epoch, pod, uid, reason[:200], role=role)
     except ValueError:  # a pod without a proper uid (never from a real API server)
         return None
     value = encode_entry(PREEMPT_KEY, notice)

@@ -23,7 +23,7 @@ from refit_operator.core.decision import JobView
 from refit_operator.core.observe import Observed, ObservedPod
 from refit_operator.models import RefitJobSpec, RefitJobStatus
 from refit_operator.render import RenderOptions
-from refit_worker.contract.rendezvous import ProgressSummary
+from refit_worker.contract.rendezvous import LivePod, ProgressSummary
 from refit_worker.contract.roles import ROLES, Role
 
 
@@ -205,11 +205,22 @@ def _read_rendezvous(
     current: tuple[ObservedPod, ...],
     epoch: int,
 ) -> Coordination:
-    uids = {(p.role, p.rank): p.uid for p in current if p.role in ROLES and p.uid}
+    # A pod being deleted, failed or lost with its node holds its rank no more: what it
+    # wrote is no member's.  A rollout pod is live at its own generation.
+    live = {
+        (p.role, p.rank): LivePod(p.uid, p.generation, running=p.phase == "Running")
+        for p in current
+        if p.role in ROLES and p.uid and not p.deleting and p.failure is None and p.taken is None
+    }
+    # A gang created whole (every rollout pod with this epoch's policy gang) opens once
+    # every slot published, as one failure domain did; after a policy restart the rollout
+    # replicas already serve, and the epoch opens without waiting for one being replaced.
+    whole = all(p.epoch == epoch for p in current if p.role == "rollout")
     return coordinate(
         job.ref.name,
         observed.entries,
         epoch=epoch,
         world=(spec.policy.replicas, spec.rollout.replicas),
-        pod_uids=uids,
+        live=live,
+        whole_gang=whole,
     )

@@ -36,6 +36,7 @@ from pydantic import (
 )
 
 from refit_worker.contract.dtypes import SyntheticDtype
+from refit_worker.contract.entries import MAX_GENERATION
 from refit_worker.contract.env import DEFAULT_SIGNALS, ENV_PREFIX
 from refit_worker.contract.roles import Role
 from refit_worker.contract.signals import parse_signal_list, parse_signals, signal_list_text
@@ -134,6 +135,9 @@ class WorkerConfig(_Frozen):
     policy_world_size: int = Field(ge=1)
     rollout_world_size: int = Field(ge=1)
     epoch: int = Field(0, ge=0)
+    #: The rollout replica's generation (``REFIT_GENERATION``): a replacement of a rank
+    #: has a higher one than the pod it replaces; 0 for policy ranks.
+    generation: int = Field(0, ge=0, le=MAX_GENERATION)
     #: Refits every rollout rank committed in earlier epochs: a recreated gang resumes here.
     first_refit: int = Field(0, ge=0)
     pod_name: str = ""

@@ -2,7 +2,8 @@
 
 Holds the key grammar (``meta.<role>.<rank>``, ``progress.<role>.<rank>``, ``barrier``,
 ``preempt``), the pydantic entry models (each with protocol version and epoch; per-rank
-entries also with the writer's pod uid), the size limits, and :func:`encode_entry` /
+entries also with the writer's pod uid and generation; the barrier as the epoch's
+membership), the size limits, and :func:`encode_entry` /
 :func:`decode_entry`, whose every error is an :class:`EntryError` naming the key.
 :mod:`refit_worker.contract.rendezvous` builds the coordinator's decisions on these.
 
@@ -15,20 +16,31 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from refit_worker.contract.roles import Role, check_role
 
-#: 2: progress entries carry the recent refits, cumulative seconds and how refits were
-#: verified (1 had only the last refit, so samplers missed refits between two reads).
-PROTOCOL_VERSION = 2
+#: 3: per-role failure domains (docs/failure-domains.md): rank entries carry the rollout
+#: replica's generation, the barrier is the epoch's membership (rewritten, versioned), a
+#: rank may report ``left``, and a preemption notice may name the role it stops.
+#: (2 added recent refits and verification to progress; 1 had only the last refit.)
+PROTOCOL_VERSION = 3
 
-#: Ranks whose entries share one ConfigMap.  Sized so that a full shard 0 (128 ranks at
-#: their metadata and progress limits, plus the barrier of MAX_RANKS ranks and the notice)
-#: stays under SHARD_BUDGET_BYTES; ``tests/unit/test_rendezvous_protocol.py`` checks it.
-RANKS_PER_SHARD = 128
+#: Ranks whose entries share one ConfigMap, cut by index (policy ranks, then rollout
+#: ranks), so a scale-up never moves an existing rank's keys.  Sized so that a full
+#: shard 0 (this many ranks at their metadata and progress limits, plus the membership of
+#: MAX_RANKS ranks and the notice) stays under SHARD_BUDGET_BYTES;
+#: ``tests/unit/test_rendezvous_protocol.py`` checks it.
+RANKS_PER_SHARD = 100
 #: Ranks (policy + rollout) one job may have: bounds the barrier value in shard 0.
 MAX_RANKS = 4096
 #: What one ConfigMap may hold of data, leaving room for metadata under the 1 MiB limit.
@@ -44,13 +56,19 @@ RECENT_REFITS = 8
 MAX_PREEMPT_BYTES = 1024
 #: Pod uids are 36 characters; local runs may use their own ids up to this length.
 MAX_UID_CHARS = 40
+#: Rollout generations a job may reach (bounds the membership's size in shard 0).
+MAX_GENERATION = 999_999_999
 _BARRIER_BASE_BYTES = 128
+#: The most one membership slot takes: ``"<uid>",`` for a policy rank, and for a rollout
+#: rank ``{"uid":"<uid>","generation":<9 digits>},``.
+_BARRIER_SLOT_BYTES = len('{"uid":"","generation":},') + MAX_UID_CHARS + 9
 
 BARRIER_KEY = "barrier"
 PREEMPT_KEY = "preempt"
 
 KeyKind: TypeAlias = Literal["meta", "progress", "barrier", "preempt"]
-ProgressState: TypeAlias = Literal["running", "done", "preempted", "failed"]
+#: ``left``: a rollout rank removed by a scale-down at a refit boundary (it then exits 0).
+ProgressState: TypeAlias = Literal["running", "done", "preempted", "failed", "left"]
 #: How a rollout rank checked each refit before committing it, weakest first: nothing,
 #: the manifest (every name, shape and dtype, every byte accounted for), integrity hashes
 #: of every tensor, the serving engine's greedy tokens for fixed prompts against the
@@ -136,6 +154,9 @@ class _RankEntry(_Entry):
     uid: str = Field(pattern=_UID_RE)
     role: Role
     rank: int = Field(ge=0)
+    #: The rollout replica's generation (0 for policy ranks): a replacement pod of the
+    #: same rank has a higher one, so its entries are told from the stale pod's.
+    generation: int = Field(0, ge=0, le=MAX_GENERATION)
 
 
 class MetadataEntry(_RankEntry):
@@ -186,25 +207,82 @@ class ProgressEntry(_RankEntry):
         return self.recent[-1] if self.recent else None
 
 
+class RolloutMember(BaseModel):
+    """Who holds a rollout slot of the membership: the pod uid and its generation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    uid: str = Field(pattern=_UID_RE)
+    generation: int = Field(0, ge=0, le=MAX_GENERATION)
+
+
 class BarrierEntry(_Entry):
-    """The coordinator's word that every rank of ``epoch`` published, with their uids."""
+    """The membership of ``epoch``, written by the coordinator alone.
 
-    policy_uids: tuple[str, ...] = Field(min_length=1)
-    rollout_uids: tuple[str, ...] = Field(min_length=1)
+    ``policy_uids`` lists the policy gang (every rank, fixed for the epoch); ``rollout``
+    has one slot per rollout rank of the desired replica count R, ``None`` where no pod
+    is a member now.  ``version`` goes up by one at each rewrite within the epoch (the
+    first opening is version 1), so readers can tell a newer membership from an older.
+    """
 
-    def uid_of(self, role: Role, rank: int) -> str:
-        uids = self.policy_uids if role == "policy" else self.rollout_uids
-        if not 0 <= rank < len(uids):
-            raise ValueError(f"{role} rank {rank} is not in the barrier of epoch {self.epoch}")
-        return uids[rank]
+    version: int = Field(1, ge=1)
+    policy_uids: tuple[Annotated[str, Field(pattern=_UID_RE)], ...] = Field(min_length=1)
+    rollout: tuple[RolloutMember | None, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _within_max_ranks(self) -> BarrierEntry:
+        if len(self.policy_uids) + len(self.rollout) > MAX_RANKS:
+            raise ValueError(
+                f"lists {len(self.policy_uids)} policy and {len(self.rollout)} rollout "
+                f"ranks, over {MAX_RANKS}"
+            )
+        return self
+
+    @property
+    def policy_world_size(self) -> int:
+        return len(self.policy_uids)
+
+    @property
+    def rollout_world_size(self) -> int:
+        """R: the rollout ranks desired now (members or not)."""
+        return len(self.rollout)
+
+    def members(self) -> tuple[int, ...]:
+        """The rollout ranks that have a member now, in rank order."""
+        return tuple(rank for rank, slot in enumerate(self.rollout) if slot is not None)
+
+    def holder(self, role: Role, rank: int) -> RolloutMember | None:
+        """Who holds ``role`` rank ``rank`` (policy ranks: generation 0); None if nobody
+        does or the rank is outside the membership."""
+        if role == "policy":
+            if 0 <= rank < len(self.policy_uids):
+                return RolloutMember(uid=self.policy_uids[rank], generation=0)
+            return None
+        return self.rollout[rank] if 0 <= rank < len(self.rollout) else None
+
+    def is_member(self, role: Role, rank: int, uid: str, generation: int = 0) -> bool:
+        """Whether the pod ``uid`` of ``generation`` holds ``role`` rank ``rank`` now.
+
+        A stale pod (an older generation, or another uid) of a rank is not a member, nor
+        is a rank at or past the world sizes.  Policy ranks have generation 0.
+        """
+        held = self.holder(role, rank)
+        return held is not None and (held.uid, held.generation) == (uid, generation)
 
 
 class PreemptNotice(_Entry):
-    """Job-wide: every rank of ``epoch`` stops at its next safe point."""
+    """Every rank of ``epoch`` (``role`` None), or only its policy gang (``role``
+    "policy": rollout ranks keep serving and rejoin the next epoch), stops at its next
+    safe point."""
 
     pod: str = Field(min_length=1, max_length=253)
     uid: str = Field(pattern=_UID_RE)
     reason: str = Field(min_length=1, max_length=200)
+    role: Literal["policy"] | None = None
+
+    def stops(self, role: Role) -> bool:
+        """Whether a rank of ``role`` (of the notice's epoch) must stop for it."""
+        return self.role is None or self.role == role
 
 
 Entry: TypeAlias = MetadataEntry | ProgressEntry | BarrierEntry | PreemptNotice
@@ -219,7 +297,7 @@ _MODELS: dict[KeyKind, type[_Entry]] = {
 def max_value_bytes(kind: KeyKind) -> int:
     """The largest encoded value a key of ``kind`` may hold."""
     if kind == "barrier":
-        return _BARRIER_BASE_BYTES + MAX_RANKS * (MAX_UID_CHARS + 3)
+        return _BARRIER_BASE_BYTES + MAX_RANKS * _BARRIER_SLOT_BYTES
     return {"meta": MAX_META_BYTES, "progress": MAX_PROGRESS_BYTES}.get(kind, MAX_PREEMPT_BYTES)
 
 

@@ -4,12 +4,17 @@ Holds (re-exported from :mod:`.entries`) the key names, the typed entries a key 
 (each with protocol version, epoch and the writer's pod uid) and their encoding and
 decoding (every error names the key); and here the assignment of ranks to ConfigMap
 shards (:class:`Layout`), and the decisions the coordinator (the operator, or the local
-runner) takes from what ranks published: is the barrier of an epoch ready, what the job's
-progress is, what a job-wide preemption notice says.
+runner) takes from what ranks published: the membership of an epoch (:func:`membership`),
+what the job's progress is, what a preemption notice says.  docs/failure-domains.md is
+the design.
 
 Reading rules, so every reader acts alike:
 
-- an entry of another epoch is ignored (stale pods, or pods of the next gang);
+- policy entries of another epoch are ignored (stale pods, or pods of the next gang);
+  rollout ``meta`` counts only of the epoch, rollout ``progress`` of any epoch (a rollout
+  rank's count carries across policy epochs); whose pod wrote an entry (uid, generation)
+  is for the deciding function to check against the live pods;
+- entries of ranks at or past the world sizes are ignored (stale after a scale-down);
 - a value that is not JSON, does not match its key's schema, speaks another protocol
   version, is over its size limit, or sits under another rank's key is an
   :class:`EntryError` naming the key, whatever its epoch (its epoch cannot be trusted);
@@ -25,12 +30,14 @@ nothing that does I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
 
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import (
     BARRIER_KEY,
+    MAX_GENERATION,
     MAX_META_BYTES,
     MAX_PREEMPT_BYTES,
     MAX_PROGRESS_BYTES,
@@ -53,6 +60,7 @@ from refit_worker.contract.entries import (
     ProgressEntry,
     ProgressState,
     RefitReport,
+    RolloutMember,
     Verification,
     decode_entry,
     encode_entry,
@@ -63,10 +71,12 @@ from refit_worker.contract.entries import (
     parse_known_key,
     progress_key,
 )
+from refit_worker.contract.membership import LivePod, Snapshot, membership, read_snapshot
 from refit_worker.contract.roles import ROLES, Role, check_role
 
 __all__ = [
     "BARRIER_KEY",
+    "MAX_GENERATION",
     "MAX_META_BYTES",
     "MAX_PREEMPT_BYTES",
     "MAX_PROGRESS_BYTES",
@@ -86,24 +96,25 @@ __all__ = [
     "Key",
     "KeyKind",
     "Layout",
+    "LivePod",
     "MetadataEntry",
     "PreemptNotice",
     "ProgressEntry",
     "ProgressState",
     "ProgressSummary",
     "RefitReport",
+    "RolloutMember",
     "Snapshot",
     "Verification",
     "aggregate_progress",
-    "barrier_ready",
     "check_role",
     "configmap_name",
     "decode_entry",
     "encode_entry",
     "is_valid_data_key",
-    "make_barrier",
     "make_preempt_notice",
     "max_value_bytes",
+    "membership",
     "merge_patch",
     "meta_key",
     "parse_key",
@@ -136,8 +147,9 @@ def shard_of(
 ) -> int:
     """The shard holding the per-rank keys of ``role`` rank ``rank``.
 
-    Ranks are numbered policy first, then rollout, and cut into ``shards`` contiguous,
-    equal blocks (so 200 ranks over 2 shards put 100 in each).
+    Ranks are numbered policy first, then rollout, and cut by that index into blocks of
+    :data:`RANKS_PER_SHARD` (shard ``index // RANKS_PER_SHARD``): a rank's shard depends
+    on the policy world size alone, so scaling the rollout role moves no existing key.
     """
     world = policy_world_size if check_role(role) == "policy" else rollout_world_size
     if policy_world_size < 1 or rollout_world_size < 1:
@@ -154,7 +166,7 @@ def shard_of(
             f"(at most {RANKS_PER_SHARD} per shard: need {needed})"
         )
     index = rank if role == "policy" else policy_world_size + rank
-    return index // math.ceil(total / shards)
+    return index // RANKS_PER_SHARD
 
 
 def shard_of_key(key: str, policy_world_size: int, rollout_world_size: int, shards: int) -> int:
@@ -215,112 +227,12 @@ def merge_patch(key: str, value: str) -> dict[str, dict[str, str]]:
 # -- decisions -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """The decoded entries of one epoch, from the data of all shards."""
-
-    epoch: int
-    meta: dict[tuple[Role, int], MetadataEntry] = field(default_factory=dict)
-    progress: dict[tuple[Role, int], ProgressEntry] = field(default_factory=dict)
-    barrier: BarrierEntry | None = None
-    preempt: PreemptNotice | None = None
-
-
-def read_snapshot(
-    data: Mapping[str, str],
-    epoch: int,
-    policy_world_size: int,
-    rollout_world_size: int,
-    decode: Callable[[str, str], Entry] = decode_entry,
-) -> Snapshot:
-    """Decode ``data`` (all shards merged) into what concerns ``epoch``.
-
-    ``decode`` may be a memoised :func:`decode_entry` (it is pure), for callers that decode
-    the same map again on every change.
-    """
-    snap = Snapshot(epoch)
-    barrier: BarrierEntry | None = None
-    preempt: PreemptNotice | None = None
-    for key in sorted(data):
-        parsed = parse_key(key)
-        if parsed is None:
-            continue
-        entry = decode(key, data[key])
-        if parsed.role is not None and parsed.rank is not None:
-            world = policy_world_size if parsed.role == "policy" else rollout_world_size
-            if parsed.rank >= world:
-                raise EntryError(
-                    key, f"rank {parsed.rank} is outside the {parsed.role} world size {world}"
-                )
-        if entry.epoch != epoch:
-            continue
-        if isinstance(entry, MetadataEntry):
-            snap.meta[(entry.role, entry.rank)] = entry
-        elif isinstance(entry, ProgressEntry):
-            snap.progress[(entry.role, entry.rank)] = entry
-        elif isinstance(entry, BarrierEntry):
-            sizes = (len(entry.policy_uids), len(entry.rollout_uids))
-            if sizes != (policy_world_size, rollout_world_size):
-                raise EntryError(
-                    key,
-                    f"lists {sizes[0]} policy and {sizes[1]} rollout ranks, "
-                    f"the job has {policy_world_size} and {rollout_world_size}",
-                )
-            barrier = entry
-        else:
-            preempt = entry
-    return Snapshot(epoch, snap.meta, snap.progress, barrier, preempt)
-
-
-def barrier_ready(
-    snap: Snapshot,
-    policy_world_size: int,
-    rollout_world_size: int,
-    pod_uids: Mapping[tuple[Role, int], str] | None = None,
-) -> bool:
-    """Whether every policy and rollout rank of the snapshot's epoch has published.
-
-    With ``pod_uids`` (the coordinator's view of the live pods), an entry written by
-    another pod than the one now holding the rank is an EntryError: such a value can
-    only be tampered with, since a recreated pod runs in a new epoch.
-    """
-    for role, world in _worlds(policy_world_size, rollout_world_size):
-        for rank in range(world):
-            entry = snap.meta.get((role, rank))
-            if entry is None:
-                return False
-            expected = None if pod_uids is None else pod_uids.get((entry.role, rank))
-            if expected is not None and expected != entry.uid:
-                raise EntryError(
-                    meta_key(entry.role, rank),
-                    f"written by pod uid {entry.uid!r}, but the rank's pod is {expected!r}",
-                )
-    return True
-
-
-def make_barrier(snap: Snapshot, policy_world_size: int, rollout_world_size: int) -> BarrierEntry:
-    """The barrier value for the snapshot's epoch; ValueError if a rank has not published."""
-    if not barrier_ready(snap, policy_world_size, rollout_world_size):
-        missing = [
-            meta_key(role, rank)
-            for role, world in _worlds(policy_world_size, rollout_world_size)
-            for rank in range(world)
-            if (role, rank) not in snap.meta
-        ]
-        raise ValueError(
-            f"barrier of epoch {snap.epoch} is not ready: missing "
-            f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}"
-        )
-    return BarrierEntry(
-        epoch=snap.epoch,
-        policy_uids=tuple(snap.meta[("policy", r)].uid for r in range(policy_world_size)),
-        rollout_uids=tuple(snap.meta[("rollout", r)].uid for r in range(rollout_world_size)),
-    )
-
-
-def make_preempt_notice(epoch: int, pod: str, uid: str, reason: str) -> PreemptNotice:
-    """The job-wide notice the coordinator writes when any pod of ``epoch`` is disrupted."""
-    return PreemptNotice(epoch=epoch, pod=pod, uid=uid, reason=reason)
+def make_preempt_notice(
+    epoch: int, pod: str, uid: str, reason: str, role: Literal["policy"] | None = None
+) -> PreemptNotice:
+    """The notice the coordinator writes when a pod of ``epoch`` is disrupted: for every
+    rank (``role`` None) or only the policy gang (``role`` "policy")."""
+    return PreemptNotice(epoch=epoch, pod=pod, uid=uid, reason=reason, role=role)
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,22 +264,37 @@ def weakest(methods: Iterable[Verification]) -> Verification:
 
 
 def aggregate_progress(
-    snap: Snapshot, policy_world_size: int, rollout_world_size: int
+    snap: Snapshot,
+    policy_world_size: int,
+    rollout_world_size: int,
+    live: Mapping[tuple[Role, int], LivePod] | None = None,
 ) -> ProgressSummary:
-    """Fold per-rank progress of one epoch into the job's numbers.
+    """Fold per-rank progress into the job's numbers, over the rollout slots < R.
 
-    A refit counts once every rollout rank committed it (the minimum; a silent rank
-    counts 0).  Bytes are what rollout ranks received in this epoch.  The last refit took
-    as long as its slowest rollout rank, and its throughput is all bytes it moved over that
-    time; a rank already one refit ahead contributes its own latest refit, which moves the
-    same weights, so the figure stays honest.
+    With ``live``, a rollout slot counts only the report of the pod now holding it (uid
+    match): a replaced pod's report is not the slot's; a slot no pod holds keeps its last
+    report (a finished pod drained or deleted: its work is on record).  A refit counts once every
+    rollout slot committed it (the minimum; a silent slot counts 0).  Bytes are what the
+    reporting rollout ranks received.  The last refit took as long as its slowest rollout
+    rank, and its throughput is all bytes it moved over that time; a rank already one
+    refit ahead contributes its own latest refit, which moves the same weights, so the
+    figure stays honest.
     """
-    rollout = [snap.progress.get(("rollout", r)) for r in range(rollout_world_size)]
-    reported = [
+
+    def slot(rank: int) -> ProgressEntry | None:
+        entry = snap.progress.get(("rollout", rank))
+        if entry is None or live is None:
+            return entry
+        pod = live.get(("rollout", rank))
+        return entry if pod is None or pod.uid == entry.uid else None
+
+    rollout = [slot(r) for r in range(rollout_world_size)]
+    policy = [
         p
-        for p in snap.progress.values()
-        if p.rank < (policy_world_size if p.role == "policy" else rollout_world_size)
+        for (role, rank), p in sorted(snap.progress.items())
+        if role == "policy" and rank < policy_world_size
     ]
+    reported = policy + [p for p in rollout if p is not None]
     refits = min((p.refits_completed if p is not None else 0) for p in rollout)
     lasts = [p.last_refit for p in rollout if p is not None and p.last_refit is not None]
     seconds = max((last.seconds for last in lasts), default=0.0)

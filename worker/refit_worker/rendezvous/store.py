@@ -4,11 +4,12 @@
 set one key of one shard, read one shard, and wait until a check over some shards'
 data passes — and builds on them, the same for every implementation:
 
-- the worker's steps (:meth:`publish_metadata`, :meth:`wait_barrier`, :meth:`peers`,
-  :meth:`write_progress`, :meth:`preemption_notice`, :meth:`wait_preemption`);
+- the worker's steps (:meth:`publish_metadata`, :meth:`wait_membership`,
+  :meth:`barrier`, :meth:`peers`, :meth:`write_progress`, :meth:`progress_all`,
+  :meth:`preemption_notice`, :meth:`wait_preemption`);
 - the coordinator's (:meth:`open_barrier`, :meth:`post_preemption`, :meth:`snapshot`),
-  used by the local runner and the benchmark; the operator takes the same decisions
-  from :mod:`.protocol` over its own API calls.
+  used by the benchmark and tests; the operator and the local runner take the same
+  decisions (``refit_worker.contract.rendezvous.membership``) over their own writes.
 
 Every write sets the writer's own key alone; every wait has a timeout whose error says
 what it waited for.
@@ -37,6 +38,7 @@ from refit_worker.contract.rendezvous import (
     Entry,
     EntryError,
     Layout,
+    LivePod,
     MetadataEntry,
     PreemptNotice,
     ProgressEntry,
@@ -44,11 +46,11 @@ from refit_worker.contract.rendezvous import (
     RefitReport,
     Snapshot,
     Verification,
-    barrier_ready,
     decode_entry,
     encode_entry,
-    make_barrier,
+    membership,
     meta_key,
+    parse_key,
     progress_key,
     read_snapshot,
 )
@@ -100,18 +102,31 @@ class Preempted(Exception):
         )
 
 
+class Removed(Exception):
+    """This rollout rank is no longer wanted: a scale-down put it at or past the barrier's
+    R.  The worker reports ``left`` at its refit boundary and exits 0."""
+
+    def __init__(self, message: str, *, barrier: BarrierEntry) -> None:
+        super().__init__(message)
+        self.barrier = barrier
+
+
 @dataclass(frozen=True, slots=True)
 class Member:
-    """Who a worker is in the rendezvous: its rank, the epoch it runs in, its pod uid."""
+    """Who a worker is in the rendezvous: its rank, the epoch it runs in (for a rollout
+    rank: the policy epoch it last joined), its pod uid and its generation (0 for policy
+    ranks)."""
 
     role: Role
     rank: int
     epoch: int
     uid: str
+    generation: int = 0
 
     def __post_init__(self) -> None:
         check_role(self.role)
-        for name, value in (("rank", self.rank), ("epoch", self.epoch)):
+        checked = (("rank", self.rank), ("epoch", self.epoch), ("generation", self.generation))
+        for name, value in checked:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"member {name} must be an int >= 0, got {value!r}")
         if not UID_PATTERN.fullmatch(self.uid):
@@ -126,7 +141,7 @@ class Member:
                 "REFIT_POD_UID is empty: the rendezvous needs the pod uid to "
                 "tell this pod's entries from a stale pod's"
             )
-        return cls(config.role, config.rank, config.epoch, config.pod_uid)
+        return cls(config.role, config.rank, config.epoch, config.pod_uid, config.generation)
 
 
 class RendezvousStore(ABC):
@@ -202,64 +217,147 @@ class RendezvousStore(ABC):
     def publish_metadata(self, me: Member, agent_json: str) -> None:
         """Publish this rank's NIXL agent metadata (opaque JSON text) for its epoch."""
         entry = MetadataEntry(
-            epoch=me.epoch, uid=me.uid, role=me.role, rank=me.rank, agent=agent_json
+            epoch=me.epoch,
+            uid=me.uid,
+            role=me.role,
+            rank=me.rank,
+            generation=me.generation,
+            agent=agent_json,
         )
         self.put_entry(meta_key(me.role, me.rank), entry)
+
+    def barrier(self, epoch: int | None = None) -> BarrierEntry | None:
+        """The latest membership now written (of ``epoch``, or of any epoch for None)."""
+        value = self._read(0).get(BARRIER_KEY)
+        if value is None:
+            return None
+        entry = _decode_cached(BARRIER_KEY, value)
+        if not isinstance(entry, BarrierEntry) or (epoch is not None and entry.epoch != epoch):
+            return None
+        return entry
+
+    def wait_membership(
+        self, me: Member, timeout: float, cancel: CancelFlag | None = None
+    ) -> BarrierEntry:
+        """The first membership of an epoch >= ``me.epoch`` whose slot ``me.rank`` holds
+        ``(me.uid, me.generation)``.
+
+        A rollout ``me`` that sees a membership of a later epoch (the policy gang was
+        restarted) rewrites its own meta for that epoch (same agent) and waits to be
+        listed there; the result's ``epoch`` is the one it joined.  Raises
+        :class:`Preempted` on a notice that stops ``me`` (or when another pod holds a
+        rollout rank's slot: this pod is stale), :class:`Removed` when a scale-down left a
+        rollout rank past R, EntryError when the membership of a policy rank's epoch lists
+        another pod, WaitCancelled soon after ``cancel`` is set.
+        """
+        what = f"the barrier of epoch {me.epoch} (key {BARRIER_KEY!r})"
+        _check_timeout(timeout, what)
+        joined = [me.epoch]
+
+        def listed(data: Mapping[str, str]) -> BarrierEntry | None:
+            barrier = self._listed(me, joined[-1], data)
+            if barrier is None or barrier.epoch == joined[-1]:
+                return barrier
+            # Rejoin inside the one wait, so that its timeout covers the whole of it.
+            self._rejoin(me, barrier.epoch)
+            joined.append(barrier.epoch)
+            return None
+
+        return self._wait([0], listed, timeout, what, cancel)
 
     def wait_barrier(
         self, me: Member, timeout: float, cancel: CancelFlag | None = None
     ) -> BarrierEntry:
-        """The barrier of this rank's epoch, once the coordinator opened it.
+        """:meth:`wait_membership` (kept for callers of protocol v2's name)."""
+        return self.wait_membership(me, timeout, cancel)
 
-        Raises :class:`Preempted` if a preemption notice of the epoch comes first,
-        WaitCancelled soon after ``cancel`` is set (the pod is being stopped), and
-        EntryError if the barrier lists another pod under this rank.
-        """
-
-        def opened(snap: Snapshot) -> BarrierEntry | None:
-            if snap.preempt is not None:
-                raise Preempted.for_notice(snap.preempt)
-            return snap.barrier
-
-        barrier = self.wait_for(
-            f"the barrier of epoch {me.epoch} (key {BARRIER_KEY!r})",
-            opened,
-            epoch=me.epoch,
-            timeout=timeout,
-            shards=[0],
-            cancel=cancel,
-        )
-        listed = barrier.uid_of(me.role, me.rank)
-        if listed != me.uid:
+    def _listed(self, me: Member, joined: int, data: Mapping[str, str]) -> BarrierEntry | None:
+        """One look for :meth:`wait_membership`: the barrier once it lists ``me`` in epoch
+        ``joined``, or a rollout rank's barrier of a later epoch (to rejoin); else None."""
+        notice = _notice_for(me, joined, data)
+        if notice is not None:
+            raise Preempted.for_notice(notice)
+        value = data.get(BARRIER_KEY)
+        barrier = None if value is None else _decode_cached(BARRIER_KEY, value)
+        if not isinstance(barrier, BarrierEntry) or barrier.epoch < joined:
+            return None
+        if barrier.policy_world_size != self.layout.policy_world_size:
             raise EntryError(
                 BARRIER_KEY,
-                f"lists pod uid {listed!r} for {me.role} rank "
-                f"{me.rank}, but this pod is {me.uid!r}",
+                f"lists {barrier.policy_world_size} policy ranks, "
+                f"the job has {self.layout.policy_world_size}",
             )
-        return barrier
+        if me.role == "policy":
+            if barrier.epoch != me.epoch:
+                return None  # the next gang's: a notice stops this pod
+            if barrier.is_member(me.role, me.rank, me.uid, me.generation):
+                return barrier
+            held = barrier.holder(me.role, me.rank)
+            raise EntryError(
+                BARRIER_KEY,
+                f"lists pod uid {held.uid if held else None!r} for policy rank {me.rank}, "
+                f"but this pod is {me.uid!r}",
+            )
+        if barrier.epoch > joined or barrier.is_member(me.role, me.rank, me.uid, me.generation):
+            return barrier
+        if me.rank >= barrier.rollout_world_size:
+            raise Removed(
+                f"rollout rank {me.rank} is past the {barrier.rollout_world_size} rollout "
+                f"ranks of membership version {barrier.version} (epoch {barrier.epoch})",
+                barrier=barrier,
+            )
+        holder = barrier.holder(me.role, me.rank)
+        if holder is not None and holder.uid != me.uid:
+            raise Preempted(
+                f"rollout rank {me.rank}: pod {holder.uid!r} (generation {holder.generation}) "
+                f"holds this rank now; this pod ({me.uid!r}) is stale"
+            )
+        return None  # not listed yet: the coordinator adds it once it sees the meta
+
+    def _rejoin(self, me: Member, epoch: int) -> None:
+        """Rewrite a rollout rank's own meta (same agent) for the later ``epoch``."""
+        key = meta_key(me.role, me.rank)
+        value = self._read(self.layout.shard_of(key)).get(key)
+        own = None if value is None else decode_entry(key, value)
+        if not isinstance(own, MetadataEntry) or (own.uid, own.generation) != (
+            me.uid,
+            me.generation,
+        ):
+            raise EntryError(key, f"does not hold this pod's ({me.uid!r}) metadata to rejoin with")
+        self.put_entry(key, own.model_copy(update={"epoch": epoch}))
 
     def peers(self, me: Member, barrier: BarrierEntry) -> dict[tuple[Role, int], MetadataEntry]:
-        """Every rank's metadata of the barrier's epoch, each checked against the pod uid
-        the barrier recorded for it."""
-        snap = self.snapshot(barrier.epoch)
-        found: dict[tuple[Role, int], MetadataEntry] = {}
-        roles: tuple[tuple[Role, tuple[str, ...]], ...] = (
-            ("policy", barrier.policy_uids),
-            ("rollout", barrier.rollout_uids),
+        """The metadata of every member of ``barrier`` (every policy rank, the rollout
+        ranks holding a slot), each checked against the uid and generation the barrier
+        recorded for it."""
+        snap = read_snapshot(
+            self.read_data(),
+            barrier.epoch,
+            barrier.policy_world_size,
+            barrier.rollout_world_size,
+            _decode_cached,
         )
-        for role, uids in roles:
-            for rank, uid in enumerate(uids):
-                key = meta_key(role, rank)
-                entry = snap.meta.get((role, rank))
-                if entry is None:
-                    raise EntryError(
-                        key, f"missing for epoch {barrier.epoch}, though the barrier is open"
-                    )
-                if entry.uid != uid:
-                    raise EntryError(
-                        key, f"written by pod uid {entry.uid!r}, but the barrier recorded {uid!r}"
-                    )
-                found[(entry.role, rank)] = entry
+        found: dict[tuple[Role, int], MetadataEntry] = {}
+        ranks: list[tuple[Role, int]] = [("policy", r) for r in range(barrier.policy_world_size)]
+        ranks += [("rollout", r) for r in barrier.members()]
+        for role, rank in ranks:
+            key, held = meta_key(role, rank), barrier.holder(role, rank)
+            entry = snap.meta.get((role, rank))
+            if entry is None or held is None:
+                raise EntryError(
+                    key, f"missing for epoch {barrier.epoch}, though the barrier lists it"
+                )
+            if entry.uid != held.uid:
+                raise EntryError(
+                    key, f"written by pod uid {entry.uid!r}, but the barrier recorded {held.uid!r}"
+                )
+            if entry.generation != held.generation:
+                raise EntryError(
+                    key,
+                    f"written by generation {entry.generation} of pod uid {entry.uid!r}, "
+                    f"but the barrier recorded generation {held.generation}",
+                )
+            found[(role, rank)] = entry
         return found
 
     def write_progress(
@@ -282,6 +380,7 @@ class RendezvousStore(ABC):
             uid=me.uid,
             role=me.role,
             rank=me.rank,
+            generation=me.generation,
             state=state,
             first_refit=first_refit,
             refits_completed=refits_completed,
@@ -294,42 +393,53 @@ class RendezvousStore(ABC):
         self.put_entry(progress_key(me.role, me.rank), entry)
         return entry
 
+    def progress_all(self) -> dict[tuple[Role, int], ProgressEntry]:
+        """The latest progress entry of every rank, whatever its epoch."""
+        found: dict[tuple[Role, int], ProgressEntry] = {}
+        for key, value in sorted(self.read_data().items()):
+            parsed = parse_key(key)
+            if parsed is None or parsed.kind != "progress":
+                continue
+            entry = _decode_cached(key, value)
+            if isinstance(entry, ProgressEntry):
+                found[(entry.role, entry.rank)] = entry
+        return found
+
     def preemption_notice(self, me: Member) -> PreemptNotice | None:
-        """The preemption notice of this rank's epoch, if there is one now."""
-        return self._decode(self._read(0), me.epoch).preempt
+        """The preemption notice that stops ``me`` now, if there is one (see
+        :func:`_notice_for`)."""
+        return _notice_for(me, me.epoch, self._read(0))
 
     def wait_preemption(
         self, me: Member, timeout: float, cancel: CancelFlag | None = None
     ) -> PreemptNotice:
-        """Block until a preemption notice of this rank's epoch is posted (see
+        """Block until a preemption notice that stops ``me`` is posted (see
         :class:`~.watch.PreemptionWatch` to do it in the background)."""
-        return self.wait_for(
-            f"a preemption notice for epoch {me.epoch} (key {PREEMPT_KEY!r})",
-            lambda snap: snap.preempt,
-            epoch=me.epoch,
-            timeout=timeout,
-            shards=[0],
-            cancel=cancel,
-        )
+        what = f"a preemption notice for epoch {me.epoch} (key {PREEMPT_KEY!r})"
+        _check_timeout(timeout, what)
+        return self._wait([0], lambda data: _notice_for(me, me.epoch, data), timeout, what, cancel)
 
     # -- coordinator side -----------------------------------------------------------------
 
     def open_barrier(self, epoch: int, timeout: float) -> BarrierEntry:
-        """Wait until every rank of ``epoch`` published, then write the barrier."""
+        """Wait until every rank of ``epoch`` published, then write the membership with
+        every rank a member (the whole-gang opening, for benchmarks and tests)."""
         policy, rollout = self.layout.policy_world_size, self.layout.rollout_world_size
         what = f"metadata of all {policy + rollout} ranks of epoch {epoch}"
         _check_timeout(timeout, what)
 
-        def ready(data: Mapping[str, str]) -> Snapshot | None:
+        def ready(data: Mapping[str, str]) -> BarrierEntry | None:
             # Counting keys is cheap; decoding a thousand entries on each of a thousand
             # publishes is not.  Fewer meta keys than ranks cannot be a full epoch.
             if sum(key.startswith("meta.") for key in data) < policy + rollout:
                 return None
             snap = self._decode(data, epoch)
-            return snap if barrier_ready(snap, policy, rollout) else None
+            # Whoever published is taken as the live pod: there is no pod API here.
+            live = {k: LivePod(m.uid, m.generation) for k, m in snap.meta.items()}
+            barrier = membership(snap, policy, rollout, live, None)
+            return None if barrier is None or None in barrier.rollout else barrier
 
-        snap = self._wait(list(range(self.layout.shards)), ready, timeout, what, None)
-        barrier = make_barrier(snap, policy, rollout)
+        barrier = self._wait(list(range(self.layout.shards)), ready, timeout, what, None)
         self.put_entry(BARRIER_KEY, barrier)
         return barrier
 
@@ -350,6 +460,19 @@ class RendezvousStore(ABC):
 #: Waits decode the whole map on every change; most values did not change since the last
 #: time, and decoding is pure, so remember the results.
 _decode_cached = functools.lru_cache(maxsize=4 * MAX_RANKS)(decode_entry)
+
+
+def _notice_for(me: Member, joined: int, data: Mapping[str, str]) -> PreemptNotice | None:
+    """The notice in ``data`` that stops ``me``: of its epoch for a policy rank; for a
+    rollout rank of the epoch it joined or a later one, unless the notice stops only the
+    policy gang (rollout ranks keep serving and rejoin the next epoch)."""
+    value = data.get(PREEMPT_KEY)
+    notice = None if value is None else _decode_cached(PREEMPT_KEY, value)
+    if not isinstance(notice, PreemptNotice) or not notice.stops(me.role):
+        return None
+    if notice.epoch == me.epoch or (me.role == "rollout" and notice.epoch >= joined):
+        return notice
+    return None
 
 
 def _check_timeout(timeout: float, what: str) -> None:

@@ -132,8 +132,7 @@ def _backoff(spec: RefitJobSpec, failures: int) -> float:
 def retire_removed(inp: RoundInput, draft: Draft) -> Finding | None:
     """Pods of ranks a scale-down removed go once they exited, reported ``left``, never
     started, or lost their node; until then they finish the refit they are in."""
-    # str(): "left" is protocol v3's state (a rank removed at a refit boundary).
-    left = {e.uid for e in inp.observed.entries.progress() if str(e.state) == "left"}
+    left = {e.uid for e in inp.observed.entries.progress() if e.state == "left"}
     going = [p for p in inp.leaving if p.gone or p.phase == "Pending" or p.uid in left]
     draft.delete_pods(going)
     if len(going) < len(inp.leaving):
