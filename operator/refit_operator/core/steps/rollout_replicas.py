@@ -143,10 +143,10 @@ def retire_removed(inp: RoundInput, draft: Draft) -> Finding | None:
 def due(inp: RoundInput, draft: Draft) -> dict[int, int]:
     """The slots whose pod is to be created now (rank -> generation); asks to look again
     when a replacement's backoff runs out."""
-    existing = {s.rank for s in inp.slots if s.pod is not None}
+    existing = {(p.rank, p.generation) for p in inp.observed.pods if p.role == "rollout"}
     out: dict[int, int] = {}
     for rec in draft.status.rollout_replicas:
-        if rec.pod or rec.rank in existing:
+        if rec.pod or (rec.rank, rec.generation) in existing:
             continue
         if rec.replace_at is not None and inp.now < rec.replace_at:
             draft.later((rec.replace_at - inp.now).total_seconds())
