@@ -134,10 +134,32 @@ _PRINTER_COLUMNS = [
         "jsonPath": ".status.rollout.ready",
         "description": "Rollout pods ready",
     },
+    {
+        "name": "Desired",
+        "type": "integer",
+        "jsonPath": ".status.rollout.desired",
+        "description": "Rollout replicas asked for (spec.rollout.replicas, the scale)",
+        "priority": 1,
+    },
+    {
+        "name": "Replaced",
+        "type": "integer",
+        "jsonPath": ".status.rollout.replacements",
+        "description": "Rollout replicas replaced alone",
+        "priority": 1,
+    },
     {"name": "Refits", "type": "integer", "jsonPath": ".status.refitsCompleted"},
     {"name": "Epoch", "type": "integer", "jsonPath": ".status.epoch", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
+
+
+#: ``kubectl scale``, ``kubectl autoscale`` and an HPA drive the rollout replica count.
+_SCALE = {
+    "specReplicasPath": ".spec.rollout.replicas",
+    "statusReplicasPath": ".status.rollout.total",
+    "labelSelectorPath": ".status.rolloutSelector",
+}
 
 
 def crd_manifest() -> dict[str, Any]:
@@ -161,7 +183,7 @@ def crd_manifest() -> dict[str, Any]:
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, "scale": _SCALE},
                     "additionalPrinterColumns": _PRINTER_COLUMNS,
                     "schema": {
                         "openAPIV3Schema": {

@@ -26,15 +26,18 @@ from refit_operator.podtemplate import summarise
 from refit_operator.quantity import BUCKET_SIZE_PATTERN, BucketSize, parse_quantity
 from refit_operator.roles import (
     ENV_NAME_PATTERN,
+    POLICY_FAILURE_POLICY_REFUSED,
     RESOURCE_QUANTITY_PATTERN,
     GangSpec,
     RoleSpec,
+    RolloutFailurePolicy,
 )
 from refit_operator.status import (
     Condition,
     Phase,
     RefitJobStatus,
     RoleStatus,
+    RolloutReplica,
     parse_status,
 )
 from refit_operator.wire import WIRE, Wire
@@ -74,6 +77,8 @@ __all__ = [
     "RefitJobStatus",
     "RoleSpec",
     "RoleStatus",
+    "RolloutFailurePolicy",
+    "RolloutReplica",
     "managed_elsewhere",
     "parse_spec",
     "parse_status",
@@ -269,6 +274,12 @@ class FailurePolicy(Wire):
     max_restarts: int = Field(3, ge=0)
     backoff_seconds: float = Field(10.0, ge=0, description="Doubles per restart.")
     max_backoff_seconds: float = Field(300.0, ge=0)
+    node_lost_seconds: int = Field(
+        30,
+        ge=1,
+        description="A pod whose node is NotReady or unreachable this long is lost: its"
+        " replica is replaced, or the policy gang restarted, without waiting for it.",
+    )
 
 
 class RefitJobSpec(Wire):
@@ -283,6 +294,10 @@ class RefitJobSpec(Wire):
                     f" <= {MAX_RANKS}",
                     "message": f"policy.replicas + rollout.replicas must be at most {MAX_RANKS},"
                     " the most ranks one rendezvous serves",
+                },
+                {
+                    "rule": "!has(self.policy) || !has(self.policy.failurePolicy)",
+                    "message": POLICY_FAILURE_POLICY_REFUSED,
                 },
                 {
                     # A transition rule: checked on updates only.
@@ -335,6 +350,16 @@ class RefitJobSpec(Wire):
         description="Fail an epoch whose pods are not all Ready this long after its first pod"
         " was created; the message says why (ImagePullBackOff, Unschedulable, ...).",
     )
+
+    @model_validator(mode="after")
+    def _policy_has_no_role_failure_policy(self) -> RefitJobSpec:
+        if self.policy.failure_policy is not None:
+            raise ValueError(POLICY_FAILURE_POLICY_REFUSED)
+        return self
+
+    @property
+    def rollout_failure_policy(self) -> RolloutFailurePolicy:
+        return self.rollout.failure_policy or RolloutFailurePolicy()
 
     @model_validator(mode="after")
     def _rendezvous_fits(self) -> RefitJobSpec:

@@ -15,6 +15,8 @@ LABEL_JOB = "refit.dev/job"
 LABEL_ROLE = "refit.dev/role"
 LABEL_RANK = "refit.dev/rank"
 LABEL_EPOCH = "refit.dev/epoch"
+#: Rollout pods only: the replica's generation (one up per replacement).
+LABEL_GENERATION = "refit.dev/generation"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 #: Pod annotation: hash of the spec the pod was rendered from (a changed spec, a new gang).
 ANNOTATION_SPEC_HASH = "refit.dev/spec-hash"
@@ -27,8 +29,12 @@ _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_LABEL_MAX = 63
 
 
-def pod_name(job: str, role: Role, rank: int) -> str:
-    return f"{job}-{role}-{rank}"
+def pod_name(job: str, role: Role, rank: int, incarnation: int) -> str:
+    """A pod's name, unique per incarnation so that a replacement never waits for the pod
+    it replaces to be gone: ``<job>-policy-<rank>-e<epoch>`` (``incarnation`` is the policy
+    epoch), ``<job>-rollout-<rank>-g<generation>`` (the rollout replica's generation)."""
+    suffix = f"e{incarnation}" if role == "policy" else f"g{incarnation}"
+    return f"{job}-{role}-{rank}-{suffix}"
 
 
 def service_name(job: str, role: Role) -> str:
@@ -49,9 +55,10 @@ def worker_account_name(job: str) -> str:
     return f"{job}-worker"
 
 
-def master_addr(job: str, role: Role, namespace: str) -> str:
-    """Rank 0 of a role, reached through the role's headless Service."""
-    return f"{pod_name(job, role, 0)}.{service_name(job, role)}.{namespace}.svc"
+def master_addr(job: str, role: Role, namespace: str, incarnation: int) -> str:
+    """Rank 0 of a role (its pod of ``incarnation``), reached through the role's headless
+    Service."""
+    return f"{pod_name(job, role, 0, incarnation)}.{service_name(job, role)}.{namespace}.svc"
 
 
 #: Labels of a RefitJob its pods carry too: Kueue reads the queue and priority from pods
@@ -67,24 +74,42 @@ def job_labels(job: str) -> dict[str, str]:
     return {LABEL_JOB: job, LABEL_MANAGED_BY: MANAGER}
 
 
-def pod_labels(job: str, role: Role, rank: int, epoch: int) -> dict[str, str]:
-    return {
+def pod_labels(job: str, role: Role, rank: int, epoch: int, generation: int = 0) -> dict[str, str]:
+    """Rollout pods carry their generation too; their epoch is the one they were created
+    in (informational: a rollout pod outlives a policy restart)."""
+    labels = {
         **job_labels(job),
         LABEL_ROLE: role,
         LABEL_RANK: str(rank),
         LABEL_EPOCH: str(epoch),
     }
+    if role == "rollout":
+        labels[LABEL_GENERATION] = str(generation)
+    return labels
+
+
+def rollout_selector(job: str) -> str:
+    """The label selector of a job's rollout pods (``status.rolloutSelector``, read by the
+    scale subresource and so by an HPA)."""
+    return f"{LABEL_JOB}={job},{LABEL_ROLE}=rollout"
+
+
+#: Incarnations a name must leave room for: ``-e``/``-g`` and this many digits.
+INCARNATION_DIGITS = 6
 
 
 def name_problems(job: str, policy_replicas: int, rollout_replicas: int) -> list[str]:
     """Why the children's names would be invalid (empty when fine).
 
-    A pod's hostname and a Service's name must be DNS-1035 labels of at most 63 characters.
+    A pod's hostname and a Service's name must be DNS-1035 labels of at most 63 characters;
+    a pod's name has room for an epoch or generation of up to :data:`INCARNATION_DIGITS`
+    digits.
     """
     problems: list[str] = []
+    room = 10**INCARNATION_DIGITS - 1  # a name must stay valid through many restarts
     longest = max(
-        pod_name(job, "policy", policy_replicas - 1),
-        pod_name(job, "rollout", rollout_replicas - 1),
+        pod_name(job, "policy", policy_replicas - 1, room),
+        pod_name(job, "rollout", rollout_replicas - 1, room),
         key=len,
     )
     if not _DNS_LABEL.match(job):

@@ -99,8 +99,15 @@ def worker_config(
     epoch: int,
     options: RenderOptions,
     first_refit: int = 0,
+    generation: int = 0,
+    leader: int | None = None,
 ) -> WorkerConfig:
-    """The worker's configuration for one rank (downward-API fields left empty)."""
+    """The worker's configuration for one rank (downward-API fields left empty).
+
+    ``generation``: a rollout replica's (0 for policy ranks); ``leader``: the incarnation of
+    the role's rank 0, its MASTER_ADDR (the epoch for policy ranks, rollout rank 0's
+    generation for rollout ranks; default: the rank's own).
+    """
     weights: WeightsSource
     if spec.weights.synthetic is not None:
         weights = spec.weights.synthetic
@@ -116,8 +123,11 @@ def worker_config(
         policy_world_size=spec.policy.replicas,
         rollout_world_size=spec.rollout.replicas,
         epoch=epoch,
+        generation=generation if role == "rollout" else 0,
         first_refit=first_refit,
-        master_addr=names.master_addr(job.name, role, job.namespace),
+        master_addr=names.master_addr(
+            job.name, role, job.namespace, _leader(role, epoch, generation, leader)
+        ),
         master_port=names.MASTER_PORT,
         weights=weights,
         transfer=TransferConfig(**spec.transfer.knobs(), bucket_size=spec.transfer.bucket_bytes),
@@ -129,6 +139,12 @@ def worker_config(
         preemption_signal=(spec.preemption.parsed_signal,),
         signal_pid_dir=SIGNAL_DIR if injection_mode(spec, options) == "preStop" else "",
     )
+
+
+def _leader(role: Role, epoch: int, generation: int, leader: int | None) -> int:
+    if role == "policy":
+        return epoch
+    return generation if leader is None else leader
 
 
 def worker_env(config: WorkerConfig) -> list[dict[str, Any]]:
@@ -143,19 +159,23 @@ def worker_env(config: WorkerConfig) -> list[dict[str, Any]]:
     return env
 
 
-#: Spec fields that do not shape the pods: changing them never recreates a gang.
-_NOT_SHAPING = {
-    "failure_policy",
-    "suspend",
-    "ttl_seconds_after_finished",
-    "active_deadline_seconds",
-    "start_deadline_seconds",
-    "managed_by",
+#: Spec fields that do not shape the pods: changing them never recreates a gang.  The
+#: rollout replica count is among them: scaling adds or removes replicas, each joining or
+#: leaving at a refit boundary (the scale subresource, an HPA), and is no spec change.
+_NOT_SHAPING: dict[str, Any] = {
+    "failure_policy": True,
+    "suspend": True,
+    "ttl_seconds_after_finished": True,
+    "active_deadline_seconds": True,
+    "start_deadline_seconds": True,
+    "managed_by": True,
+    "rollout": {"replicas": True, "failure_policy": True},
 }
 
 
 def spec_hash(spec: RefitJobSpec) -> str:
-    """A short digest of what shapes the pods (not failurePolicy, suspend or deadlines)."""
+    """A short digest of what shapes the pods (not failurePolicy, suspend, deadlines or
+    rollout.replicas)."""
     # Unset optional fields are left out, so a field added in a later version of the
     # operator does not change the digest of a running job (and recreate its gang).
     shape = spec.model_dump(mode="json", exclude=_NOT_SHAPING, exclude_none=True)
@@ -237,12 +257,23 @@ def render_pod(
     epoch: int,
     options: RenderOptions,
     first_refit: int = 0,
+    generation: int = 0,
+    leader: int | None = None,
 ) -> dict[str, Any]:
     """One rank's pod: the role's template with the operator's parts merged in (never
-    restarted in place: the gang restarts instead).  Raises ``TemplateConflict``."""
+    restarted in place: a new incarnation under a new name replaces it).  Raises
+    ``TemplateConflict``.  ``generation`` and ``leader``: as :func:`worker_config`."""
     role_spec = spec.policy if role == "policy" else spec.rollout
     config = worker_config(
-        job, spec, role, rank, epoch=epoch, options=options, first_refit=first_refit
+        job,
+        spec,
+        role,
+        rank,
+        epoch=epoch,
+        options=options,
+        first_refit=first_refit,
+        generation=generation,
+        leader=leader,
     )
     mode = injection_mode(spec, options)
     volumes: list[dict[str, Any]] = []
@@ -251,22 +282,9 @@ def render_pod(
     if spec.weights.safetensors is not None:
         claim = {"claimName": spec.weights.safetensors.claim_name, "readOnly": True}
         volumes.append({"name": WEIGHTS_VOLUME, "persistentVolumeClaim": claim})
-    name = names.pod_name(job.name, role, rank)
-    group = gang.pod_group_name(job.name, epoch)
+    name = names.pod_name(job.name, role, rank, epoch if role == "policy" else generation)
     parts = PodParts(
-        metadata={
-            "name": name,
-            "namespace": job.namespace,
-            "labels": {
-                **job.pod_labels,
-                **names.pod_labels(job.name, role, rank, epoch),
-                **gang.pod_labels(spec.gang, group),
-            },
-            "annotations": {
-                names.ANNOTATION_SPEC_HASH: spec_hash(spec),
-                **gang.pod_annotations(spec.gang, group),
-            },
-        },
+        metadata=_pod_metadata(job, spec, name, role, rank, epoch=epoch, generation=generation),
         worker=_worker_parts(job, spec, role, config, mode),
         hostname=name,
         subdomain=names.service_name(job.name, role),
@@ -288,6 +306,32 @@ def render_pod(
     return owned(merge_pod(role_spec.template, parts, f"spec.{role}.template"), job)
 
 
+def _pod_metadata(
+    job: JobRef,
+    spec: RefitJobSpec,
+    name: str,
+    role: Role,
+    rank: int,
+    *,
+    epoch: int,
+    generation: int,
+) -> dict[str, Any]:
+    group = gang.pod_group_name(job.name, epoch)
+    return {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": {
+            **job.pod_labels,
+            **names.pod_labels(job.name, role, rank, epoch, generation),
+            **gang.pod_labels(spec.gang, group),
+        },
+        "annotations": {
+            names.ANNOTATION_SPEC_HASH: spec_hash(spec),
+            **gang.pod_annotations(spec.gang, group),
+        },
+    }
+
+
 def template_conflicts(job: JobRef, spec: RefitJobSpec, options: RenderOptions) -> list[str]:
     """What each role's template sets against the operator (empty: nothing)."""
     problems: list[str] = []
@@ -300,18 +344,41 @@ def template_conflicts(job: JobRef, spec: RefitJobSpec, options: RenderOptions) 
 
 
 def render_gang(
-    job: JobRef, spec: RefitJobSpec, epoch: int, options: RenderOptions, first_refit: int = 0
+    job: JobRef,
+    spec: RefitJobSpec,
+    epoch: int,
+    options: RenderOptions,
+    first_refit: int = 0,
+    *,
+    policy: bool = True,
+    rollout: Mapping[int, int] | None = None,
+    rollout_leader: int | None = None,
 ) -> list[dict[str, Any]]:
-    """All pods of one epoch (and its PodGroup, if the gang is admitted by one);
-    ``first_refit``: refits done before (a recreated gang resumes)."""
-    group = gang.render_pod_group(spec.gang, job.name, job.namespace, epoch, _world(spec))
+    """The pods created together: the policy gang of ``epoch`` (unless ``policy`` is
+    False) and a pod per rollout rank of ``rollout`` (rank -> generation; default: every
+    rank at generation 0), with their PodGroup if the gang is admitted by one;
+    ``first_refit``: refits done before (a recreated gang resumes); ``rollout_leader``:
+    rollout rank 0's generation (its MASTER_ADDR; default: as in ``rollout``)."""
+    slots = dict.fromkeys(range(spec.rollout.replicas), 0) if rollout is None else rollout
+    leader = slots.get(0, 0) if rollout_leader is None else rollout_leader
     pods = [
-        render_pod(job, spec, role, rank, epoch=epoch, options=options, first_refit=first_refit)
-        for role in ROLES
-        for rank in range(spec.policy.replicas if role == "policy" else spec.rollout.replicas)
+        render_pod(job, spec, "policy", rank, epoch=epoch, options=options, first_refit=first_refit)
+        for rank in (range(spec.policy.replicas) if policy else ())
+    ] + [
+        render_pod(
+            job,
+            spec,
+            "rollout",
+            rank,
+            epoch=epoch,
+            options=options,
+            first_refit=first_refit,
+            generation=generation,
+            leader=leader,
+        )
+        for rank, generation in sorted(slots.items())
     ]
-    return [owned(group, job), *pods] if group is not None else pods
-
-
-def _world(spec: RefitJobSpec) -> int:
-    return spec.policy.replicas + spec.rollout.replicas
+    # The epoch's PodGroup comes with its policy gang; a rollout pod created later (a
+    # replacement, a scale-up) joins the epoch's group, already admitted.
+    group = gang.render_pod_group(spec.gang, job.name, job.namespace, epoch, len(pods))
+    return [owned(group, job), *pods] if group is not None and policy else pods

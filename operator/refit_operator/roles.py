@@ -122,6 +122,28 @@ PodTemplate = Annotated[
 ]
 
 
+class RolloutFailurePolicy(Wire):
+    """How rollout replicas are replaced, one by one, apart from the policy gang's restarts."""
+
+    max_replacements: int = Field(
+        20,
+        ge=0,
+        description="Replacements after a failure before the job fails; preemptions (drain,"
+        " eviction, a lost node) never use these up.",
+    )
+    backoff_seconds: float = Field(
+        1.0, ge=0, description="Doubles per failure of the same rank in a row."
+    )
+    max_backoff_seconds: float = Field(30.0, ge=0)
+
+
+#: Why ``policy.failurePolicy`` is refused (the CRD's rule and the model say the same).
+POLICY_FAILURE_POLICY_REFUSED = (
+    "policy.failurePolicy is not allowed: the policy gang restarts together under"
+    " spec.failurePolicy; a per-role failurePolicy is rollout's only"
+)
+
+
 class RoleSpec(Wire):
     """Pods of one role (policy or rollout): the short form, and a pod template."""
 
@@ -134,6 +156,11 @@ class RoleSpec(Wire):
         None,
         description="The role's pods: a standard PodTemplateSpec the operator merges its own"
         " parts into (the container named 'worker' runs the rank).",
+    )
+    failure_policy: RolloutFailurePolicy | None = Field(
+        None,
+        description="Rollout only: how a failed or lost replica is replaced alone (the"
+        " defaults when unset).",
     )
 
 

@@ -53,8 +53,28 @@ class Condition(_Status):
 
 
 class RoleStatus(_Status):
+    """One role's pods: Ready, existing (of the current epoch or generation) and asked."""
+
     ready: int = 0
     total: int = 0
+    desired: int = 0
+    #: Rollout: replicas replaced alone (after a failure or a disruption); policy: 0.
+    replacements: int = 0
+
+
+class RolloutReplica(_Status):
+    """One rollout slot (rank): its current generation and pod, and what it committed."""
+
+    rank: int = Field(ge=0)
+    generation: int = Field(0, ge=0)
+    #: The pod of this generation once created ('' until then).
+    pod: str = ""
+    last_committed_refit: int = 0
+    ready: bool = False
+    #: Failures of this rank in a row (its replacement backoff doubles per one).
+    failures: int = Field(0, ge=0)
+    #: Not before this time is the replacement's pod created.
+    replace_at: datetime | None = None
 
 
 #: ``conditions`` is a list-map keyed by type, as in every built-in status.
@@ -83,6 +103,15 @@ class RefitJobStatus(_Status):
     restart_at: datetime | None = None
     policy: RoleStatus = Field(default_factory=RoleStatus)
     rollout: RoleStatus = Field(default_factory=RoleStatus)
+    #: One entry per rollout rank of the desired replica count, in rank order.
+    rollout_replicas: list[RolloutReplica] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["rank"]},
+    )
+    #: The rollout pods' label selector (the scale subresource's labelSelectorPath).
+    rollout_selector: str = ""
+    #: Rollout replacements after a failure (``rollout.failurePolicy.maxReplacements``).
+    rollout_failures: int = 0
     restarts: int = 0
     preemptions: int = 0
     refits_completed: int = 0

@@ -327,10 +327,13 @@ def _apply(base: dict[str, Any], changes: list[Any]) -> dict[str, Any]:
 
 
 def _focused() -> st.SearchStrategy[dict[str, Any]]:
+    # policy.failurePolicy is refused whatever it holds (the rollout role's only): the
+    # stream leaves it out, so that it stays balanced; test_models judges it both ways.
+    fields = [pn for pn in _paths(spec_schema()) if pn[0][:2] != ("policy", "failurePolicy")]
     plain = st.builds(
         _apply,
         st.sampled_from(BASES),
-        st.lists(_changes(_paths(spec_schema())), min_size=1, max_size=2),
+        st.lists(_changes(fields), min_size=1, max_size=2),
     )
     # One change inside the template of the base that has one.
     inside = [

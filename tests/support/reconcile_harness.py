@@ -39,12 +39,21 @@ class Harness:
         self.generation = generation
 
     def pods(
-        self, epoch: int, spec: dict[str, Any] | None = None, **status_by_name: Any
+        self,
+        epoch: int,
+        spec: dict[str, Any] | None = None,
+        *,
+        rollout: Mapping[int, int] | None = None,
+        policy: bool = True,
+        **status_by_name: Any,
     ) -> list[dict[str, Any]]:
-        """The epoch's gang as manifests; each pod's status by name (default Pending),
-        :data:`GONE` for a pod that is not there."""
+        """The epoch's policy gang and the rollout pods (``rollout``: rank -> generation,
+        default every rank at generation 0) as manifests; each pod's status by name
+        (default Pending), :data:`GONE` for a pod that is not there."""
         out = []
-        for pod in render_gang(REF, parse_spec(spec or self.spec), epoch, RenderOptions()):
+        parsed = parse_spec(spec or self.spec)
+        rendered = render_gang(REF, parsed, epoch, RenderOptions(), policy=policy, rollout=rollout)
+        for pod in rendered:
             name = pod["metadata"]["name"]
             if status_by_name.get(name) == GONE:
                 continue

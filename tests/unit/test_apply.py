@@ -83,11 +83,11 @@ def test_a_new_job_creates_in_waves_then_writes_its_status_once() -> None:
 
 def test_a_refused_pod_create_is_in_the_one_status_and_not_recorded_as_created() -> None:
     decision = JOB.run(RefitJobStatus(), [], static=False)
-    writes = Recording(refuse=frozenset({("create", "job-rollout-0")}))
+    writes = Recording(refuse=frozenset({("create", "job-rollout-0-g0")}))
     done = _apply(writes, RefitJobStatus(), decision)
     assert len(writes.statuses) == 1
     assert done.status.created_epoch is None  # the next round creates the rest
-    assert "create Pod job-rollout-0: HTTP 403: exceeded quota" in done.status.message
+    assert "create Pod job-rollout-0-g0: HTTP 403: exceeded quota" in done.status.message
     assert ("event", "FailedCreate") in writes.calls
     assert writes.calls.index(("event", "FailedCreate")) > writes.calls.index(("status", "Pending"))
 
@@ -95,16 +95,16 @@ def test_a_refused_pod_create_is_in_the_one_status_and_not_recorded_as_created()
 def test_status_goes_before_deletes_and_again_only_when_a_later_write_was_refused() -> None:
     failed = {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {"exitCode": 1}}}]}
     status = RefitJobStatus(created_epoch=0)
-    decision = JOB.run(status, JOB.pods(0, **{"job-policy-0": failed}))
+    decision = JOB.run(status, JOB.pods(0, **{"job-policy-0-e0": failed}))
     clean = Recording()
     _apply(clean, status, decision)
     first_delete = next(i for i, c in enumerate(clean.calls) if c[0] == "delete")
     assert clean.calls.index(("status", "Restarting")) < first_delete
     assert len(clean.statuses) == 1
-    refused = Recording(refuse=frozenset({("delete", "job-rollout-0")}))
+    refused = Recording(refuse=frozenset({("delete", "job-policy-0-e0")}))
     done = _apply(refused, status, decision)
     assert len(refused.statuses) == 2  # the refusal must be said
     said = next(c for c in done.status.conditions if c.type == "ChildFailure")
     assert (said.status, said.reason) == ("True", "Forbidden")
-    assert "delete Pod job-rollout-0: HTTP 403" in said.message
+    assert "delete Pod job-policy-0-e0: HTTP 403" in said.message
     assert refused.calls[-1] == ("event", "FailedDelete")

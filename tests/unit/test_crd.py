@@ -109,11 +109,40 @@ def test_names_columns_and_status() -> None:
     assert spec["names"]["shortNames"] == ["rj"]
     assert spec["scope"] == "Namespaced"
     version = spec["versions"][0]
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {
+        "status": {},
+        # kubectl scale / autoscale and an HPA drive the rollout replica count.
+        "scale": {
+            "specReplicasPath": ".spec.rollout.replicas",
+            "statusReplicasPath": ".status.rollout.total",
+            "labelSelectorPath": ".status.rolloutSelector",
+        },
+    }
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns["Phase"] == ".status.phase"
     assert columns["Age"] == ".metadata.creationTimestamp"
     assert {"Policy", "Rollout", "Refits"} <= set(columns)
+    root = version["schema"]["openAPIV3Schema"]
+    for path, kind in [
+        *(
+            (p, c["type"])
+            for c in version["additionalPrinterColumns"]
+            for p in [c["jsonPath"]]
+            if not p.startswith(".metadata")
+        ),
+        (".spec.rollout.replicas", "integer"),
+        (".status.rollout.total", "integer"),
+        (".status.rolloutSelector", "string"),
+    ]:
+        assert _schema_at(root, path)["type"] == kind, path
+
+
+def _schema_at(root: dict[str, Any], path: str) -> dict[str, Any]:
+    """The schema node a ``.a.b`` JSON path names (KeyError: the path names nothing)."""
+    node = root
+    for part in path.strip(".").split("."):
+        node = node["properties"][part]
+    return node
 
 
 def _rules(prop: str) -> list[dict[str, str]]:

@@ -65,9 +65,11 @@ def test_a_failed_pod_is_named_as_the_kubelet_reports_it(status: dict[str, Any],
 
 
 def test_a_sigkilled_rank_restarts_the_gang_with_the_signal_named_and_no_log_line() -> None:
-    pods = JOB.pods(0, **{"job-policy-0": _failed(137, message=LOG_LINE), "job-rollout-0": RUNNING})
+    pods = JOB.pods(
+        0, **{"job-policy-0-e0": _failed(137, message=LOG_LINE), "job-rollout-0-g0": RUNNING}
+    )
     d = JOB.run(RefitJobStatus(created_epoch=0), pods)
-    text = "gang restart 1: pod job-policy-0 failed: killed by SIGKILL (exit code 137)"
+    text = "policy gang restart 1: pod job-policy-0-e0 failed: killed by SIGKILL (exit code 137)"
     assert d.status.phase is Phase.RESTARTING and d.status.message == text
     first = of(d, Emit)[0]
     assert (first.type, first.reason, first.message) == ("Warning", "Restarted", text)
@@ -77,17 +79,19 @@ def test_a_sigkilled_rank_restarts_the_gang_with_the_signal_named_and_no_log_lin
 @pytest.mark.parametrize("code", [EXIT_NOT_RETRYABLE, EXIT_BAD_CONFIG])
 def test_a_not_retryable_exit_fails_the_job_at_once(code: int) -> None:
     why = "refit-worker: dtype float8_e4m3fn is not supported by the NIXL engine"
-    pods = JOB.pods(0, **{"job-rollout-0": _failed(code, message=why), "job-policy-0": RUNNING})
+    pods = JOB.pods(
+        0, **{"job-rollout-0-g0": _failed(code, message=why), "job-policy-0-e0": RUNNING}
+    )
     d = JOB.run(RefitJobStatus(created_epoch=0, phase=Phase.RUNNING), pods)
     assert d.status.phase is Phase.FAILED
     assert d.status.restarts == 0 and d.status.restart_at is None
     assert d.status.epoch == 0 and d.status.completion_time == NOW
-    assert f"pod job-rollout-0 failed: exit code {code}: {why}" in d.status.message
+    assert f"pod job-rollout-0-g0 failed: exit code {code}: {why}" in d.status.message
     assert "not retryable" in d.status.message
     failed = condition(d.status, "Failed")
     assert (failed.status, failed.reason) == ("True", "NotRetryable")
     assert failed.message == d.status.message
-    assert sorted(a.name for a in of(d, Delete)) == ["job-policy-0", "job-rollout-0"]
+    assert sorted(a.name for a in of(d, Delete)) == ["job-policy-0-e0", "job-rollout-0-g0"]
     assert of(d, Create) == []
     assert ("Warning", "Failed") in events(d) and ("Warning", "Restarted") not in events(d)
     # Final: the next round creates nothing and counts nothing.
@@ -97,7 +101,8 @@ def test_a_not_retryable_exit_fails_the_job_at_once(code: int) -> None:
 
 
 def test_a_retryable_exit_still_restarts_with_backoff() -> None:
-    pods = JOB.pods(0, **{"job-rollout-0": _failed(EXIT_FAILED), "job-policy-0": RUNNING})
+    # A policy rank's: the policy gang restarts (a rollout rank's is replaced alone).
+    pods = JOB.pods(0, **{"job-policy-0-e0": _failed(EXIT_FAILED), "job-rollout-0-g0": RUNNING})
     d = JOB.run(RefitJobStatus(created_epoch=0, phase=Phase.RUNNING), pods)
     assert d.status.phase is Phase.RESTARTING and d.status.restarts == 1
     assert d.requeue_after == 10.0

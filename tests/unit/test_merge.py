@@ -67,7 +67,7 @@ def test_everything_the_template_sets_reaches_the_pod_beside_the_operators_parts
     for key in ("imagePullSecrets", "priorityClassName", "schedulerName", "runtimeClassName"):
         assert spec[key] == GPU_TEMPLATE["spec"][key]
     assert spec["nodeSelector"] == {"gpu": "h100"} and spec["tolerations"][0]["key"] == "gpu"
-    assert spec["restartPolicy"] == "Never" and spec["hostname"] == "job-policy-0"
+    assert spec["restartPolicy"] == "Never" and spec["hostname"] == "job-policy-0-e2"
     assert spec["serviceAccountName"] == "job-worker"  # the per-job account, with the secrets
     assert [v["name"] for v in spec["volumes"]] == ["shm", "refit-signal"]
     worker = spec["containers"][0]

@@ -75,6 +75,21 @@ def test_bad_input_names_the_field_and_value(change: dict[str, Any], message: st
     assert message in str(info.value)
 
 
+def test_failure_policy_per_role_is_rollouts_only_and_both_judges_say_so() -> None:
+    rollout = {"replicas": 2, "failurePolicy": {"maxReplacements": 5, "backoffSeconds": 2}}
+    spec = parse_spec({"image": "img", "rollout": rollout})
+    assert spec.rollout_failure_policy.max_replacements == 5
+    assert spec.rollout_failure_policy.max_backoff_seconds == 30  # the default
+    assert parse_spec({"image": "img"}).rollout_failure_policy.max_replacements == 20
+    assert parse_spec({"image": "img"}).failure_policy.node_lost_seconds == 30
+    assert crd_verdict({"image": "img", "rollout": rollout}) == []
+    refused = {"image": "img", "policy": {"failurePolicy": {"maxReplacements": 1}}}
+    with pytest.raises(InvalidSpecError) as info:
+        parse_spec(refused)
+    assert "policy.failurePolicy is not allowed" in str(info.value)
+    assert any("policy.failurePolicy is not allowed" in p for p in crd_verdict(refused))
+
+
 def test_missing_image_and_non_object_spec() -> None:
     with pytest.raises(InvalidSpecError, match=r"spec\.image: Field required"):
         parse_spec({})

@@ -47,7 +47,8 @@ SPEC: dict[str, Any] = {
     "rollout": {"replicas": 1},
     "failurePolicy": {"maxRestarts": 1, "backoffSeconds": 10},
 }
-POD_NAMES = ["job-policy-0", "job-policy-1", "job-rollout-0"]
+POD_NAMES = ["job-policy-0-e0", "job-policy-1-e0", "job-rollout-0-g0"]
+POLICY_PODS = POD_NAMES[:2]
 JOB = Harness(SPEC)
 _pods, _run = JOB.pods, JOB.run
 
@@ -63,7 +64,9 @@ def test_new_job_creates_every_child_and_stays_pending() -> None:
     )
     assert d.status.phase is Phase.PENDING
     assert d.status.created_epoch == 0 and d.status.start_time == NOW
-    assert (d.status.policy.total, d.status.rollout.total) == (2, 1)
+    # Asked for 2 and 1; none exists yet (the creates land after this round).
+    assert (d.status.policy.desired, d.status.rollout.desired) == (2, 1)
+    assert (d.status.policy.total, d.status.rollout.total) == (0, 0)
     assert _deletes(d) == [] and _events(d) == []
 
 
@@ -90,7 +93,9 @@ def test_disruption_target_restarts_the_gang_as_a_preemption() -> None:
             {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"},
         ],
     }
-    pods = _pods(0, **{"job-policy-0": RUNNING, "job-policy-1": evicted, "job-rollout-0": RUNNING})
+    pods = _pods(
+        0, **{"job-policy-0-e0": RUNNING, "job-policy-1-e0": evicted, "job-rollout-0-g0": RUNNING}
+    )
     data = {"job-rendezvous": {"meta.policy.0": "{}", "barrier": "{}"}}
     d = _run(_status(phase=Phase.RUNNING, created_epoch=0), pods, rendezvous=data)
     s = d.status
@@ -102,8 +107,8 @@ def test_disruption_target_restarts_the_gang_as_a_preemption() -> None:
         0,
     )
     assert s.restart_at == NOW + timedelta(seconds=10)
-    assert _deletes(d) == POD_NAMES
-    # The job-wide notice goes out before the deletes, so ranks stop at a safe point.
+    assert _deletes(d) == POLICY_PODS  # the rollout pod keeps serving
+    # The policy gang's notice goes out before the deletes, so ranks stop at a safe point.
     notice = d.actions.index(next(a for a in d.actions if isinstance(a, PatchData)))
     first_delete = d.actions.index(next(a for a in d.actions if isinstance(a, Delete)))
     assert notice < first_delete
@@ -111,7 +116,7 @@ def test_disruption_target_restarts_the_gang_as_a_preemption() -> None:
     assert isinstance(patch, PatchData) and patch.name == "job-rendezvous"
     entry = decode_entry(PREEMPT_KEY, str(patch.data[PREEMPT_KEY]))
     assert isinstance(entry, PreemptNotice)
-    assert (entry.epoch, entry.pod, entry.uid) == (0, "job-policy-1", "uid-job-policy-1-0")
+    assert (entry.epoch, entry.pod, entry.uid) == (0, "job-policy-1-e0", "uid-job-policy-1-e0-0")
     assert ("Warning", "Preempted") in _events(d)
     assert "EvictionByEvictionAPI" in s.message
 
@@ -152,27 +157,29 @@ def test_pod_classification(
 
 def test_failure_counts_a_restart_with_doubling_backoff() -> None:
     failed = {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {"exitCode": 3}}}]}
-    pods = _pods(0, **{"job-policy-0": failed, "job-policy-1": RUNNING, "job-rollout-0": RUNNING})
+    pods = _pods(
+        0, **{"job-policy-0-e0": failed, "job-policy-1-e0": RUNNING, "job-rollout-0-g0": RUNNING}
+    )
     d = _run(_status(phase=Phase.RUNNING, created_epoch=0), pods)
     s = d.status
     assert (s.phase, s.epoch, s.restarts, s.preemptions) == (Phase.RESTARTING, 1, 1, 0)
-    assert "job-policy-0 failed: exit code 3" in s.message
+    assert "job-policy-0-e0 failed: exit code 3" in s.message
     assert ("Warning", "Restarted") in _events(d)
 
 
 def test_failure_past_max_restarts_fails_the_job() -> None:
-    pods = _pods(2, **{"job-rollout-0": {"phase": "Failed"}})
+    pods = _pods(2, **{"job-policy-0-e2": {"phase": "Failed"}})
     d = _run(_status(phase=Phase.RUNNING, epoch=2, created_epoch=2, restarts=1), pods)
     s = d.status
     assert (s.phase, s.restarts, s.epoch) == (Phase.FAILED, 1, 2)
     assert "maxRestarts (1) used up" in s.message
-    assert _deletes(d) == POD_NAMES
+    assert _deletes(d) == ["job-policy-0-e2", "job-policy-1-e2", "job-rollout-0-g0"]
     assert ("Warning", "Failed") in _events(d)
     assert next(c for c in s.conditions if c.type == "Failed").status == "True"
 
 
 def test_preemptions_do_not_use_up_restarts() -> None:
-    pods = _pods(5, **{"job-rollout-0": {"phase": "Failed", "reason": "Evicted"}})
+    pods = _pods(5, **{"job-policy-1-e5": {"phase": "Failed", "reason": "Evicted"}})
     d = _run(
         _status(phase=Phase.RUNNING, epoch=5, created_epoch=5, restarts=1, preemptions=4), pods
     )
@@ -180,15 +187,18 @@ def test_preemptions_do_not_use_up_restarts() -> None:
 
 
 def test_new_gang_waits_for_old_pods_then_backoff() -> None:
+    # A policy restart: the old policy gang goes, the rollout pod keeps serving.
     restarting = _status(phase=Phase.RESTARTING, epoch=1, restart_at=NOW + timedelta(seconds=10))
+    rollout = _pods(0, policy=False)
     d = _run(restarting, _pods(0))  # old epoch still there
-    assert _creates(d) == [] and _deletes(d) == POD_NAMES
+    assert _creates(d) == [] and _deletes(d) == POLICY_PODS
     assert d.status.phase is Phase.RESTARTING and d.requeue_after == POLL_DELETING_S
-    d = _run(restarting, [])  # gone, backoff still running
+    d = _run(restarting, rollout)  # gone, backoff still running
     assert _creates(d) == [] and d.status.phase is Phase.RESTARTING
     assert d.requeue_after == pytest.approx(10.0)
-    d = _run(restarting, [], now=NOW + timedelta(seconds=11))
-    assert _creates(d) == POD_NAMES and d.status.created_epoch == 1
+    d = _run(restarting, rollout, now=NOW + timedelta(seconds=11))
+    assert _creates(d) == ["job-policy-0-e1", "job-policy-1-e1"] and d.status.created_epoch == 1
+    assert _deletes(d) == []
     assert d.status.phase is Phase.PENDING and d.status.restart_at is None
     labels = {
         a.obj["metadata"]["labels"]["refit.dev/epoch"] for a in d.actions if isinstance(a, Create)
@@ -200,11 +210,11 @@ def test_a_vanished_pod_is_a_preemption() -> None:
     pods = [
         p
         for p in _pods(0, **dict.fromkeys(POD_NAMES, RUNNING))
-        if p["metadata"]["name"] != "job-policy-1"
+        if p["metadata"]["name"] != "job-policy-1-e0"
     ]
     d = _run(_status(phase=Phase.RUNNING, created_epoch=0), pods)
     assert (d.status.preemptions, d.status.epoch) == (1, 1)
-    assert "job-policy-1: PodMissing" in d.status.message
+    assert "job-policy-1-e0: PodMissing" in d.status.message
 
 
 def test_suspend_deletes_pods_and_keeps_the_job() -> None:
@@ -217,7 +227,9 @@ def test_suspend_deletes_pods_and_keeps_the_job() -> None:
     assert d.status.phase is Phase.SUSPENDED and _deletes(d) == POD_NAMES and _creates(d) == []
     assert d.status.epoch == 1 and d.status.created_epoch is None
     resumed = _run(d.status, [])
-    assert resumed.status.phase is Phase.PENDING and _creates(resumed) == POD_NAMES
+    # Everything stopped: a new epoch, and the rollout replica's next generation.
+    assert resumed.status.phase is Phase.PENDING
+    assert _creates(resumed) == ["job-policy-0-e1", "job-policy-1-e1", "job-rollout-0-g1"]
 
 
 @pytest.mark.parametrize(
@@ -253,7 +265,7 @@ def test_too_long_job_name_is_invalid() -> None:
 def test_fixed_spec_after_invalid_starts_over() -> None:
     bad = _run(_status(), [], spec={**SPEC, "extra": 1}, static=False)
     fixed = _run(bad.status, [], generation=2, static=False)
-    assert fixed.status.phase is Phase.PENDING and POD_NAMES[0] in _creates(fixed)
+    assert fixed.status.phase is Phase.PENDING and "job-policy-0-e1" in _creates(fixed)
     assert next(c for c in fixed.status.conditions if c.type == "Failed").status == "False"
 
 
@@ -285,7 +297,7 @@ def test_the_retry_after_a_fix_is_a_phase_move_from_failed() -> None:
 
 def test_spec_change_recreates_the_gang_without_counting() -> None:
     pods = _pods(0, **dict.fromkeys(POD_NAMES, RUNNING))
-    grown = {**SPEC, "rollout": {"replicas": 2}}
+    grown = {**SPEC, "image": "img:2"}  # rollout.replicas would be a scale, no spec change
     running = _status(phase=Phase.RUNNING, created_epoch=0, observed_generation=1)
     d = _run(running, pods, spec=grown, generation=2)
     s = d.status
@@ -293,7 +305,8 @@ def test_spec_change_recreates_the_gang_without_counting() -> None:
     assert _deletes(d) == POD_NAMES and ("Warning", "SpecChanged") in _events(d)
     assert s.observed_generation == 2
     later = _run(s, [], spec=grown, generation=2, now=NOW + timedelta(seconds=1))
-    assert _creates(later) == sorted([*POD_NAMES, "job-rollout-1"])
+    # Every pod stopped: a new epoch and the rollout replica's next generation.
+    assert _creates(later) == ["job-policy-0-e1", "job-policy-1-e1", "job-rollout-0-g1"]
 
 
 def _meta(role: str, rank: int, epoch: int, uid: str) -> tuple[str, str]:
@@ -307,7 +320,7 @@ def _published(epoch: int, skip: str = "", uid_of: dict[str, str] | None = None)
     for name in POD_NAMES:
         if name == skip:
             continue
-        _, role, rank = name.split("-")
+        _, role, rank, _incarnation = name.split("-")
         uid = (uid_of or {}).get(name, f"uid-{name}-{epoch}")
         key, value = _meta(role, int(rank), epoch, uid)
         data[key] = value
@@ -318,16 +331,16 @@ def test_barrier_opens_once_every_rank_of_the_epoch_published() -> None:
     pods = _pods(0, **dict.fromkeys(POD_NAMES, RUNNING))
     running = _status(phase=Phase.RUNNING, created_epoch=0, observed_generation=1)
     partial = _run(
-        running, pods, rendezvous={"job-rendezvous": _published(0, skip="job-rollout-0")}
+        running, pods, rendezvous={"job-rendezvous": _published(0, skip="job-rollout-0-g0")}
     )
     assert not [a for a in partial.actions if isinstance(a, PatchData)]
     full = _run(running, pods, rendezvous={"job-rendezvous": _published(0)})
     (patch,) = [a for a in full.actions if isinstance(a, PatchData)]
     barrier = decode_entry(BARRIER_KEY, str(patch.data[BARRIER_KEY]))
     assert isinstance(barrier, BarrierEntry) and barrier.epoch == 0
-    assert [m.uid if m else None for m in barrier.rollout] == ["uid-job-rollout-0-0"]
+    assert [m.uid if m else None for m in barrier.rollout] == ["uid-job-rollout-0-g0-0"]
     assert barrier.version == 1
-    assert barrier.policy_uids == ("uid-job-policy-0-0", "uid-job-policy-1-0")
+    assert barrier.policy_uids == ("uid-job-policy-0-e0-0", "uid-job-policy-1-e0-0")
     # Entries of another epoch do not count.
     old = _run(running, pods, rendezvous={"job-rendezvous": _published(7)})
     assert not [a for a in old.actions if isinstance(a, PatchData)]
@@ -335,7 +348,7 @@ def test_barrier_opens_once_every_rank_of_the_epoch_published() -> None:
 
 def test_an_entry_from_another_pod_is_flagged_not_trusted() -> None:
     pods = _pods(0, **dict.fromkeys(POD_NAMES, RUNNING))
-    data = _published(0, uid_of={"job-policy-1": "someone-else"})
+    data = _published(0, uid_of={"job-policy-1-e0": "someone-else"})
     d = _run(
         _status(phase=Phase.RUNNING, created_epoch=0), pods, rendezvous={"job-rendezvous": data}
     )
@@ -349,7 +362,7 @@ def test_progress_of_the_rollout_ranks_shows_in_status() -> None:
     key = progress_key("rollout", 0)
     entry = ProgressEntry(
         epoch=1,
-        uid="uid-job-rollout-0-1",
+        uid="uid-job-rollout-0-g0-1",
         role="rollout",
         rank=0,
         refits_completed=2,
@@ -375,7 +388,7 @@ def test_stale_entries_are_cleared_before_the_new_gang_starts() -> None:
     assert patch.data == dict.fromkeys(sorted(data["job-rendezvous"]))
     assert _creates(d) == [] and d.requeue_after == POLL_DELETING_S
     clean = _run(waiting, [], rendezvous={"job-rendezvous": {}})
-    assert _creates(clean) == POD_NAMES
+    assert _creates(clean) == ["job-policy-0-e1", "job-policy-1-e1", "job-rollout-0-g0"]
     pod = next(a.obj for a in clean.actions if isinstance(a, Create))
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env["REFIT_FIRST_REFIT"] == "2"  # the new gang resumes after the refits done
@@ -383,7 +396,7 @@ def test_stale_entries_are_cleared_before_the_new_gang_starts() -> None:
 
 def test_pods_of_an_older_spec_are_never_adopted() -> None:
     # The status write after creating the gang was lost, then the spec changed.
-    grown = {**SPEC, "rollout": {"replicas": 2}}
+    grown = {**SPEC, "image": "img:2"}
     d = _run(_status(), _pods(0), spec=grown, generation=2)
     assert (d.status.epoch, d.status.restarts, d.status.preemptions) == (1, 0, 0)
     assert _creates(d) == []  # no pod of the new spec while old ones stand

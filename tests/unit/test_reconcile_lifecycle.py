@@ -27,7 +27,7 @@ from refit_operator.core.observe import observe, observe_pod
 from refit_operator.core.reconcile import reconcile
 from refit_operator.core.write_refusals import RETRY_WRITE_S, after_writes
 from refit_operator.core.writes import WriteError
-from refit_operator.models import Phase, RefitJobStatus
+from refit_operator.models import Phase, RefitJobStatus, RolloutReplica
 from refit_operator.render import RenderOptions
 
 SPEC: dict[str, Any] = {
@@ -36,7 +36,7 @@ SPEC: dict[str, Any] = {
     "rollout": {"replicas": 1},
     "failurePolicy": {"maxRestarts": 0, "backoffSeconds": 10},
 }
-NAMES = ["job-policy-0", "job-policy-1", "job-rollout-0"]
+NAMES = ["job-policy-0-e0", "job-policy-1-e0", "job-rollout-0-g0"]
 JOB = Harness(SPEC, generation=3)
 _pods, _run = JOB.pods, JOB.run
 
@@ -45,12 +45,16 @@ _pods, _run = JOB.pods, JOB.run
 
 
 def test_the_gate_comes_off_every_pod_together_once_all_exist() -> None:
-    created = RefitJobStatus(created_epoch=0, epoch_start_time=NOW)
+    made = RefitJobStatus(created_epoch=0, epoch_start_time=NOW)
+    created = made.model_copy(
+        update={"rollout_replicas": [RolloutReplica(rank=0, pod="job-rollout-0-g0")]}
+    )
     partial = _pods(0)[:2]
     d = _run(created, partial)  # one pod went missing before release: a preemption
     assert _of(d, LiftGate) == []
-    d = _run(created.model_copy(update={"created_epoch": None}), partial)
-    assert _of(d, LiftGate) == []  # not all created yet: the rest is created, no gate off
+    # The status write that recorded the creates was lost: the rest is created, no gate off.
+    d = _run(made.model_copy(update={"created_epoch": None}), partial)
+    assert _of(d, LiftGate) == []
     assert sorted(c.obj["metadata"]["name"] for c in _of(d, Create)) == NAMES[2:]
     d = _run(created, _pods(0))
     lifts = _of(d, LiftGate)
@@ -133,19 +137,19 @@ def test_start_deadline_fails_the_epoch_with_each_pods_reason() -> None:
             }
         ],
     }
-    pods = _pods(0, spec, **{"job-policy-0": pulling, "job-rollout-0": unplaced})
+    pods = _pods(0, spec, **{"job-policy-0-e0": pulling, "job-rollout-0-g0": unplaced})
     pods[1]["status"] = RUNNING
     started = RefitJobStatus(phase=Phase.PENDING, created_epoch=0, epoch_start_time=NOW)
     early = _run(started, pods, spec=spec, now=NOW + timedelta(seconds=29))
     assert early.status.phase is Phase.PENDING and early.requeue_after == pytest.approx(1.0)
-    assert "job-policy-0: ImagePullBackOff" in early.status.message  # what it waits for
+    assert "job-policy-0-e0: ImagePullBackOff" in early.status.message  # what it waits for
     late = _run(started, pods, spec=spec, now=NOW + timedelta(seconds=31))
     assert late.status.phase is Phase.FAILED
     message = late.status.message
     assert message.startswith("epoch 0 did not start within startDeadlineSeconds (30 s): ")
-    assert 'job-policy-0: ImagePullBackOff: Back-off pulling image "x.invalid/i"' in message
-    assert "job-rollout-0: Unschedulable: 0/2 nodes are available" in message
-    assert "job-policy-1" not in message  # it was Ready
+    assert 'job-policy-0-e0: ImagePullBackOff: Back-off pulling image "x.invalid/i"' in message
+    assert "job-rollout-0-g0: Unschedulable: 0/2 nodes are available" in message
+    assert "job-policy-1-e0" not in message  # it was Ready
     assert _condition(late.status, "Failed").reason == "StartDeadlineExceeded"
     assert sorted(a.name for a in _of(late, Delete)) == NAMES
 
@@ -207,7 +211,7 @@ def test_ttl_applies_to_a_job_refused_as_invalid() -> None:
 def test_restarting_is_set_while_a_gang_is_recreated_then_cleared() -> None:
     spec = {**SPEC, "failurePolicy": {"maxRestarts": 3, "backoffSeconds": 1}}
     failed = {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {"exitCode": 1}}}]}
-    pods = _pods(0, spec, **{"job-policy-0": failed})
+    pods = _pods(0, spec, **{"job-policy-0-e0": failed})
     d = _run(RefitJobStatus(phase=Phase.RUNNING, created_epoch=0), pods, spec=spec)
     restarting = _condition(d.status, "Restarting")
     assert (d.status.phase, restarting.status, restarting.reason) == (
@@ -215,7 +219,7 @@ def test_restarting_is_set_while_a_gang_is_recreated_then_cleared() -> None:
         "True",
         "Restarted",
     )
-    assert "job-policy-0 failed" in restarting.message
+    assert "job-policy-0-e0 failed" in restarting.message
     later = _run(d.status, [], spec=spec, now=NOW + timedelta(seconds=2))
     assert later.status.phase is Phase.PENDING
     assert _condition(later.status, "Restarting").status == "False"
@@ -235,8 +239,8 @@ def test_every_condition_has_a_reason_and_the_generation_it_saw() -> None:
 
 
 def _refused(status: int, reason: str, kind: str = "Pod", verb: str = "create") -> WriteError:
-    text = f'pods "job-rollout-0" is forbidden: {reason.lower()} says no'
-    return WriteError(verb, kind, "job-rollout-0", status, reason, text)
+    text = f'pods "job-rollout-0-g0" is forbidden: {reason.lower()} says no'
+    return WriteError(verb, kind, "job-rollout-0-g0", status, reason, text)
 
 
 def _after(decision: Decision, errors: list[WriteError], status: RefitJobStatus) -> Any:
@@ -251,7 +255,8 @@ def test_a_refused_create_is_said_in_status_condition_and_event_then_retried() -
     failure = _condition(d.status, "ChildFailure")
     assert (failure.status, failure.reason) == ("True", "Forbidden")
     text = (
-        'create Pod job-rollout-0: HTTP 403: pods "job-rollout-0" is forbidden: forbidden says no'
+        "create Pod job-rollout-0-g0: HTTP 403: "
+        'pods "job-rollout-0-g0" is forbidden: forbidden says no'
     )
     assert failure.message == text and d.status.message == text
     assert [(e.type, e.reason, e.message) for e in _of(d, Emit)] == [
@@ -274,7 +279,9 @@ def test_a_create_refused_for_good_fails_the_job_until_the_spec_changes() -> Non
     d = _after(first, [_refused(422, "Invalid")], RefitJobStatus())
     assert d.status.phase is Phase.FAILED
     assert _condition(d.status, "Failed").reason == "ChildRejected"
-    assert "the apiserver refused a child: create Pod job-rollout-0: HTTP 422" in d.status.message
+    assert (
+        "the apiserver refused a child: create Pod job-rollout-0-g0: HTTP 422" in d.status.message
+    )
     assert ("Warning", "ChildRejected") in [(e.type, e.reason) for e in _of(d, Emit)]
     stays = _run(d.status, [], generation=3)
     assert stays.status.phase is Phase.FAILED and _of(stays, Create) == []

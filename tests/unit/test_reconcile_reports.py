@@ -11,8 +11,9 @@ from tests.support.reconcile_harness import GONE, NOW, RUNNING, SUCCEEDED, Harne
 from tests.support.reconcile_harness import uid as _uid
 
 from refit_operator.core.coordinate import PatchData
-from refit_operator.core.decision import Create, Delete
-from refit_operator.models import Phase, RefitJobStatus
+from refit_operator.core.decision import Create, Delete, Emit
+from refit_operator.models import Phase, RefitJobStatus, RolloutReplica
+from refit_operator.names import pod_name
 from refit_worker.contract.entries import ProgressState, Verification
 from refit_worker.contract.progress import ProgressLog
 from refit_worker.contract.rendezvous import (
@@ -34,7 +35,7 @@ SPEC: dict[str, Any] = {
     "transfer": {"refits": 3},
     "failurePolicy": {"maxRestarts": 2, "backoffSeconds": 10},
 }
-NAMES = ["job-policy-0", "job-rollout-0", "job-rollout-1"]
+NAMES = ["job-policy-0-e0", "job-rollout-0-g0", "job-rollout-1-g0"]
 DRAINED_AFTER_SUCCESS = {
     "phase": "Succeeded",
     "conditions": [
@@ -61,7 +62,8 @@ def _report(
         log.record(refit, nbytes, 0.5)
     entry = ProgressEntry(
         epoch=epoch,
-        uid=_uid(f"job-{role}-{rank}", epoch),
+        # The uid of the rank's pod of that epoch (rollout pods at generation 0).
+        uid=_uid(pod_name("job", role, rank, epoch if role == "policy" else 0), epoch),
         role=role,
         rank=rank,
         **log.fields(state),
@@ -115,21 +117,26 @@ def test_a_policy_that_fails_after_the_rollouts_finished_is_no_success() -> None
     pods = _pods(
         0,
         **{
-            "job-policy-0": {"phase": "Failed", "containerStatuses": []},
-            "job-rollout-0": SUCCEEDED,
-            "job-rollout-1": SUCCEEDED,
+            "job-policy-0-e0": {"phase": "Failed", "containerStatuses": []},
+            "job-rollout-0-g0": SUCCEEDED,
+            "job-rollout-1-g0": SUCCEEDED,
         },
     )
     data = _done_by_all()
     data.update([_report(0, "policy", 0, 3, state="failed")])
     d = _run(RefitJobStatus(phase=Phase.RUNNING, created_epoch=0), pods, data)
     assert d.status.phase is Phase.RESTARTING and d.status.restarts == 1
-    assert "job-policy-0 failed" in d.status.message
+    assert "job-policy-0-e0 failed" in d.status.message
 
 
 def test_rollouts_done_while_the_policy_still_runs_is_not_yet_success() -> None:
     pods = _pods(
-        0, **{"job-policy-0": RUNNING, "job-rollout-0": SUCCEEDED, "job-rollout-1": SUCCEEDED}
+        0,
+        **{
+            "job-policy-0-e0": RUNNING,
+            "job-rollout-0-g0": SUCCEEDED,
+            "job-rollout-1-g0": SUCCEEDED,
+        },
     )
     data = dict(
         [_report(0, "rollout", 0, 3, state="done"), _report(0, "rollout", 1, 3, state="done")]
@@ -144,14 +151,19 @@ def test_a_finished_pod_that_is_drained_or_gone_triggers_no_new_gang() -> None:
     data = dict([_report(0, "rollout", 0, 3, state="done"), _report(0, "rollout", 1, 1)])
     for rollout0 in (DRAINED_AFTER_SUCCESS, GONE):
         pods = _pods(
-            0, **{"job-policy-0": RUNNING, "job-rollout-0": rollout0, "job-rollout-1": RUNNING}
+            0,
+            **{
+                "job-policy-0-e0": RUNNING,
+                "job-rollout-0-g0": rollout0,
+                "job-rollout-1-g0": RUNNING,
+            },
         )
         d = _run(running, pods, data)
         assert (d.status.epoch, d.status.preemptions, d.status.restarts) == (0, 0, 0), rollout0
         assert d.status.phase is not Phase.RESTARTING
     # ... and once the others finish, the job succeeds with the gone pod's report.
     pods = _pods(
-        0, **{"job-policy-0": SUCCEEDED, "job-rollout-0": GONE, "job-rollout-1": SUCCEEDED}
+        0, **{"job-policy-0-e0": SUCCEEDED, "job-rollout-0-g0": GONE, "job-rollout-1-g0": SUCCEEDED}
     )
     assert _run(running, pods, _done_by_all()).status.phase is Phase.SUCCEEDED
 
@@ -166,20 +178,33 @@ def test_draining_a_pod_whose_rank_reported_done_is_no_preemption() -> None:
         ],
     }
     pods = _pods(
-        0, **{"job-policy-0": RUNNING, "job-rollout-0": draining, "job-rollout-1": RUNNING}
+        0, **{"job-policy-0-e0": RUNNING, "job-rollout-0-g0": draining, "job-rollout-1-g0": RUNNING}
     )
     running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
     done_first = dict([_report(0, "rollout", 0, 3, state="done"), _report(0, "rollout", 1, 2)])
-    assert _run(running, pods, done_first).status.preemptions == 0
+    kept = _run(running, pods, done_first).status
+    assert (kept.preemptions, kept.rollout.replacements) == (0, 0)
+    # Not done yet: the rollout replica is replaced alone, the policy pod untouched.
     not_done = dict([_report(0, "rollout", 0, 2), _report(0, "rollout", 1, 2)])
-    assert _run(running, pods, not_done).status.preemptions == 1
+    d = _run(running, pods, not_done)
+    assert (d.status.preemptions, d.status.rollout.replacements, d.status.epoch) == (0, 1, 0)
+    assert [a.name for a in d.actions if isinstance(a, Delete)] == ["job-rollout-0-g0"]
 
 
 def test_a_running_pod_that_goes_missing_is_still_a_preemption() -> None:
-    running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
-    pods = _pods(0, **{"job-policy-0": RUNNING, "job-rollout-0": GONE, "job-rollout-1": RUNNING})
+    slots = [RolloutReplica(rank=r, pod=f"job-rollout-{r}-g0") for r in (0, 1)]
+    running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0, rollout_replicas=slots)
+    pods = _pods(
+        0, **{"job-policy-0-e0": RUNNING, "job-rollout-0-g0": GONE, "job-rollout-1-g0": RUNNING}
+    )
     d = _run(running, pods, dict([_report(0, "rollout", 0, 1)]))
-    assert d.status.preemptions == 1 and "job-rollout-0: PodMissing" in d.status.message
+    # A rollout replica: replaced alone (a preemption of the replica, not of the gang).
+    assert (d.status.preemptions, d.status.rollout.replacements) == (0, 1)
+    (event,) = [a for a in d.actions if isinstance(a, Emit) and a.reason == "RolloutReplaced"]
+    assert event.type == "Normal" and "job-rollout-0-g0: PodMissing" in event.message
+    assert [a.obj["metadata"]["name"] for a in d.actions if isinstance(a, Create)] == [
+        "job-rollout-0-g1"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -293,8 +318,9 @@ def test_a_lost_write_after_a_partly_created_gang_creates_the_rest() -> None:
     assert d.status.created_epoch == 0
 
 
-def test_a_rank_gone_after_the_barrier_opened_is_lost_even_if_the_status_was() -> None:
-    """Once the barrier opened, bytes may have moved: a missing rank is a preemption."""
+def test_a_rollout_rank_gone_after_the_barrier_opened_comes_back_alone() -> None:
+    """The status write was lost, the barrier opened, then a rollout pod went: nothing
+    records it as created, so its slot gets a pod; the policy pod is untouched."""
     lost = RefitJobStatus(phase=Phase.RUNNING, epoch=0, created_epoch=None)
     pods = _pods(0, **{NAMES[0]: RUNNING, NAMES[1]: RUNNING, NAMES[2]: GONE})
     barrier = BarrierEntry(
@@ -304,5 +330,7 @@ def test_a_rank_gone_after_the_barrier_opened_is_lost_even_if_the_status_was() -
     )
     data = {**_published(0, NAMES), BARRIER_KEY: encode_entry(BARRIER_KEY, barrier)}
     d = _run(lost, pods, data)
-    assert not [a for a in d.actions if isinstance(a, Create)]
-    assert d.status.preemptions == 1 and "PodMissing" in d.status.message
+    created = [a.obj["metadata"]["name"] for a in d.actions if isinstance(a, Create)]
+    assert created == [NAMES[2]]
+    assert not [a for a in d.actions if isinstance(a, Delete)]
+    assert (d.status.epoch, d.status.preemptions, d.status.restarts) == (0, 0, 0)

@@ -48,20 +48,21 @@ GOLDEN_POD: dict[str, Any] = {
     "apiVersion": "v1",
     "kind": "Pod",
     "metadata": {
-        "name": "job-rollout-0",
+        "name": "job-rollout-0-g2",
         "namespace": "ns",
         "labels": {
             **LABELS,
             "refit.dev/role": "rollout",
             "refit.dev/rank": "0",
             "refit.dev/epoch": "3",
+            "refit.dev/generation": "2",
         },
         "ownerReferences": OWNER,
-        "annotations": {"refit.dev/spec-hash": "7e3f5a3f0435050f"},
+        "annotations": {"refit.dev/spec-hash": "17acce60f98b52bd"},
     },
     "spec": {
         "restartPolicy": "Never",
-        "hostname": "job-rollout-0",
+        "hostname": "job-rollout-0-g2",
         "subdomain": "job-rollout",
         "terminationGracePeriodSeconds": 40,
         "serviceAccountName": "job-worker",
@@ -84,8 +85,9 @@ GOLDEN_POD: dict[str, Any] = {
                 "env": [
                     _value("REFIT_EPOCH", "3"),
                     _value("REFIT_FIRST_REFIT", "0"),
+                    _value("REFIT_GENERATION", "2"),
                     _value("REFIT_JOB", "job"),
-                    _value("REFIT_MASTER_ADDR", "job-rollout-0.job-rollout.ns.svc"),
+                    _value("REFIT_MASTER_ADDR", "job-rollout-0-g2.job-rollout.ns.svc"),
                     _value("REFIT_MASTER_PORT", "29500"),
                     _field("REFIT_NAMESPACE", "metadata.namespace"),
                     _field("REFIT_POD_NAME", "metadata.name"),
@@ -130,7 +132,8 @@ GOLDEN_POD: dict[str, Any] = {
 
 
 def test_pod_golden_with_stop_signal() -> None:
-    pod = render_pod(JOB, _spec(), "rollout", 0, epoch=3, options=RenderOptions())
+    # Rollout rank 0's third generation, created while the policy epoch was 3.
+    pod = render_pod(JOB, _spec(), "rollout", 0, epoch=3, generation=2, options=RenderOptions())
     assert pod == GOLDEN_POD
 
 
@@ -138,7 +141,7 @@ def test_pod_env_is_read_back_by_the_worker() -> None:
     pod = render_pod(JOB, _spec(), "policy", 1, epoch=0, options=RenderOptions())
     env = pod["spec"]["containers"][0]["env"]
     downward = {
-        "metadata.name": "job-policy-1",
+        "metadata.name": "job-policy-1-e0",
         "metadata.uid": "uid-9",
         "metadata.namespace": "ns",
     }
@@ -150,10 +153,10 @@ def test_pod_env_is_read_back_by_the_worker() -> None:
     }
     config = WorkerConfig.from_env(environ)
     assert (config.role, config.rank, config.world_size) == ("policy", 1, 2)
-    assert (config.pod_name, config.pod_uid) == ("job-policy-1", "uid-9")
+    assert (config.pod_name, config.pod_uid) == ("job-policy-1-e0", "uid-9")
     assert config.transfer.bucket_size == 1 << 20
     assert config.rendezvous.location == "job-rendezvous"
-    assert config.master_addr == "job-policy-0.job-policy.ns.svc"
+    assert config.master_addr == "job-policy-0-e0.job-policy.ns.svc"
 
 
 def test_prestop_injection_mounts_the_pid_dir() -> None:
@@ -241,7 +244,8 @@ def test_rendezvous_shards_by_rank_count() -> None:
 
 
 def test_rbac_limits_the_worker_to_its_rendezvous() -> None:
-    account, role, binding = render_rbac(JOB, _spec(policy={"replicas": 200}))
+    # 151 ranks: two shards of at most RANKS_PER_SHARD (100) each.
+    account, role, binding = render_rbac(JOB, _spec(policy={"replicas": 150}))
     assert account["kind"] == "ServiceAccount" and account["metadata"]["name"] == "job-worker"
     assert role["rules"] == [
         {
@@ -264,9 +268,9 @@ def test_every_child_is_owned_and_labelled() -> None:
         assert child["metadata"]["ownerReferences"] == OWNER
         assert child["metadata"]["labels"]["refit.dev/job"] == "job"
     assert sorted(c["metadata"]["name"] for c in children if c["kind"] == "Pod") == [
-        "job-policy-0",
-        "job-policy-1",
-        "job-rollout-0",
+        "job-policy-0-e0",
+        "job-policy-1-e0",
+        "job-rollout-0-g0",
     ]
 
 
@@ -281,6 +285,12 @@ def test_spec_hash_follows_what_shapes_the_pods() -> None:
     base = spec_hash(_spec())
     assert spec_hash(_spec()) == base
     assert spec_hash(_spec(failurePolicy={"maxRestarts": 9}, suspend=True)) == base
-    assert spec_hash(_spec(rollout={"replicas": 2})) != base
+    rollout = {"replicas": 1, "env": [{"name": "X", "value": "1"}]}
+    # Scaling the rollout replicas (kubectl scale, an HPA) and their failure policy are
+    # no spec change; the policy's replica count and the rollout pods' shape are.
+    scaled = {**rollout, "replicas": 5, "failurePolicy": {"maxReplacements": 2}}
+    assert spec_hash(_spec(rollout=scaled)) == base
+    assert spec_hash(_spec(policy={"replicas": 3})) != base
+    assert spec_hash(_spec(rollout={**rollout, "env": []})) != base
     assert spec_hash(_spec(image="img:2")) != base
     assert spec_hash(_spec(metrics={"port": 9400})) != base

@@ -19,6 +19,8 @@ SUSPENDED = "Suspended"
 #: True while a gang is stopped and recreated (after a failure, preemption or spec change).
 RESTARTING = "Restarting"
 RENDEZVOUS = "RendezvousReadable"
+#: True while fewer rollout replicas serve (Ready) than ``rollout.replicas`` asks.
+ROLLOUT_DEGRADED = "RolloutDegraded"
 #: Every rank of the epoch published its metadata and the barrier is open.
 CONNECTED = "Connected"
 #: True while the apiserver refuses a write of a child (create, delete, patch): the reason

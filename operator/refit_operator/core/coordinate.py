@@ -25,6 +25,7 @@ from refit_worker.contract.rendezvous import (
     Entry,
     EntryError,
     LivePod,
+    MetadataEntry,
     ProgressEntry,
     ProgressSummary,
     Snapshot,
@@ -203,10 +204,26 @@ def preempt_notice(
     return PatchData(configmap_name(names.rendezvous_name(job), 0), {PREEMPT_KEY: value})
 
 
-def clear(rendezvous: Mapping[str, Mapping[str, str]] | None) -> tuple[PatchData, ...]:
-    """Drop every key of every shard (between epochs, once the old pods are gone)."""
-    return tuple(
-        PatchData(name, dict.fromkeys(sorted(data)))
-        for name, data in sorted((rendezvous or {}).items())
-        if data
-    )
+def clear(
+    rendezvous: Mapping[str, Mapping[str, str]] | None, keep: frozenset[str] = frozenset()
+) -> tuple[PatchData, ...]:
+    """Drop every key of every shard (between epochs, once the old policy pods are gone)
+    but the rollout entries written by the pods of ``keep`` (uids: the rollout replicas
+    that keep running across a policy restart, whose counts carry over)."""
+    out = []
+    for name, data in sorted((rendezvous or {}).items()):
+        drop = sorted(key for key, value in data.items() if not _kept(key, value, keep))
+        if drop:
+            out.append(PatchData(name, dict.fromkeys(drop)))
+    return tuple(out)
+
+
+def _kept(key: str, value: str, keep: frozenset[str]) -> bool:
+    parsed = parse_key(key)
+    if not keep or parsed is None or parsed.role != "rollout":
+        return False
+    try:
+        entry = decode_entry(key, value)
+    except EntryError:
+        return False
+    return isinstance(entry, (MetadataEntry, ProgressEntry)) and entry.uid in keep

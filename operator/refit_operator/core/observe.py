@@ -49,6 +49,23 @@ class ObservedPod:
     resource_version: str = ""
     #: The exit code of its terminated container when it failed on its own (else None).
     exit_code: int | None = None
+    #: A rollout pod's generation (label ``refit.dev/generation``; 0 for policy pods).
+    generation: int = 0
+    #: Why the pod's node is lost (NotReady past ``nodeLostSeconds``, out-of-service), or
+    #: None: such a pod is disrupted and gone, never waited for.
+    node_lost: str | None = None
+
+    @property
+    def taken(self) -> str | None:
+        """Why the pod is being taken away (its node lost included), or None."""
+        if self.node_lost is not None and self.phase != "Succeeded":
+            return f"NodeLost: {self.node_lost}"
+        return self.disruption
+
+    @property
+    def gone(self) -> bool:
+        """Nothing more to wait for: it exited, or its node is lost."""
+        return self.phase in ("Succeeded", "Failed") or self.node_lost is not None
 
 
 @dataclass(frozen=True)
@@ -199,6 +216,7 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         gates=gates,
         resource_version=str(meta.get("resourceVersion", "")),
         exit_code=_exit_code(terminated) if failed else None,
+        generation=max(0, _int_label(labels, names.LABEL_GENERATION)),
     )
 
 

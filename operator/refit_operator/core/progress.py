@@ -8,44 +8,37 @@ Must not import: kopf, kubernetes, aiohttp.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from datetime import datetime
 
-from refit_operator import names
 from refit_operator.core import conditions as cond
 from refit_operator.core.coordinate import Coordination, progress_of
 from refit_operator.core.observe import Observed, ObservedPod
-from refit_operator.models import RefitJobSpec, RefitJobStatus, RoleStatus
+from refit_operator.models import RefitJobSpec, RefitJobStatus
 from refit_worker.contract.rendezvous import ProgressSummary
-from refit_worker.contract.roles import ROLES
-
-
-def _replicas(spec: RefitJobSpec, role: str) -> int:
-    return spec.policy.replicas if role == "policy" else spec.rollout.replicas
+from refit_worker.contract.roles import Role
 
 
 def finished(
-    job: str,
     spec: RefitJobSpec,
-    current: Sequence[ObservedPod],
+    pods: Mapping[tuple[Role, int], ObservedPod | None],
     progress: ProgressSummary | None,
 ) -> tuple[bool, str | None]:
     """Whether the gang's work is over, and why it fell short if it did.
 
-    Over when every rank's pod exited 0, or went away after its rank reported done.  The
-    job succeeded only if, on top of that, every rollout rank reported every refit
-    committed: exit codes alone say nothing about refits (``/bin/true`` exits 0).
+    ``pods``: each rank's pod of the round (the epoch's policy pods, the rollout slots' of
+    their generation), None where it does not exist.  Over when every one exited 0, or
+    went away after its rank reported done.  The job succeeded only if, on top of that,
+    every rollout rank reported every refit committed: exit codes alone say nothing about
+    refits (``/bin/true`` exits 0).
     """
-    by_name = {p.name: p for p in current}
     done = progress.done if progress is not None else frozenset()
-    for role in ROLES:
-        for rank in range(_replicas(spec, role)):
-            pod = by_name.get(names.pod_name(job, role, rank))
-            if pod is not None and pod.phase == "Succeeded":
-                continue
-            if (pod is None or pod.deleting) and (role, rank) in done:
-                continue
-            return False, None
+    for key, pod in pods.items():
+        if pod is not None and pod.phase == "Succeeded":
+            continue
+        if (pod is None or pod.deleting) and key in done:
+            continue
+        return False, None
     want = spec.transfer.refits
     got = progress.refits_completed if progress is not None else 0
     if progress is not None and progress.rollout_done and got >= want:
@@ -119,10 +112,3 @@ def fold_previous_epoch(
             "refits_completed": max(status.refits_completed, old.refits_completed),
         }
     )
-
-
-def role_status(
-    spec: RefitJobSpec, pods: Sequence[ObservedPod], epoch: int, role: str
-) -> RoleStatus:
-    ready = sum(1 for p in pods if p.epoch == epoch and p.role == role and p.ready)
-    return RoleStatus(ready=ready, total=_replicas(spec, role))

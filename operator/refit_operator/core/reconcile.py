@@ -2,11 +2,15 @@
 status, as a list of named policy steps (``steps/``), each in a module named for what it
 decides and each able to end the round's decision with a finding.
 
-Gang semantics: if any pod of the current epoch fails or is disrupted (DisruptionTarget,
-eviction, deletion, a preempted exit), every pod stops, the epoch goes up, the rendezvous
-is cleared, and after a backoff the gang is recreated, once the old pods are gone.
-Failures use up ``maxRestarts``; preemptions are counted apart and do not; a failure the
-worker marks as not retryable fails the job at once.
+Failure domains (docs/failure-domains.md): a rollout replica that fails or is disrupted
+(DisruptionTarget, eviction, deletion, a preempted exit, a lost node, gone missing) is
+replaced alone under its next generation, the policy pods untouched; failures use up
+``rollout.failurePolicy.maxReplacements``.  A policy pod that fails or is disrupted
+stops the policy gang: the epoch goes up, the rendezvous is cleared of all but the
+serving rollout replicas' entries, and after a backoff the policy gang is recreated once
+its old pods are gone; failures use up ``maxRestarts``, preemptions are counted apart.
+A spec change (other than ``rollout.replicas``), a late start and a suspend stop every
+pod; a failure the worker marks as not retryable fails the job at once.
 
 Must not import: kopf, kubernetes, aiohttp (the local runner drives this without an API).
 """
@@ -30,6 +34,7 @@ from refit_operator.core.steps import (
     gang_creation,
     gates,
     reports,
+    rollout_replicas,
     settled,
     spec_change,
     start_deadline,
@@ -76,6 +81,8 @@ def decide(inp: RoundInput, draft: Draft) -> Finding:
         or static_children.create_missing(inp, draft)
         # Pods of the epoch that a lost status write did not record are the gang.
         or adoption.adopt_unrecorded_gang(inp, draft)
+        # The rollout slots (one per rank asked for, at its generation) as status.
+        or rollout_replicas.sync_slots(inp, draft)
         # What the ranks reported becomes the status.
         or reports.record_progress(inp, draft)
         # Pods of another spec: a new gang, neither failure nor preemption.
@@ -88,10 +95,17 @@ def decide(inp: RoundInput, draft: Draft) -> Finding:
         or failure_policy.fail_not_retryable(inp, draft)
         # startDeadlineSeconds ran out before the gang was Ready: restart, counted.
         or start_deadline.fail_late_start(inp, draft)
-        # A failure restarts the gang (maxRestarts); a disruption too, as a preemption.
+        # A failed or lost rollout replica is replaced alone (maxReplacements).
+        or rollout_replicas.replace_lost(inp, draft)
+        # Pods of ranks a scale-down removed go once they left at a refit boundary.
+        or rollout_replicas.retire_removed(inp, draft)
+        # A policy failure restarts the policy gang (maxRestarts); a disruption too, as a
+        # preemption.
         or failure_policy.restart_on_failure(inp, draft)
-        # Pods of older epochs go.
+        # Pods of older epochs and generations go.
         or gang_creation.delete_old_epochs(inp, draft)
+        # Replacements and scaled-up ranks join the running epoch.
+        or rollout_replicas.create_due(inp, draft)
         # No gang in this epoch yet: create it once the old one is gone and backoff over.
         or gang_creation.create_gang(inp, draft)
         # Every rank published: open the rendezvous barrier.

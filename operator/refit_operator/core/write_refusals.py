@@ -4,7 +4,8 @@ the apiserver's own words (``writes.py`` holds the refusal as data).
 
 A permanent refusal of a create fails the job (reason ``ChildRejected``) until the spec
 changes; any other is retried after :data:`RETRY_WRITE_S`.  A gang whose pods were not
-all created is not recorded as created, so the next round creates the rest.
+all created is not recorded as created (nor a rollout slot whose pod was refused), so the
+next round creates the rest.
 
 Must not import: kopf, kubernetes, aiohttp.
 """
@@ -61,8 +62,13 @@ def after_writes(
     draft = Draft(status, job.generation, now, actions=list(_not_creates(decision)))
     draft.requeue = decision.requeue_after
     draft.later(RETRY_WRITE_S)
-    if any(e.verb == "create" and e.kind == "Pod" for e in errors):
-        draft.update(created_epoch=job.status.created_epoch)
+    unmade = {e.name for e in errors if e.verb == "create" and e.kind == "Pod"}
+    if unmade:  # a rollout slot whose pod was refused is to be created, not replaced
+        replicas = [
+            r.model_copy(update={"pod": ""}) if r.pod in unmade else r
+            for r in status.rollout_replicas
+        ]
+        draft.update(created_epoch=job.status.created_epoch, rollout_replicas=replicas)
     if failure is None or failure.status != "True" or failure.message != message:
         draft.actions.append(Emit("Warning", first.event_reason, message))
     draft.condition(cond.CHILD_FAILURE, "True", first.condition_reason, message)

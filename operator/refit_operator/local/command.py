@@ -138,7 +138,8 @@ def _add_drain_arguments(run: Any) -> None:
     run.add_argument(
         "--drain-pod",
         metavar="POD",
-        help="the pod to drain with --drain-after or --drain-at-refit (default: <job>-rollout-0)",
+        help="the rank to drain with --drain-after or --drain-at-refit, as <job>-<role>-<rank>"
+        " or its first pod's name (default: <job>-rollout-0, whichever pod it runs in then)",
     )
 
 
@@ -198,11 +199,13 @@ def _check_args(args: argparse.Namespace, job: str, spec: RefitJobSpec) -> str |
                 "--drain-pod names the pod to drain; it needs --drain-at-refit N or "
                 "--drain-after SECONDS"
             )
-        pods = [names.pod_name(job, "policy", r) for r in range(spec.policy.replicas)]
-        pods += [names.pod_name(job, "rollout", r) for r in range(spec.rollout.replicas)]
-        if args.drain_pod not in pods:
-            shown = ", ".join(pods[:8]) + (", ..." if len(pods) > 8 else "")
-            return f"--drain-pod {args.drain_pod!r} is not a pod of job {job}: pods are {shown}"
+        ranks = [f"{job}-policy-{r}" for r in range(spec.policy.replicas)]
+        ranks += [f"{job}-rollout-{r}" for r in range(spec.rollout.replicas)]
+        first = [names.pod_name(job, "policy", r, 0) for r in range(spec.policy.replicas)]
+        first += [names.pod_name(job, "rollout", r, 0) for r in range(spec.rollout.replicas)]
+        if args.drain_pod not in ranks + first:
+            shown = ", ".join(ranks[:8]) + (", ..." if len(ranks) > 8 else "")
+            return f"--drain-pod {args.drain_pod!r} is not a rank of job {job}: ranks are {shown}"
     drains = args.drain_after is not None or args.drain_at_refit is not None
     return faults.problem(faults.planned(args), spec, drains=drains)
 

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
 from refit_operator import names
 from refit_operator.models import RefitJobSpec
-from refit_worker.contract.roles import Role
 
 #: (role, rank) -> port.
 Plan = dict[tuple[str, int], int]
@@ -62,7 +61,7 @@ def port_of(ports: Mapping[tuple[str, int], int], pod: Mapping[str, Any]) -> int
 def describe(job: str, ports: Mapping[tuple[str, int], int]) -> str:
     """One line: where each rank serves."""
     shown = ", ".join(
-        f"{names.pod_name(job, cast(Role, role), rank)} :{port}"
+        f"{job}-{role}-{rank} :{port}"  # a rank, whichever pod (incarnation) runs it
         for (role, rank), port in ports.items()
     )
     return f"refit run: metrics at http://127.0.0.1:PORT/metrics, per rank: {shown}"

@@ -16,6 +16,7 @@ job's ConfigMaps on one machine.
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import socket
 import time
@@ -348,8 +349,8 @@ def _drain_when_due(
     """``--drain-after`` / ``--drain-at-refit``: drain one pod once it is due (once per run)."""
     if result.drained is not None or not _drain_due(options, result.ledger, running_since):
         return
-    target = options.drain_pod or names.pod_name(cluster.job.name, "rollout", 0)
-    if cluster.kubelet.disrupt(target):
+    target = _live_pod(cluster, options.drain_pod or f"{cluster.job.name}-rollout-0")
+    if target is not None and cluster.kubelet.disrupt(target):
         result.drained = target
         on_event(
             Emit(
@@ -358,6 +359,18 @@ def _drain_when_due(
                 f"draining {target}: DisruptionTarget (EvictionByEvictionAPI), then deletion",
             )
         )
+
+
+def _live_pod(cluster: LocalCluster, rank: str) -> str | None:
+    """The pod that runs ``rank`` (``<job>-<role>-<rank>``, or a pod name of it) now."""
+    wanted = re.sub(r"-[eg][0-9]+$", "", rank)
+    for pod in cluster.kubelet.pods():
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        mine = f"{cluster.job.name}-{labels.get(names.LABEL_ROLE)}-{labels.get(names.LABEL_RANK)}"
+        if mine == wanted and "deletionTimestamp" not in meta:
+            return str(meta["name"])
+    return None
 
 
 def _drain_due(options: RunOptions, ledger: RefitLedger, running_since: float | None) -> bool:

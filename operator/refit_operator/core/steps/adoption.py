@@ -31,7 +31,8 @@ def create_the_missing_pods(inp: RoundInput, draft: Draft) -> Finding | None:
     if inp.fills_adopted_gang:
         status = draft.status
         pods = render.render_gang(
-            inp.job.ref, inp.spec, status.epoch, inp.options, status.refits_completed
+            inp.job.ref, inp.spec, status.epoch, inp.options, status.refits_completed, rollout={}
         )
-        draft.actions.extend(Create(p) for p in pods if p["metadata"]["name"] in inp.absent)
+        missing = set(inp.policy_absent)
+        draft.actions.extend(Create(p) for p in pods if p["metadata"]["name"] in missing)
     return None

@@ -1,6 +1,6 @@
 """The end of every round that got past the spec check: the conditions that follow from
-the new phase, the phase itself, the message it shows, the role counts, and an Event for
-a phase move.
+the new phase, the phase itself, the message it shows, the role counts (with
+``RolloutDegraded``), and an Event for a phase move.
 
 Must not import: kopf, kubernetes, aiohttp.
 """
@@ -10,11 +10,10 @@ from __future__ import annotations
 from typing import Literal
 
 from refit_operator.core import conditions as cond
-from refit_operator.core import progress
 from refit_operator.core.decision import Emit
 from refit_operator.core.draft import Draft
 from refit_operator.core.round_input import RoundInput
-from refit_operator.models import Phase
+from refit_operator.models import Phase, RoleStatus
 
 
 def close_round(inp: RoundInput, draft: Draft, *, old: Phase, new: Phase) -> None:
@@ -25,18 +24,52 @@ def close_round(inp: RoundInput, draft: Draft, *, old: Phase, new: Phase) -> Non
         message = draft.waiting
     else:
         message = ""
-    epoch = draft.status.epoch
     draft.update(
         phase=new,
         message=message,
         observed_generation=inp.job.generation,
-        policy=progress.role_status(inp.spec, inp.observed.pods, epoch, "policy"),
-        rollout=progress.role_status(inp.spec, inp.observed.pods, epoch, "rollout"),
+        **_role_counts(inp, draft),
     )
+    _degraded(inp, draft, new)
     if new is not old:
         kind: Literal["Normal", "Warning"] = "Warning" if new is Phase.FAILED else "Normal"
         text = f"phase {old.value} -> {new.value}" + (f": {message}" if message else "")
         draft.actions.append(Emit(kind, new.value, text))
+
+
+def _role_counts(inp: RoundInput, draft: Draft) -> dict[str, RoleStatus]:
+    """Each role's pods of the incarnation the status now names (a restart's new epoch,
+    a replaced replica's new generation): Ready, existing, and asked for."""
+    status = draft.status
+    generation = {r.rank: r.generation for r in status.rollout_replicas}
+    live = [p for p in inp.observed.pods if not p.deleting]
+    policy = [p for p in live if p.role == "policy" and p.epoch == status.epoch]
+    rollout = [p for p in live if p.role == "rollout" and generation.get(p.rank) == p.generation]
+    return {
+        "policy": RoleStatus(
+            ready=sum(p.ready for p in policy),
+            total=len(policy),
+            desired=inp.spec.policy.replicas,
+        ),
+        "rollout": RoleStatus(
+            ready=sum(p.ready for p in rollout),
+            total=len(rollout),
+            desired=inp.spec.rollout.replicas,
+            replacements=status.rollout.replacements,
+        ),
+    }
+
+
+def _degraded(inp: RoundInput, draft: Draft, new: Phase) -> None:
+    """RolloutDegraded: fewer rollout replicas serve than asked, once the job ran."""
+    rollout = draft.status.rollout
+    if new not in (Phase.RUNNING, Phase.RESTARTING) or draft.status.ready_epoch is None:
+        draft.condition(cond.ROLLOUT_DEGRADED, "False", new.value)
+    elif rollout.ready < rollout.desired:
+        message = f"{rollout.ready} of {rollout.desired} rollout replicas serve"
+        draft.condition(cond.ROLLOUT_DEGRADED, "True", "ReplicasUnavailable", message)
+    else:
+        draft.condition(cond.ROLLOUT_DEGRADED, "False", "AllReplicasServe")
 
 
 def _phase_conditions(draft: Draft, *, old: Phase, new: Phase) -> None:

@@ -4,9 +4,10 @@
   (a bad configuration, or a failure the worker knows no restart can cure) fails the job
   at once: reason ``NotRetryable``, the pod's termination message in ``status.message``,
   no restart and no backoff.
-- Any other failure restarts the gang (``maxRestarts``, doubling backoff); a disruption
-  (drain, eviction, deletion, a preempted exit, a missing pod) restarts it as a
-  preemption, counted apart.
+- Any other failure of a policy pod restarts the policy gang (``maxRestarts``, doubling
+  backoff); a disruption (drain, eviction, deletion, a preempted exit, a missing pod, a
+  lost node) restarts it as a preemption, counted apart.  The rollout replicas keep
+  running (their own failures are ``rollout_replicas.py``'s).
 
 Must not import: kopf, kubernetes, aiohttp.
 """
@@ -44,4 +45,5 @@ def restart_on_failure(inp: RoundInput, draft: Draft) -> Finding | None:
         failures=failures,
         disruptions=disruptions,
         notice_from=inp.first_disrupted,
+        scope="policy",
     )

@@ -1,20 +1,21 @@
-"""Creating the epoch's gang: pods of older epochs are deleted first, and the gang is
-created only once they are gone, their rendezvous entries are cleared and the restart's
-backoff is over (what the stopped gang reported meanwhile is still counted).
+"""Creating the epoch's gang: pods of older incarnations are deleted first, and the policy
+gang is created only once the older policy pods are gone (or lost with their node), the
+rendezvous is cleared of all but the entries of the rollout replicas that keep running,
+and the restart's backoff is over (what the stopped gang reported meanwhile is still
+counted).  Rollout slots without a pod come with it.
 
 Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
 
-from refit_operator import render
 from refit_operator.core import progress
 from refit_operator.core.coordinate import clear
-from refit_operator.core.decision import Create
 from refit_operator.core.draft import Draft
 from refit_operator.core.phases import Finding
 from refit_operator.core.round_input import RoundInput
 from refit_operator.core.steps.restart import POLL_DELETING_S
+from refit_operator.core.steps.rollout_replicas import due, rollout_pods
 
 
 def delete_old_epochs(inp: RoundInput, draft: Draft) -> Finding | None:
@@ -27,10 +28,11 @@ def create_gang(inp: RoundInput, draft: Draft) -> Finding | None:
         return None
     draft.status = progress.fold_previous_epoch(draft.status, inp.spec, inp.observed)
     status = draft.status
-    if inp.stale:
+    if any(p.role == "policy" and p.node_lost is None for p in inp.stale):
         draft.later(POLL_DELETING_S)
         return "waiting_for_gang" if status.epoch > 0 else "not_ready"
-    stale_data = clear(inp.observed.rendezvous)
+    serving = frozenset(s.pod.uid for s in inp.slots if s.pod is not None and s.pod.uid)
+    stale_data = clear(inp.observed.rendezvous, serving)
     if stale_data:  # old pods are gone: drop their entries before new ones arrive
         draft.actions.extend(stale_data)
         draft.later(POLL_DELETING_S)
@@ -38,10 +40,7 @@ def create_gang(inp: RoundInput, draft: Draft) -> Finding | None:
     if status.restart_at is not None and inp.now < status.restart_at:
         draft.later((status.restart_at - inp.now).total_seconds())
         return "waiting_for_gang"
-    pods = render.render_gang(
-        inp.job.ref, inp.spec, status.epoch, inp.options, status.refits_completed
-    )
-    draft.actions.extend(Create(p) for p in pods)
+    draft.actions.extend(rollout_pods(inp, draft, due(inp, draft), policy=True))
     draft.update(
         created_epoch=status.epoch,
         restart_at=None,

@@ -1,7 +1,10 @@
 """How a gang stops and starts again in a new epoch (shared by the spec-change, start
-deadline and failure policies): every pod stops, the epoch goes up, and after a backoff
-the gang is recreated.  Failures use up ``maxRestarts`` (doubling backoff); preemptions
-are counted apart; a spec change is neither.
+deadline and failure policies): the policy gang stops (``scope="policy"``: a policy pod
+failed or was disrupted; the rollout replicas keep serving and join the new epoch), or
+every pod does (``scope="job"``: a spec change, a late start; every rollout slot moves to
+its next generation); the epoch goes up, and after a backoff the gang is recreated.
+Failures use up ``maxRestarts`` (doubling backoff); preemptions are counted apart; a
+spec change is neither.
 
 Must not import: kopf, kubernetes, aiohttp.
 """
@@ -9,7 +12,8 @@ Must not import: kopf, kubernetes, aiohttp.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Literal
 
 from refit_operator.core import conditions as cond
 from refit_operator.core import gang
@@ -19,7 +23,7 @@ from refit_operator.core.draft import Draft
 from refit_operator.core.observe import ObservedPod
 from refit_operator.core.phases import Finding
 from refit_operator.core.round_input import RoundInput
-from refit_operator.models import RefitJobSpec
+from refit_operator.models import RefitJobSpec, RolloutReplica
 
 #: How soon to look again while old pods are still going away.
 POLL_DELETING_S = 1.0
@@ -45,6 +49,23 @@ def stop_gang(inp: RoundInput, draft: Draft) -> None:
     drop_pod_group(inp, draft)
 
 
+def reset_slots(inp: RoundInput, draft: Draft, at: datetime | None) -> None:
+    """Every rollout slot whose pod was created to its next generation, its pod created at
+    ``at`` or later (the whole job stopped: a suspend, a spec change, a late start); no
+    replacement counted."""
+    recorded = {r.rank: r for r in draft.status.rollout_replicas}
+    replicas = []
+    for slot in inp.slots:
+        rec = recorded.get(slot.rank) or RolloutReplica(rank=slot.rank, generation=slot.generation)
+        generation = max(rec.generation, slot.generation + (1 if slot.created else 0))
+        update = {"generation": generation, "pod": "", "ready": False, "replace_at": at}
+        replicas.append(rec.model_copy(update=update))
+    draft.update(rollout_replicas=replicas)
+
+
+Scope = Literal["policy", "job"]
+
+
 def restart_gang(
     inp: RoundInput,
     draft: Draft,
@@ -52,9 +73,10 @@ def restart_gang(
     failures: Sequence[str] = (),
     disruptions: Sequence[str] = (),
     notice_from: ObservedPod | None = None,
+    scope: Scope = "job",
 ) -> Finding:
-    """Stop the gang; fail the job once ``maxRestarts`` is used up, else move to the next
-    epoch, recreated after the backoff."""
+    """Stop the gang (of ``scope``); fail the job once ``maxRestarts`` is used up, else move
+    to the next epoch, recreated after the backoff."""
     if notice_from is not None and disruptions and not failures:
         # Ranks hear the notice and stop at a safe point, ahead of their own signals.
         notice = preempt_notice(
@@ -63,16 +85,22 @@ def restart_gang(
             pod=notice_from.name,
             uid=notice_from.uid,
             reason=disruptions[0],
+            role="policy" if scope == "policy" else None,
         )
         if notice is not None:
             draft.actions.append(notice)
-    stop_gang(inp, draft)
     limit = inp.spec.failure_policy.max_restarts
-    if failures and draft.status.restarts >= limit:
+    exhausted = bool(failures) and draft.status.restarts >= limit
+    if scope == "policy" and not exhausted:
+        draft.delete_pods(p for p in inp.observed.pods if p.role == "policy")
+        drop_pod_group(inp, draft)
+    else:  # the job fails, or restarts whole: nothing of it keeps running
+        stop_gang(inp, draft)
+    if exhausted:
         message = f"{failures[0]}; maxRestarts ({limit}) used up"
         draft.update(message=message, completion_time=inp.now)
         return "restarts_exhausted"
-    reason, message, delay = _count(inp, draft, failures, disruptions)
+    reason, message, delay = _count(inp, draft, failures, disruptions, scope)
     status = draft.status
     draft.update(
         epoch=status.epoch + 1,
@@ -83,6 +111,8 @@ def restart_gang(
         restart_at=inp.now + timedelta(seconds=delay),
         message=message,
     )
+    if scope == "job":
+        reset_slots(inp, draft, draft.status.restart_at)
     draft.condition(cond.RESTARTING, "True", reason, message)
     draft.actions.append(Emit("Warning", reason, message))
     draft.later(max(delay, POLL_DELETING_S))
@@ -90,16 +120,22 @@ def restart_gang(
 
 
 def _count(
-    inp: RoundInput, draft: Draft, failures: Sequence[str], disruptions: Sequence[str]
+    inp: RoundInput,
+    draft: Draft,
+    failures: Sequence[str],
+    disruptions: Sequence[str],
+    scope: Scope,
 ) -> tuple[str, str, float]:
     """Count the restart or preemption: the reason, the message and the backoff."""
+    gang_word = "policy gang" if scope == "policy" else "gang"
     if failures:
         restarts = draft.status.restarts + 1
         draft.update(restarts=restarts)
-        return "Restarted", f"gang restart {restarts}: {failures[0]}", backoff(inp.spec, restarts)
+        message = f"{gang_word} restart {restarts}: {failures[0]}"
+        return "Restarted", message, backoff(inp.spec, restarts)
     if disruptions:
         preemptions = draft.status.preemptions + 1
         draft.update(preemptions=preemptions)
-        message = f"gang preempted ({preemptions}): {disruptions[0]}"
+        message = f"{gang_word} preempted ({preemptions}): {disruptions[0]}"
         return "Preempted", message, float(inp.spec.failure_policy.backoff_seconds)
     return "SpecChanged", "the spec changed; recreating the gang", 0.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 from refit_operator.core.draft import Draft
 from refit_operator.core.phases import Finding
 from refit_operator.core.round_input import RoundInput
-from refit_operator.core.steps.restart import drop_pod_group
+from refit_operator.core.steps.restart import drop_pod_group, reset_slots
 from refit_operator.models import Phase
 
 
@@ -27,5 +27,6 @@ def suspend(inp: RoundInput, draft: Draft) -> Finding | None:
             epoch_start_time=None,
             start_time=None,
         )
+        reset_slots(inp, draft, None)  # every rollout pod stops too: new names on resume
     draft.delete_pods(inp.observed.pods)
     return "suspended"

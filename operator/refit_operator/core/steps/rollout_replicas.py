@@ -1,0 +1,194 @@
+"""Rollout replicas are their own failure domain: a rollout pod that fails, is disrupted,
+goes missing or is lost with its node is replaced alone, under its rank's next
+generation (a new name, so the replacement never waits for the pod it replaces); the
+policy pods keep running.  Failures use up ``rollout.failurePolicy.maxReplacements``
+(with a doubling backoff per failure of the same rank in a row), preemptions do not and
+are replaced at once.  Scaling ``rollout.replicas`` adds slots, created at once, and
+retires the pods of ranks over the count once they exited or reported ``left``.
+
+Must not import: kopf, kubernetes, aiohttp.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from refit_operator import names, render
+from refit_operator.core.decision import Create, Emit
+from refit_operator.core.draft import Draft
+from refit_operator.core.phases import Finding
+from refit_operator.core.round_input import RoundInput, Slot
+from refit_operator.core.steps.restart import POLL_DELETING_S, stop_gang
+from refit_operator.models import RefitJobSpec, RolloutReplica
+
+
+def sync_slots(inp: RoundInput, draft: Draft) -> Finding | None:
+    """``status.rolloutReplicas`` as the slots stand: one per rank of the desired count,
+    each with its generation, pod and what it committed."""
+    recorded = {r.rank: r for r in draft.status.rollout_replicas}
+    committed = _committed(inp)
+    replicas = []
+    for slot in inp.slots:
+        rec = recorded.get(slot.rank) or RolloutReplica(rank=slot.rank)
+        same = rec.generation == slot.generation
+        ready = slot.pod is not None and slot.pod.ready
+        last = committed.get(slot.rank, rec.last_committed_refit if same else 0)
+        replicas.append(
+            RolloutReplica(
+                rank=slot.rank,
+                generation=slot.generation,
+                pod=slot.name if slot.created else "",
+                last_committed_refit=last,
+                ready=ready,
+                # A replica that came up Ready ends its rank's run of failures.
+                failures=0 if ready else rec.failures,
+                replace_at=rec.replace_at if same else None,
+            )
+        )
+    selector = names.rollout_selector(inp.job.ref.name)
+    draft.update(rollout_replicas=replicas, rollout_selector=selector)
+    return None
+
+
+def _committed(inp: RoundInput) -> dict[int, int]:
+    """Each slot's last committed refit, from its own pod's progress report (any epoch)."""
+    uids = {s.pod.uid: s.rank for s in inp.slots if s.pod is not None and s.pod.uid}
+    return {
+        uids[e.uid]: e.refits_completed
+        for e in inp.observed.entries.progress()
+        if e.role == "rollout" and e.uid in uids
+    }
+
+
+def _why(inp: RoundInput, slot: Slot) -> tuple[str, bool] | None:
+    """Why the slot's replica must be replaced, and whether it failed (else: disrupted)."""
+    pod = slot.pod
+    if slot.name in inp.done or (pod is not None and pod.phase == "Succeeded"):
+        return None  # its work is on record
+    if pod is None:
+        return (f"{slot.name}: PodMissing", False) if slot.created else None
+    if pod.failure and pod.node_lost is None:
+        return pod.failure, True
+    if pod.taken:
+        return f"{pod.name}: {pod.taken}", False
+    return None
+
+
+def replace_lost(inp: RoundInput, draft: Draft) -> Finding | None:
+    """Replace each failed, disrupted or missing rollout replica alone; fail the job once
+    failures used up ``maxReplacements``."""
+    limit = inp.spec.rollout_failure_policy.max_replacements
+    for slot in inp.slots:
+        found = _why(inp, slot)
+        if found is None:
+            continue
+        why, failed = found
+        if failed and draft.status.rollout_failures >= limit:
+            stop_gang(inp, draft)
+            draft.failed_reason = "ReplacementsExhausted"
+            message = f"{why}; rollout.failurePolicy.maxReplacements ({limit}) used up"
+            draft.update(message=message, completion_time=inp.now)
+            return "restarts_exhausted"
+        _replace(inp, draft, slot, why, failed=failed)
+    return None
+
+
+def _replace(inp: RoundInput, draft: Draft, slot: Slot, why: str, *, failed: bool) -> None:
+    status = draft.status
+    old = next(r for r in status.rollout_replicas if r.rank == slot.rank)
+    failures = old.failures + 1 if failed else old.failures
+    delay = _backoff(inp.spec, failures) if failed else 0.0
+    new = old.model_copy(
+        update={
+            "generation": slot.generation + 1,
+            "pod": "",
+            "ready": False,
+            "failures": failures,
+            "replace_at": inp.now + timedelta(seconds=delay),
+        }
+    )
+    replicas = [new if r.rank == slot.rank else r for r in status.rollout_replicas]
+    count = status.rollout.replacements + 1
+    draft.update(
+        rollout_replicas=replicas,
+        rollout=status.rollout.model_copy(update={"replacements": count}),
+        rollout_failures=status.rollout_failures + (1 if failed else 0),
+    )
+    if slot.pod is not None:
+        draft.delete_pods([slot.pod])
+    name = names.pod_name(inp.job.ref.name, "rollout", slot.rank, slot.generation + 1)
+    message = f"rollout rank {slot.rank} replaced by {name} (replacement {count}): {why}"
+    draft.actions.append(Emit("Warning" if failed else "Normal", "RolloutReplaced", message))
+    draft.later(max(delay, POLL_DELETING_S))
+
+
+def _backoff(spec: RefitJobSpec, failures: int) -> float:
+    policy = spec.rollout_failure_policy
+    return float(
+        min(policy.max_backoff_seconds, policy.backoff_seconds * 2 ** max(0, failures - 1))
+    )
+
+
+def retire_removed(inp: RoundInput, draft: Draft) -> Finding | None:
+    """Pods of ranks a scale-down removed go once they exited, reported ``left``, never
+    started, or lost their node; until then they finish the refit they are in."""
+    left = {e.uid for e in inp.observed.entries.progress() if e.state == "left"}
+    going = [p for p in inp.leaving if p.gone or p.phase == "Pending" or p.uid in left]
+    draft.delete_pods(going)
+    if len(going) < len(inp.leaving):
+        draft.later(POLL_DELETING_S)
+    return None
+
+
+def due(inp: RoundInput, draft: Draft) -> dict[int, int]:
+    """The slots whose pod is to be created now (rank -> generation); asks to look again
+    when a replacement's backoff runs out."""
+    existing = {(p.rank, p.generation) for p in inp.observed.pods if p.role == "rollout"}
+    out: dict[int, int] = {}
+    for rec in draft.status.rollout_replicas:
+        if rec.pod or (rec.rank, rec.generation) in existing:
+            continue
+        if rec.replace_at is not None and inp.now < rec.replace_at:
+            draft.later((rec.replace_at - inp.now).total_seconds())
+            continue
+        out[rec.rank] = rec.generation
+    return out
+
+
+def rollout_pods(
+    inp: RoundInput, draft: Draft, slots: dict[int, int], *, policy: bool
+) -> list[Create]:
+    """The creates of ``slots`` (with the epoch's policy gang when ``policy``), recorded as
+    created in the status."""
+    status = draft.status
+    leader = next((r.generation for r in status.rollout_replicas if r.rank == 0), 0)
+    objs = render.render_gang(
+        inp.job.ref,
+        inp.spec,
+        status.epoch,
+        inp.options,
+        status.refits_completed,
+        policy=policy,
+        rollout=slots,
+        rollout_leader=leader,
+    )
+    job = inp.job.ref.name
+    replicas = [
+        r.model_copy(update={"pod": names.pod_name(job, "rollout", r.rank, r.generation)})
+        if r.rank in slots
+        else r
+        for r in status.rollout_replicas
+    ]
+    draft.update(rollout_replicas=replicas)
+    return [Create(o) for o in objs]
+
+
+def create_due(inp: RoundInput, draft: Draft) -> Finding | None:
+    """Replacements and new ranks of a scale-up join the running epoch (at its next refit
+    boundary); while the policy gang is being recreated they come with it."""
+    if not inp.created:
+        return None
+    slots = due(inp, draft)
+    if slots:
+        draft.actions.extend(rollout_pods(inp, draft, slots, policy=False))
+    return None
