@@ -28,7 +28,7 @@ from tests.cluster import records
 from tests.cluster.controlplane import NODE_MONITOR_GRACE_S, NODE_MONITOR_PERIOD_S
 from tests.cluster.node import ProcessNode, lease_ns
 from tests.cluster.rest import ApiError
-from tests.cluster.support import Cluster, wait
+from tests.cluster.support import Cluster, Install, example, wait
 
 from refit_operator import kube
 from refit_operator.core import lost_nodes
@@ -44,13 +44,22 @@ NS = "node-death"
 MARKED_BOUND_S = NODE_MONITOR_GRACE_S + NODE_MONITOR_PERIOD_S + 50
 
 
+#: Only pods that tolerate it and select it go to the node that will die.
+DYING = {"key": "refit.dev/dying", "value": "yes", "effect": "NoSchedule"}
+
+
 @pytest.fixture
 def dying(cluster: Cluster, tmp_path: Path) -> Iterator[ProcessNode]:
     name = f"node-dies-{uuid.uuid4().hex[:6]}"
-    # Tainted so that kube-scheduler puts no other test's pod here; this module's pods
-    # name the node themselves.
-    taint = {"key": "refit.dev/dying", "value": "yes", "effect": "NoSchedule"}
-    node = ProcessNode(name, cluster.rest, tmp_path / name, cluster.network, taints=[taint])
+    # Tainted so that kube-scheduler puts no other test's pod here.
+    node = ProcessNode(
+        name,
+        cluster.rest,
+        tmp_path / name,
+        cluster.network,
+        taints=[DYING],
+        labels={DYING["key"]: DYING["value"]},
+    )
     node.start()
     try:
         yield node
@@ -227,3 +236,84 @@ def _force_delete(cluster: Cluster, names: list[str], dying: ProcessNode) -> Non
     assert _with_api(cluster, delete(*forced)) == [None, None]
     # Grace 0: gone at once, with no kubelet to confirm (a read, not a wait).
     assert _pods(cluster) == []
+
+
+def _node_lost_events(cluster: Cluster, uid: str) -> list[dict[str, Any]]:
+    items = cluster.rest.get(f"/apis/events.k8s.io/v1/namespaces/{NS}/events")["items"]
+    return [e for e in items if e["regarding"].get("uid") == uid and e["reason"] == "NodeLost"]
+
+
+def _job_on(node: ProcessNode) -> dict[str, Any]:
+    """A long job whose rollout pods run on ``node`` alone (its policy pods elsewhere)."""
+    job = example("local", metadata={"name": "lost-node", "namespace": NS})
+    # Long enough to be mid-job when the node dies, and a refit timeout longer than the
+    # node-lost bound, so the lost pods are still not deleting when the bound ends.
+    job["spec"]["transfer"].update(refits=100000, timeoutSeconds=600)
+    job["spec"]["rollout"]["template"] = {
+        "spec": {
+            "nodeSelector": {DYING["key"]: DYING["value"]},
+            "tolerations": [{**DYING, "operator": "Equal"}],
+        }
+    }
+    return job
+
+
+def test_the_operator_announces_pods_lost_with_a_dead_node_and_force_deletes_them(
+    cluster: Cluster, install: Install, dying: ProcessNode
+) -> None:
+    """The operator itself, unprompted by any pod change once the node is marked: the
+    NodeLost Event after kube-controller-manager's grace plus nodeLostSeconds (30, the
+    default), then, once a person taints the node out of service, the force delete."""
+    cluster.namespace(NS)
+    cluster.kubectl.apply(_job_on(dying))
+    wait(
+        lambda: cluster.job_status(NS, "lost-node").get("refitsCompleted", 0) >= 1,
+        "the job's first refit",
+        timeout=240,
+    )
+    job = cluster.kubectl.json("get", "rj", "lost-node", "-n", NS)
+    rollout = {
+        p["metadata"]["name"]
+        for p in cluster.pods(NS, "refit.dev/job=lost-node,refit.dev/role=rollout")
+    }
+    on_node = {
+        p["metadata"]["name"] for p in cluster.pods(NS) if p["spec"].get("nodeName") == dying.name
+    }
+    assert rollout and on_node == rollout
+    died = time.monotonic()
+    dying.die()
+    bound = NODE_MONITOR_GRACE_S + NODE_MONITOR_PERIOD_S + 30 + lost_nodes.NODE_RECHECK_S
+    events = wait(
+        lambda: _node_lost_events(cluster, job["metadata"]["uid"]),
+        f"the operator's NodeLost Event about {dying.name}",
+        timeout=bound + 90,
+    )
+    announced_s = time.monotonic() - died
+    note = events[0]["note"]
+    assert events[0]["type"] == "Warning"
+    assert note.startswith(f"node {dying.name} unreachable (Ready Unknown) since "), note
+    assert all(name in note for name in rollout), note
+    cluster.kubectl.ok(
+        "taint", "node", dying.name, f"{OUT_OF_SERVICE}=nodeshutdown:NoSchedule", "--overwrite"
+    )
+    tainted = time.monotonic()
+    wait(
+        lambda: (
+            not [
+                p
+                for p in cluster.pods(NS)
+                if p["metadata"]["name"] in rollout and p["spec"].get("nodeName") == dying.name
+            ]
+        ),
+        f"the operator to force-delete the pods on out-of-service {dying.name}",
+        timeout=lost_nodes.NODE_RECHECK_S + 90,
+    )
+    deleted_s = time.monotonic() - tainted
+    records.record(
+        "node death",
+        f"the operator announced NodeLost {announced_s:.1f} s after the node died (node-monitor"
+        f" grace {NODE_MONITOR_GRACE_S} s + nodeLostSeconds 30), and force-deleted its pods"
+        f" {deleted_s:.1f} s after the out-of-service taint (it looks again every"
+        f" {lost_nodes.NODE_RECHECK_S:g} s while pods sit on a lost node)",
+    )
+    cluster.kubectl.ok("delete", "rj", "lost-node", "-n", NS, "--wait=false")
