@@ -253,6 +253,7 @@ def _job_on(node: ProcessNode) -> dict[str, Any]:
         "spec": {
             "nodeSelector": {DYING["key"]: DYING["value"]},
             "tolerations": [{**DYING, "operator": "Equal"}],
+            "containers": [{"name": "worker"}],  # the operator's own container, by name
         }
     }
     return job
