@@ -254,13 +254,13 @@ class Controller:
             raw_spec=job.get("spec"),
             status=parse_status(job.get("status")),
         )
-        nodes = await self._nodes(pods)
+        nodes = await self.read_nodes(pods)
         bound = node_lost_seconds(job.get("spec"))
         return view, observe(
             pods, others, rendezvous, nodes=nodes, now=self._clock(), node_lost_seconds=bound
         )
 
-    async def _nodes(self, pods: list[dict[str, Any]]) -> dict[str, NodeFacts]:
+    async def read_nodes(self, pods: list[dict[str, Any]]) -> dict[str, NodeFacts]:
         """The facts of each node a pod of the job is bound to, read concurrently (a GET
         per node, not a list of the whole cluster's).  Without the right to read Nodes
         (a chart older than the operator) the round goes on without them, said once."""

@@ -31,11 +31,13 @@ from tests.cluster.rest import ApiError
 from tests.cluster.support import Cluster, Install, example, wait
 
 from refit_operator import kube
+from refit_operator.controller import Controller
 from refit_operator.core import lost_nodes
 from refit_operator.core.decision import Delete
-from refit_operator.core.nodes import OUT_OF_SERVICE, gone_node, node_facts
+from refit_operator.core.nodes import OUT_OF_SERVICE
 from refit_operator.core.observe import observe
 from refit_operator.kube_writes import KubeWrites
+from refit_operator.render import RenderOptions
 
 T = TypeVar("T")
 NS = "node-death"
@@ -136,17 +138,13 @@ def _ready(cluster: Cluster, node: str) -> dict[str, Any]:
 
 
 def _observe(cluster: Cluster, pods: list[dict[str, Any]], bound: float) -> Any:
-    """What a controller round observes: a GET per node its pods are on, then the pure
-    observation (``Controller._nodes`` does the same with the job's pods)."""
-    wanted = sorted({p["spec"]["nodeName"] for p in pods})
+    """What a controller round observes: the controller's own GET per node its pods are
+    on, then the pure observation."""
 
-    async def read(api: kube.Kube) -> list[Any]:
-        return list(await asyncio.gather(*(api.get_node(n) for n in wanted)))
+    async def read(api: kube.Kube) -> Any:
+        return await Controller(api, RenderOptions()).read_nodes(pods)
 
-    found = _with_api(cluster, read)
-    nodes = {
-        n: gone_node(n) if f is None else node_facts(f) for n, f in zip(wanted, found, strict=True)
-    }
+    nodes = _with_api(cluster, read)
     return observe(pods, [], {}, nodes=nodes, now=datetime.now(UTC), node_lost_seconds=bound)
 
 
