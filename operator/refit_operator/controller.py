@@ -19,6 +19,7 @@ from typing import Any
 from refit_operator import kube, names
 from refit_operator.apply import Applier
 from refit_operator.core.decision import JobView
+from refit_operator.core.nodes import NodeFacts, gone_node, node_facts, node_lost_seconds
 from refit_operator.core.observe import Observed, observe
 from refit_operator.core.reconcile import reconcile
 from refit_operator.kube_writes import KubeWrites
@@ -67,6 +68,7 @@ class Controller:
         #: Called before every round; raises (or ends the process) when this replica must
         #: not reconcile any more (a lost leader Lease).
         self._guard = guard
+        self._warned_nodes = False
 
     async def close(self) -> None:
         for key in list(self._jobs):
@@ -252,7 +254,32 @@ class Controller:
             raw_spec=job.get("spec"),
             status=parse_status(job.get("status")),
         )
-        return view, observe(pods, others, rendezvous)
+        nodes = await self.read_nodes(pods)
+        bound = node_lost_seconds(job.get("spec"))
+        return view, observe(
+            pods, others, rendezvous, nodes=nodes, now=self._clock(), node_lost_seconds=bound
+        )
+
+    async def read_nodes(self, pods: list[dict[str, Any]]) -> dict[str, NodeFacts]:
+        """The facts of each node a pod of the job is bound to, read concurrently (a GET
+        per node, not a list of the whole cluster's).  Without the right to read Nodes
+        (a chart older than the operator) the round goes on without them, said once."""
+        wanted = sorted(
+            {str(p["spec"]["nodeName"]) for p in pods if (p.get("spec") or {}).get("nodeName")}
+        )
+        try:
+            found = await asyncio.gather(*(self._api.get_node(n) for n in wanted))
+        except kube.ApiError as exc:
+            if exc.status != 403:
+                raise
+            if not self._warned_nodes:
+                log.warning("cannot read Nodes, pods on lost nodes go unnoticed: %s", exc)
+                self._warned_nodes = True
+            return {}
+        return {
+            n: gone_node(n) if node is None else node_facts(node)
+            for n, node in zip(wanted, found, strict=True)
+        }
 
 
 def _owned(objs: list[dict[str, Any]], uid: str) -> list[dict[str, Any]]:

@@ -40,6 +40,12 @@ PLURALS: dict[tuple[str, str], str] = {
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): "podgroups",
 }
 
+#: Cluster-scoped kinds the operator only reads, by name, with the verbs it uses (the
+#: chart grants exactly these; ``tests/integration/test_chart_rbac.py`` checks).
+CLUSTER_READS: dict[tuple[str, str], tuple[str, frozenset[str]]] = {
+    ("v1", "Node"): ("nodes", frozenset({"get"})),
+}
+
 #: Non-pod children, listed by the job label on every reconcile.
 STATIC_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "Service"),
@@ -209,15 +215,34 @@ class Kube:
             return False
         return True
 
-    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
-        """Delete; False (not an error) when it is already gone."""
+    async def delete(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        *,
+        options: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Delete (with ``DeleteOptions`` when given); False (not an error) when it is
+        already gone."""
+        body = None if options is None else {"apiVersion": "v1", "kind": "DeleteOptions", **options}
         try:
-            await self.request("DELETE", object_path(api_version, kind, namespace, name))
+            await self.request("DELETE", object_path(api_version, kind, namespace, name), body=body)
         except ApiError as exc:
             if exc.status == 404:
                 return False
             raise
         return True
+
+    async def get_node(self, name: str) -> Any:
+        """The cluster-scoped Node ``name``, or None when it does not exist."""
+        try:
+            return await self.request("GET", f"/api/v1/nodes/{quote(name)}")
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     async def merge_patch(
         self,

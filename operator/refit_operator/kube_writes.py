@@ -47,11 +47,16 @@ class KubeWrites:
         return None
 
     async def delete(self, action: Delete) -> WriteError | None:
+        options = _delete_options(action)
         try:
-            await self._api.delete(action.api_version, action.kind, self._namespace, action.name)
+            await self._api.delete(
+                action.api_version, action.kind, self._namespace, action.name, options=options
+            )
         except kube.ApiError as exc:
             if action.kind == "PodGroup" and exc.status == 404:
                 return None  # no PodGroup API installed: nothing to delete
+            if action.uid is not None and exc.status == 409:
+                return None  # the uid precondition: that pod is gone, a successor has the name
             return _refused("delete", action.kind, action.name, exc)
         return None
 
@@ -107,6 +112,17 @@ class KubeWrites:
             ((written or {}).get("metadata") or {}).get("resourceVersion", self._version)
         )
         self._on_status(status)
+
+
+def _delete_options(action: Delete) -> dict[str, Any] | None:
+    """``DeleteOptions`` of a delete that asks for more than the default (a force delete:
+    grace 0, only the pod of that uid)."""
+    options: dict[str, Any] = {}
+    if action.grace_period_seconds is not None:
+        options["gracePeriodSeconds"] = action.grace_period_seconds
+    if action.uid is not None:
+        options["preconditions"] = {"uid": action.uid}
+    return options or None
 
 
 def _refused(verb: str, kind: str, name: str, exc: kube.ApiError) -> WriteError:

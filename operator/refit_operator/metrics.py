@@ -8,6 +8,12 @@ and ``rate()`` sees no reset.  Per-refit durations come from the ranks' itemised
 (the last 8 refits of each rank's progress entry), each observed once per process: a
 report is identified by (job, epoch, role, rank, refit).
 
+Per role (``role`` label: policy, rollout): pods ready, pods, replicas desired, and the
+rollout's replacements (``status.policy`` / ``status.rollout``); per rollout replica its
+generation and last committed refit (``status.rolloutReplicas``), and whether the job is
+``RolloutDegraded``.  The field names are those of docs/failure-domains.md, read where the
+status has them (a field it lacks exports no sample).
+
 The operator's own work: reconcile duration and errors, the API's error answers by
 status, and whether this replica leads.
 
@@ -229,7 +235,7 @@ class _JobCollector(Collector):
         )
         restarts = CounterMetricFamily(
             "refit_job_restarts",
-            "Gang restarts after real failures (status.restarts).",
+            "Policy-gang restarts after real failures (status.restarts).",
             labels=labels,
         )
         throughput = GaugeMetricFamily(
@@ -254,3 +260,74 @@ class _JobCollector(Collector):
         for phase, count in counts.items():
             phases.add_metric([phase.value], count)
         yield from (phases, refits, moved, preemptions, restarts, throughput, epoch)
+        yield from role_families(dict(self._jobs))
+
+
+#: (metric name, help, RoleStatus field, counter?) of each per-role series.
+_ROLE_SERIES = (
+    (
+        "refit_job_role_ready_pods",
+        "Pods of the role that are Ready (status.<role>.ready).",
+        "ready",
+        False,
+    ),
+    ("refit_job_role_pods", "Pods of the role that exist (status.<role>.total).", "total", False),
+    (
+        "refit_job_role_desired_replicas",
+        "Replicas the spec asks of the role (status.<role>.desired).",
+        "desired",
+        False,
+    ),
+    (
+        "refit_job_role_replacements",
+        "Replicas of the role replaced alone, after failures and preemptions "
+        "(status.rollout.replacements).",
+        "replacements",
+        True,
+    ),
+)
+_ROLES = ("policy", "rollout")
+
+
+def role_families(jobs: Mapping[JobKey, RefitJobStatus]) -> Iterator[Metric]:
+    """The per-role and per-replica series of ``jobs``; a status field that is absent
+    (an older status) exports no sample, never a made-up zero."""
+    labels = ["namespace", "job", "role"]
+    families: list[GaugeMetricFamily | CounterMetricFamily] = [
+        (CounterMetricFamily if counter else GaugeMetricFamily)(name, text, labels=labels)
+        for name, text, _, counter in _ROLE_SERIES
+    ]
+    replica = ["namespace", "job", "rank"]
+    generation = GaugeMetricFamily(
+        "refit_job_rollout_replica_generation",
+        "Generation of the rollout replica's live pod (status.rolloutReplicas[].generation).",
+        labels=replica,
+    )
+    committed = GaugeMetricFamily(
+        "refit_job_rollout_replica_last_committed_refit",
+        "The last refit the rollout replica committed "
+        "(status.rolloutReplicas[].lastCommittedRefit).",
+        labels=replica,
+    )
+    degraded = GaugeMetricFamily(
+        "refit_job_rollout_degraded",
+        "1 while fewer rollout replicas serve than desired (condition RolloutDegraded).",
+        labels=["namespace", "job"],
+    )
+    for (namespace, name), status in sorted(jobs.items()):
+        for role in _ROLES:
+            of_role = getattr(status, role, None)
+            for family, (_, _, field, _) in zip(families, _ROLE_SERIES, strict=True):
+                value = getattr(of_role, field, None)
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    family.add_metric([namespace, name, role], value)
+        for entry in getattr(status, "rollout_replicas", None) or ():
+            rank = str(getattr(entry, "rank", ""))
+            for family, field in ((generation, "generation"), (committed, "last_committed_refit")):
+                value = getattr(entry, field, None)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    family.add_metric([namespace, name, rank], value)
+        truth = next((c.status for c in status.conditions if c.type == "RolloutDegraded"), None)
+        if truth is not None:
+            degraded.add_metric([namespace, name], 1.0 if truth == "True" else 0.0)
+    yield from (*families, generation, committed, degraded)

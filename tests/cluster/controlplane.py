@@ -48,6 +48,11 @@ STOP_TIMEOUT_S = 15.0
 ADMIN_USER = "kube-refit-admin"
 SERVICE_CIDR = "10.0.0.0/24"
 ISSUER = "https://kubernetes.default.svc"
+#: kube-controller-manager's node monitor: a node whose Lease is not renewed for the grace
+#: period is marked Ready Unknown (and tainted unreachable), looked at every period.  Short
+#: for tests (the defaults are 50 s and 5 s); the process nodes renew every second.
+NODE_MONITOR_GRACE_S = 10
+NODE_MONITOR_PERIOD_S = 1
 
 
 class ControlPlaneError(RuntimeError):
@@ -251,6 +256,9 @@ class ControlPlane:
             "--use-service-account-credentials=true",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--leader-elect=false",
+            # A node that stops renewing its Lease is Ready Unknown this soon (default 50 s).
+            f"--node-monitor-grace-period={NODE_MONITOR_GRACE_S}s",
+            f"--node-monitor-period={NODE_MONITOR_PERIOD_S}s",
             # Every controller but the EndpointSlice ones: the process nodes' pod IPs are
             # loopback, which an EndpointSlice may not hold (no DNS here; see node.py).
             "--controllers=*,-endpointslice-controller,-endpointslice-mirroring-controller",

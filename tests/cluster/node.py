@@ -27,6 +27,11 @@ an image whose registry host ends in ``.invalid`` (a top-level domain that never
 RFC 2606) is reported ``ErrImagePull``, then ``ImagePullBackOff``, with the pod Pending and
 no process started, as a kubelet reports an image it cannot fetch.
 
+A node can die (:meth:`ProcessNode.die`): its heartbeat (Lease and status) stops, every
+process group it runs is SIGKILLed, and nothing more is written, so its pods stay in the
+API as they were, as a machine that lost power leaves them; the real node-lifecycle
+controller then marks it ``Ready Unknown`` and taints it ``unreachable``.
+
 Differences from a kubelet, on purpose: one container per pod (the first; a template's
 sidecars are not run), no images (``command`` is run as is), processes run as the test's
 user (``runAsUser`` is not applied), pod names are unique per node across namespaces.
@@ -39,6 +44,7 @@ from __future__ import annotations
 import base64
 import os
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -55,7 +61,9 @@ from refit_operator.local.kubelet import KubeletError, ProcessKubelet
 from refit_operator.local.runner import LoopbackPorts, local_env
 
 TICK_S = 0.2
-LEASE_RENEW_S = 10.0
+#: Well inside kube-controller-manager's ``--node-monitor-grace-period`` (controlplane.py),
+#: on a thread of its own: a slow pod sync must not make a live node look dead.
+LEASE_RENEW_S = 1.0
 STATUS_RENEW_S = 30.0
 #: Ticks between a failed pull's ErrImagePull and its ImagePullBackOff (a kubelet waits ~10 s).
 PULL_BACKOFF_TICKS = 10
@@ -128,6 +136,7 @@ class ProcessNode:
         self._start_times: dict[str, str] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._heart: threading.Thread | None = None
         self._booted = objects.now()
 
     @property
@@ -154,30 +163,63 @@ class ProcessNode:
             if exc.status != 409:
                 raise
         self._thread = threading.Thread(target=self._loop, name=f"node-{self.name}", daemon=True)
+        self._heart = threading.Thread(
+            target=self._heartbeat, name=f"node-{self.name}-lease", daemon=True
+        )
         self._thread.start()
+        self._heart.start()
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        for thread in (self._thread, self._heart):
+            if thread is not None:
+                thread.join(timeout)
         self.kubelet.close(timeout)
 
+    def die(self, timeout: float = 30.0) -> list[int]:
+        """As a machine that loses power: the heartbeat and the pod sync stop (nothing
+        more is written to the API), then every process group the node runs is SIGKILLed.
+        Returns the process groups killed."""
+        self._stop.set()
+        for thread in (self._thread, self._heart):
+            if thread is not None:
+                thread.join(timeout)
+                if thread.is_alive():
+                    raise RuntimeError(
+                        f"node {self.name}: {thread.name} did not stop in {timeout}s"
+                    )
+        killed = []
+        for pid in self.kubelet.pids().values():
+            try:
+                os.killpg(pid, signal.SIGKILL)  # each pod is its own session and group
+            except ProcessLookupError:
+                continue  # that pod's process had already ended
+            killed.append(pid)
+        return killed
+
     def _loop(self) -> None:
-        last_lease = last_status = time.monotonic()
+        last_status = time.monotonic()
         while not self._stop.wait(TICK_S):
             try:
                 self.sync()
                 now = time.monotonic()
-                if now - last_lease >= LEASE_RENEW_S:
-                    self._renew_lease()
-                    last_lease = now
                 if now - last_status >= STATUS_RENEW_S:
                     self._write_status()
                     last_status = now
             except Exception as exc:  # a node keeps going; the error is kept for the test
-                self.errors.append(f"{type(exc).__name__}: {exc}")
-                del self.errors[:-50]
+                self._error(exc)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(LEASE_RENEW_S):
+            try:
+                self._renew_lease()
+            except Exception as exc:
+                self._error(exc)
+
+    def _error(self, exc: Exception) -> None:
+        self.errors.append(f"{type(exc).__name__}: {exc}")
+        del self.errors[:-50]
 
     def _write_status(self) -> None:
         status = objects.node_status(self.name, self.capacity, self._booted)

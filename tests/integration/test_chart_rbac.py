@@ -130,9 +130,26 @@ def test_per_job_role_does_not_escalate(helm: Helm, tmp_path: Path, mode: str) -
 
 def test_namespaced_mode_grants_nothing_outside_the_list(helm: Helm, tmp_path: Path) -> None:
     held = operator_grants(helm.render(MODES["namespaced"], tmp_path), "team-b")
+    # Cluster-scoped kinds only (CRDs, Nodes): nothing of team-b's own objects.
     assert {(g, r) for g, r, _, _ in held} == {
-        ("apiextensions.k8s.io", "customresourcedefinitions")
+        ("apiextensions.k8s.io", "customresourcedefinitions"),
+        ("", "nodes"),
     }
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_nodes_are_granted_exactly_the_verbs_the_operator_uses(
+    helm: Helm, tmp_path: Path, mode: str
+) -> None:
+    """Least privilege on a cluster-scoped kind: the verbs ``kube.CLUSTER_READS`` says
+    the operator uses (a GET per node its pods are on), no list, no write."""
+    held = operator_grants(helm.render(MODES[mode], tmp_path), "team-a")
+    for (api_version, _kind), (plural, verbs) in kube.CLUSTER_READS.items():
+        group = api_version.rpartition("/")[0]
+        granted = {verb for g, resource, verb, _ in held if (g, resource) == (group, plural)}
+        assert granted == set(verbs), plural
+    assert not allowed(held, ("", "nodes", "patch", None))
+    assert not allowed(held, ("", "nodes", "list", None))
 
 
 def test_grant_check_notices_a_missing_right() -> None:

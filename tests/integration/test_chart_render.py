@@ -170,9 +170,10 @@ def test_default_rbac_is_cluster_wide(helm: Helm, tmp_path: Path) -> None:
 
 def test_namespaced_mode_grants_only_the_watched_namespaces(helm: Helm, tmp_path: Path) -> None:
     objects = helm.render(NAMESPACED, tmp_path)
-    # Cluster-wide, the operator may only read CRDs: no namespaced resource, no namespaces.
+    # Cluster-wide, the operator may only read CRDs and get Nodes (a pod lost with its
+    # node): no namespaced resource, no namespaces.
     (cluster_role,) = _named(objects, "ClusterRole", OPERATOR_ROLE)
-    assert {r for _, r, _ in _rules(cluster_role)} == {"customresourcedefinitions"}
+    assert {r for _, r, _ in _rules(cluster_role)} == {"customresourcedefinitions", "nodes"}
     roles = _named(objects, "Role", OPERATOR_ROLE)
     bindings = _named(objects, "RoleBinding", OPERATOR_ROLE)
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
@@ -208,7 +209,9 @@ def test_rbac_has_no_wildcards_secrets_or_peering(helm: Helm, tmp_path: Path, na
     assert roles
     for group, resource, verb in set().union(*(_rules(r) for r in roles)):
         assert "*" not in (group, resource, verb)
-        assert resource not in {"secrets", "nodes", "kopfpeerings", "clusterkopfpeerings"}
+        assert resource not in {"secrets", "kopfpeerings", "clusterkopfpeerings"}
+        # Nodes are read by name to tell a pod lost with its node, never written.
+        assert resource != "nodes" or verb == "get", (resource, verb)
         # Workers' pods are deleted and recreated, never edited in bulk.
         assert verb not in {"deletecollection", "escalate", "bind", "impersonate"}
 

@@ -7,12 +7,17 @@ Real: prometheus_client's registry, exposition and parser.  No API, no HTTP.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Any
+
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import create_model
 
 from refit_operator.core.coordinate import decode
 from refit_operator.metrics import OperatorMetrics
 from refit_operator.models import Phase, RefitJobStatus
+from refit_operator.status import Condition, RoleStatus
 from refit_worker.contract.rendezvous import ProgressEntry, RefitReport, encode_entry, progress_key
 
 
@@ -163,3 +168,80 @@ def test_operator_counters_and_leader_gauge() -> None:
     # Each operator has a registry of its own: a second one starts from nothing.
     assert ("refit_operator_reconcile_errors_total", ()) in _samples(OperatorMetrics())
     assert _samples(OperatorMetrics())[("refit_operator_reconcile_errors_total", ())] == 0
+
+
+def _with_fields(model: type[Any], **fields: tuple[Any, Any]) -> Any:
+    """``model`` with the failure-domain fields of docs/failure-domains.md, given as
+    (type, default): the model's own where it has them, else a subclass declaring them by
+    the doc's names (until the status gains them, the metrics read them where present)."""
+    missing = {k: v for k, v in fields.items() if k not in model.model_fields}
+    return create_model(f"{model.__name__}Shaped", __base__=model, **missing)  # type: ignore[call-overload]
+
+
+def test_per_role_and_per_replica_series_are_the_status() -> None:
+    metrics = OperatorMetrics(process_metrics=False)
+    metrics.set_leader(True)
+    role = _with_fields(RoleStatus, desired=(int, 0), replacements=(int, 0))
+    replica = create_model(
+        "Replica", rank=(int, 0), generation=(int, 0), last_committed_refit=(int, -1)
+    )
+    shape = create_model(  # type: ignore[call-overload]
+        "StatusShaped",
+        __base__=_with_fields(RefitJobStatus, rollout_replicas=(list[replica], [])),  # type: ignore[valid-type]
+        policy=(role, role()),  # the roles' status as shaped above
+        rollout=(role, role()),
+    )
+    condition = Condition(
+        type="RolloutDegraded",
+        status="True",
+        reason="ReplicaReplaced",
+        last_transition_time=datetime(2026, 12, 1, tzinfo=UTC),
+    )
+    # Plain data by the doc's field names, validated by whichever model holds them.
+    status = shape(
+        phase=Phase.RUNNING,
+        restarts=2,
+        policy={"ready": 2, "total": 2, "desired": 2},
+        rollout={"ready": 2, "total": 3, "desired": 3, "replacements": 5},
+        rollout_replicas=[
+            {"rank": 0, "generation": 0, "pod": "demo-rollout-0-g0", "last_committed_refit": 9},
+            {"rank": 1, "generation": 4, "pod": "demo-rollout-1-g4", "last_committed_refit": 7},
+        ],
+        conditions=[condition],
+    )
+    metrics.job_round("team-a", "demo", status, NO_ENTRIES)
+    got = _samples(metrics)
+
+    def of(name: str, **labels: str) -> float:
+        key = tuple(sorted({"namespace": "team-a", "job": "demo", **labels}.items()))
+        return got[(name, key)]
+
+    assert of("refit_job_role_ready_pods", role="rollout") == 2
+    assert of("refit_job_role_pods", role="rollout") == 3
+    assert of("refit_job_role_desired_replicas", role="rollout") == 3
+    assert of("refit_job_role_desired_replicas", role="policy") == 2
+    assert of("refit_job_role_replacements_total", role="rollout") == 5
+    assert of("refit_job_restarts_total") == 2  # the policy gang's restarts
+    assert of("refit_job_rollout_replica_generation", rank="1") == 4
+    assert of("refit_job_rollout_replica_last_committed_refit", rank="0") == 9
+    assert of("refit_job_rollout_degraded") == 1
+
+
+def test_a_status_without_the_role_fields_exports_no_made_up_samples() -> None:
+    metrics = OperatorMetrics(process_metrics=False)
+    metrics.set_leader(True)
+    plain = RefitJobStatus(rollout=RoleStatus(ready=1, total=2))
+    metrics.job_round("team-a", "demo", plain, NO_ENTRIES)
+    got = _samples(metrics)
+    names = {name for name, _ in got}
+    assert (
+        got[
+            ("refit_job_role_pods", (("job", "demo"), ("namespace", "team-a"), ("role", "rollout")))
+        ]
+        == 2
+    )
+    # What this status does not hold is absent, not zero.
+    absent = {n for n in ("refit_job_rollout_degraded", "refit_job_rollout_replica_generation")}
+    if "desired" not in RoleStatus.model_fields:
+        absent.add("refit_job_role_desired_replicas")
+    assert not names & absent

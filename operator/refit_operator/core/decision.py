@@ -21,9 +21,14 @@ class Create:
 
 @dataclass(frozen=True)
 class Delete:
+    """Delete a child; ``grace_period_seconds=0`` with ``uid`` is a force delete of that
+    very pod (one on an out-of-service node), not of a successor of the same name."""
+
     api_version: str
     kind: str
     name: str
+    grace_period_seconds: int | None = None
+    uid: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""Reading observed children: a pod manifest reduced to what the reconcile decides on, and
-the rendezvous map decoded once per round (:attr:`Observed.entries`).
+"""Reading observed children: a pod manifest reduced to what the reconcile decides on, the
+rendezvous map decoded once per round (:attr:`Observed.entries`), and the facts of the
+nodes the pods are on (``nodes.py`` decides from them whether a pod is lost with its node).
 
 A pod's failure says why in the kubelet's terms: a rank killed by a signal is "killed by
 SIGKILL (exit code 137)" and an OOM kill "OOMKilled", never a log line (the container's
@@ -13,12 +14,14 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from functools import cached_property
 from typing import Any
 
 from refit_operator import names
 from refit_operator.core.coordinate import Decoded, decode
+from refit_operator.core.nodes import DEFAULT_NODE_LOST_SECONDS, NodeFacts, holds_place, node_lost
 from refit_worker.contract.exits import EXIT_PREEMPTED
 
 #: status.reason values of pods the kubelet pushed out (node pressure, shutdown).
@@ -51,6 +54,8 @@ class ObservedPod:
     exit_code: int | None = None
     #: A rollout pod's generation (label ``refit.dev/generation``; 0 for policy pods).
     generation: int = 0
+    #: The node it is bound to (``spec.nodeName``), or None while unscheduled.
+    node: str | None = None
     #: Why the pod's node is lost (NotReady past ``nodeLostSeconds``, out-of-service), or
     #: None: such a pod is disrupted and gone, never waited for.
     node_lost: str | None = None
@@ -77,6 +82,12 @@ class Observed:
     others: frozenset[tuple[str, str]] = frozenset()
     #: Rendezvous ConfigMap name -> its data (``coordinate.py`` decides from it).
     rendezvous: Mapping[str, Mapping[str, str]] | None = None
+    #: Node name -> its facts, for every node a pod is bound to (none: nodes not read).
+    nodes: Mapping[str, NodeFacts] = field(default_factory=dict)
+    #: ``spec.failurePolicy.nodeLostSeconds`` the pods' ``node_lost`` was decided with.
+    node_lost_seconds: float = DEFAULT_NODE_LOST_SECONDS
+    #: The time ``node_lost`` was decided at (None: nodes were not looked at).
+    observed_at: datetime | None = None
 
     @cached_property
     def entries(self) -> Decoded:
@@ -217,18 +228,40 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         resource_version=str(meta.get("resourceVersion", "")),
         exit_code=_exit_code(terminated) if failed else None,
         generation=max(0, _int_label(labels, names.LABEL_GENERATION)),
+        node=str((pod.get("spec") or {}).get("nodeName") or "") or None,
     )
+
+
+def with_node(
+    pod: ObservedPod, nodes: Mapping[str, NodeFacts], now: datetime, bound: float
+) -> ObservedPod:
+    """``pod`` with ``node_lost`` decided from its node's facts (a finished pod loses
+    nothing with its node; a node not read says nothing)."""
+    if pod.node is None or not holds_place(pod.phase):
+        return pod
+    return replace(pod, node_lost=node_lost(nodes.get(pod.node), now, bound))
 
 
 def observe(
     pods: Sequence[Mapping[str, Any]],
     others: Sequence[Mapping[str, Any]],
     rendezvous: Mapping[str, Mapping[str, str]] | None = None,
+    *,
+    nodes: Mapping[str, NodeFacts] | None = None,
+    now: datetime | None = None,
+    node_lost_seconds: float = DEFAULT_NODE_LOST_SECONDS,
 ) -> Observed:
+    """What a round sees; with ``nodes`` and ``now``, which pods are lost with their node."""
+    seen = (observe_pod(p) for p in pods)
+    if nodes and now is not None:
+        seen = (with_node(p, nodes, now, node_lost_seconds) for p in seen)
     return Observed(
-        pods=tuple(sorted((observe_pod(p) for p in pods), key=lambda p: p.name)),
+        pods=tuple(sorted(seen, key=lambda p: p.name)),
         others=frozenset(
             (str(o.get("kind", "")), str((o.get("metadata") or {}).get("name", ""))) for o in others
         ),
         rendezvous=rendezvous,
+        nodes=dict(nodes or {}),
+        node_lost_seconds=node_lost_seconds,
+        observed_at=now if nodes else None,
     )

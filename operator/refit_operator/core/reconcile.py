@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from refit_operator.core import ttl
+from refit_operator.core import lost_nodes, ttl
 from refit_operator.core.decision import Decision, JobView
 from refit_operator.core.draft import Draft
 from refit_operator.core.observe import Observed
@@ -62,6 +62,9 @@ def reconcile(job: JobView, observed: Observed, now: datetime, options: RenderOp
     draft = Draft(validity.start_status(job, retry=retry), job.generation, now)
     inp = read_round(job, spec, observed, now=now, options=options, start=draft.status, retry=retry)
     finding = decide(inp, draft)
+    # Whatever the steps decided: pods on lost nodes are announced, force-deleted when out
+    # of service, and a not-ready node's bound is waited out.
+    lost_nodes.act(observed, draft)
     new = checked_next_phase(facts_of(finding, current=job.status.phase, retry_invalid=retry))
     closing.close_round(inp, draft, old=job.status.phase, new=new)
     ttl.expire(draft, job.raw_spec, new)

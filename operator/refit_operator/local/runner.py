@@ -163,7 +163,10 @@ class LocalCluster:
 
     async def delete(self, action: Delete) -> WriteError | None:
         if action.kind == "Pod":
-            self.kubelet.delete(action.name)
+            # One host, always ready: no pod is ever on a lost node, so a force delete
+            # (grace 0) is never asked for here; it would stop the process group at once.
+            grace = None if action.grace_period_seconds is None else 0.0
+            self.kubelet.delete(action.name, grace_seconds=grace)
         else:
             self.others.pop((action.kind, action.name), None)
         return None
