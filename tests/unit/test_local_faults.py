@@ -11,7 +11,7 @@ import json
 
 from refit_operator.local import faults, view
 from refit_operator.local.faults import Fault, Fired
-from refit_operator.models import RefitJobStatus
+from refit_operator.models import RefitJobStatus, parse_spec
 from refit_worker.contract.rendezvous import ProgressEntry, RefitReport, progress_key
 
 UID_A = "00000000-0000-0000-0000-00000000000a"
@@ -74,3 +74,30 @@ def test_without_per_replica_status_the_view_adds_no_replica_lines() -> None:
     status = RefitJobStatus()
     assert view.replica_lines(status) == []
     assert view.replacements(status) == 0
+
+
+def test_the_view_shows_each_replica_and_the_replacements_from_the_status() -> None:
+    raw = {
+        "rollout": {"ready": 1, "total": 2, "desired": 3, "replacements": 1},
+        "rolloutReplicas": [
+            {
+                "rank": 1,
+                "generation": 0,
+                "pod": "j-rollout-1-g0",
+                "ready": True,
+                "lastCommittedRefit": 4,
+            },
+            {"rank": 0, "generation": 1, "pod": "", "ready": False},
+        ],
+    }
+    status = RefitJobStatus.model_validate(raw)
+    lines = view.replica_lines(status)
+    assert lines[0].split()[:3] == ["rollout-0", "generation", "1"], lines
+    assert "not ready" in lines[0] and lines[0].endswith("pod -")
+    assert "committed 4" in lines[1] and "j-rollout-1-g0" in lines[1]
+    assert view.replacements(status) == 1
+    spec = parse_spec({"image": "x", "rollout": {"replicas": 2}})
+    block = view.live_lines("j", spec, status, 1.0, 0)
+    assert "rollout  ready 1/3" in block[2] and "replacements 1" in block[3]
+    assert view.status_key(status) != view.status_key(RefitJobStatus())
+    assert "gen0=1 gen1=0" in view.status_line("j", spec, status, 1.0, 0)

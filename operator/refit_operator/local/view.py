@@ -6,12 +6,11 @@ Must not import: kopf, kubernetes.
 
 from __future__ import annotations
 
-from typing import Any
-
 from refit_operator.core.decision import Emit
 from refit_operator.local.faults import Fault, outcome
 from refit_operator.local.runner import RunResult
 from refit_operator.models import Phase, RefitJobSpec, RefitJobStatus
+from refit_operator.status import RolloutReplica
 
 
 def human_bytes(n: float) -> str:
@@ -81,29 +80,29 @@ def live_lines(
 def rollout_desired(spec: RefitJobSpec, status: RefitJobStatus) -> int:
     """The rollout replicas asked for now: the status's (a scale changes it mid-run) once
     the operator reports it, the manifest's before."""
-    desired = getattr(status.rollout, "desired", 0)
-    return int(desired) if desired else spec.rollout.replicas
+    return status.rollout.desired or spec.rollout.replicas
 
 
 def replacements(status: RefitJobStatus) -> int:
-    """Rollout replicas replaced alone so far (the status's count; 0 before it has one)."""
-    return int(getattr(status.rollout, "replacements", 0) or 0)
+    """Rollout replicas replaced alone so far."""
+    return status.rollout.replacements
 
 
-def _replicas(status: RefitJobStatus) -> list[Any]:
-    return list(getattr(status, "rollout_replicas", None) or [])
+def _replicas(status: RefitJobStatus) -> list[RolloutReplica]:
+    """The status's rollout replicas in rank order."""
+    return sorted(status.rollout_replicas, key=lambda r: r.rank)
 
 
 def replica_lines(status: RefitJobStatus) -> list[str]:
     """One line per rollout replica, from ``status.rolloutReplicas`` (none until the
-    operator reports them): its generation (replacements of that rank) and last refit."""
+    operator reports them): its generation (replacements of that rank), the refits it has
+    committed (``lastCommittedRefit``: the job's count up to its last one) and its pod."""
     out = []
-    for replica in sorted(_replicas(status), key=lambda r: int(r.rank)):
-        last = replica.last_committed_refit
+    for replica in _replicas(status):
         out.append(
             f"    rollout-{replica.rank}  generation {replica.generation}  "
-            f"{'ready' if replica.ready else 'not ready'}  last refit "
-            f"{'-' if last is None else last}  pod {replica.pod}"
+            f"{'ready' if replica.ready else 'not ready'}  committed "
+            f"{replica.last_committed_refit}  pod {replica.pod or '-'}"
         )
     return out
 
@@ -145,7 +144,7 @@ def status_key(status: RefitJobStatus) -> tuple[object, ...]:
 
 
 def rollout_desired_key(status: RefitJobStatus) -> int:
-    return int(getattr(status.rollout, "desired", 0) or 0)
+    return status.rollout.desired
 
 
 def status_line(
