@@ -38,6 +38,8 @@ async def trainer(model: torch.nn.Module, session: RefitSession) -> None:
         optimizer.step()
         stats = await session.send(model.named_parameters(), refit_id=refit)
         print(f"refit {refit}: sent {stats.bytes} bytes, {stats.gbps:.3f} GB/s", flush=True)
+    # A rollout replica that joined after the last refit (a replacement) gets it too.
+    await session.linger(model.named_parameters())
 
 
 async def serve_until_next_refit(model: torch.nn.Module) -> None:
@@ -49,13 +51,15 @@ async def serve_until_next_refit(model: torch.nn.Module) -> None:
 
 
 async def server(model: torch.nn.Module, session: RefitSession) -> None:
-    for refit in session.pending_refits:
+    # Not a fixed range: a replica that joined late (a replacement) skips the refits it
+    # missed and takes the next one sent.
+    while session.pending_refits:
         generation = asyncio.create_task(serve_until_next_refit(model))
         # Lands in a spare copy while `generation` keeps serving the current weights; the
         # commit swaps the copies between two forward passes.
-        stats = await session.receive_into(model, refit_id=refit, mode="double_buffer")
+        stats = await session.receive_into(model, mode="double_buffer")
         await generation
-        print(f"refit {refit}: committed {stats.bytes} bytes", flush=True)
+        print(f"refit {stats.refit_id}: committed {stats.bytes} bytes", flush=True)
 
 
 async def main() -> None:

@@ -46,11 +46,14 @@ def test_example_calls_match_the_session_api() -> None:
         and isinstance(node.value, ast.Name)
         and node.value.id == "session"
     }
-    assert used == {"send", "receive_into", "pending_refits"}
+    # linger: after the last refit, a replica that joined late still gets it.
+    assert used == {"send", "receive_into", "pending_refits", "linger"}
     assert all(hasattr(RefitSession, name) for name in used)
     assert "refit_id" in inspect.signature(RefitSession.send).parameters
     receive_into = inspect.signature(RefitSession.receive_into).parameters
     assert {"refit_id", "mode"} <= set(receive_into)
+    # The README's servers take "the next refit": refit_id defaults to it.
+    assert receive_into["refit_id"].default is None
     assert hasattr(RefitSession, "from_env") and hasattr(RefitSession, "__enter__")
 
 

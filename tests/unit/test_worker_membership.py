@@ -94,8 +94,13 @@ def test_a_lingering_policy_owes_the_last_refit_to_members_without_it() -> None:
     assert all_done(barrier, progress)
 
 
-def test_an_empty_slot_keeps_the_job_from_being_done() -> None:
+def test_an_empty_slot_is_done_only_when_its_last_pod_said_so() -> None:
     barrier = _barrier(("a", 0), None)
     progress = {("rollout", 0): _progress(0, "a", 4, "done")}
     assert lacking(barrier, progress, refits=4) == set()
+    assert not all_done(barrier, progress)  # rank 1 never reported: a joiner is owed
+    progress[("rollout", 1)] = _progress(1, "b", 2, "running")  # died mid-run
     assert not all_done(barrier, progress)
+    # Finished and exited, and the coordinator dropped it from the membership.
+    progress[("rollout", 1)] = _progress(1, "b", 4, "done")
+    assert all_done(barrier, progress)

@@ -6,14 +6,20 @@ rank-0 address, and then, under :class:`DistributedSignalHandler` with the confi
 signal:
 
 - a **policy** rank loads its weights, and for each refit changes them (a stand-in for a
-  training step) and streams them to its rollout peers;
+  training step) and streams them to the rollout members of the moment; after the last
+  refit it lingers, sending it again to members that joined late, until every rollout
+  rank is done (or nothing changed for ``timeout_seconds``);
 - a **rollout** rank receives each refit into a staging area, verifies it (manifest
   completeness always; for synthetic weights also every tensor bit for bit against the
-  regenerated expected values) and commits it.
+  weights regenerated for the refit id that arrived: a late joiner skips refits) and
+  commits it.  Rollout ranks join no torch.distributed group: each is a failure domain of
+  its own, replaced alone, and it follows a policy restart without one of its own.
 
-Each rank reports progress under its own rendezvous key.  On a signal or a job-wide
-preemption notice every rank stops at its next bucket or refit boundary, reports
-``preempted`` and exits with :data:`EXIT_PREEMPTED`.  Exit 0 means every refit done.
+Each rank reports progress under its own rendezvous key.  On a signal or a preemption
+notice for its role a rank stops at its next bucket or refit boundary, reports
+``preempted`` and exits with :data:`EXIT_PREEMPTED`.  Exit 0 means every refit done, or
+(a rollout rank) ``left``: removed by a scale-down.  A stale rollout pod (another pod holds
+its rank) exits :data:`EXIT_PREEMPTED` and reports nothing.
 A failure, at start-up too, is stated in one line in the termination message; the exit
 code says whether a restart could cure it (:mod:`refit_worker.contract.failures`):
 :data:`EXIT_NOT_RETRYABLE` if not, else :data:`EXIT_FAILED`.
@@ -45,6 +51,7 @@ from refit_worker.contract.exits import (
 from refit_worker.contract.failures import exit_code_for, is_retryable, one_line
 from refit_worker.contract.progress import ProgressLog
 from refit_worker.metrics import RankLabels, RankMetrics, serve
+from refit_worker.refits import Removed, Superseded
 from refit_worker.session import Preempted, RefitSession, RefitStats, StateDict, Verifier
 from refit_worker.signal_handler import DistributedSignalHandler
 from refit_worker.termination import write_termination_message
@@ -127,7 +134,8 @@ def run(config: WorkerConfig, metrics_port: int | None = None) -> int:
     """
     who = f"{config.role} rank {config.rank} (epoch {config.epoch})"
     try:
-        _join_group(config)
+        if config.role == "policy":
+            _join_group(config)
         # Everything, clean-up included, stays inside the handler: a preemption signal that
         # arrives while this rank is already stopping must not kill it half-way.
         with DistributedSignalHandler(
@@ -136,7 +144,8 @@ def run(config: WorkerConfig, metrics_port: int | None = None) -> int:
             try:
                 return _serve(config, handler, metrics_port, who)
             finally:
-                dist.destroy_process_group()
+                if dist.is_initialized():
+                    dist.destroy_process_group()
     except Exception as exc:
         return _failed(config, who, exc)
 
@@ -174,6 +183,14 @@ def _refit_all(
         session.reporter.finish()
         log.info("%s: all %d refits done", who, config.transfer.refits)
         return 0
+    except Removed as exc:
+        log.info("%s: leaving: %s", who, exc)
+        session.reporter.publish("left", str(exc))
+        return 0
+    except Superseded as exc:
+        # Not a word under the rank's progress key: it is the replacement's now.
+        log.warning("%s: stale pod, exiting: %s", who, exc)
+        return EXIT_PREEMPTED
     except Preempted as exc:
         log.warning("%s: preempted: %s", who, exc)
         session.reporter.publish("preempted", str(exc))
@@ -241,19 +258,24 @@ async def _refits(
     state: StateDict,
 ) -> None:
     """The demo's refits; the session publishes each one's figures as it commits it."""
+    if config.role == "policy":
+        for refit in session.pending_refits:
+            _stop_at_boundary(config, session, handler)
+            # Refit k carries the weights after training step k + 1.
+            advance(state, refit + 1)
+            _log_refit(config, await session.send(state.items(), refit_id=refit))
+        # Late joiners (a replacement, a scale-up) still get the last refit.
+        await session.linger(state.items())
+        return
     verify = _verifier(config, state)
     # Bit-exact against regenerated weights for a synthetic model; else what the engine
     # itself checks (integrity hashes, the manifest): the status claims no more.
     verified_as: Verification | None = "bit-exact" if verify is not None else None
-    for refit in session.pending_refits:
+    # Not a fixed range: a rank that joined late takes the next refit sent, skipping
+    # those it missed, so the count of refits left shrinks by more than one.
+    while session.pending_refits:
         _stop_at_boundary(config, session, handler)
-        # Refit k carries the weights after training step k + 1.
-        advance(state, refit + 1)
-        if config.role == "policy":
-            stats = await session.send(state.items(), refit_id=refit)
-        else:
-            stats = await session.receive(refit_id=refit, verify=verify, verified_as=verified_as)
-        _log_refit(config, stats)
+        _log_refit(config, await session.receive(verify=verify, verified_as=verified_as))
 
 
 def _stop_at_boundary(
@@ -273,11 +295,18 @@ def _stop_at_boundary(
 
 
 def _verifier(config: WorkerConfig, expected: StateDict) -> Verifier | None:
-    """For synthetic weights, a bit-for-bit check against the regenerated expected state."""
+    """For synthetic weights, a bit-for-bit check against the expected state, regenerated
+    for the refit id that arrived (``expected`` starts as the state after
+    ``first_refit`` steps and only moves forward: refit ids arrive in increasing order)."""
     if not isinstance(config.weights, SyntheticWeights):
         return None  # the engine's manifest (and checksums) are all there is to check
+    steps = {"done": config.first_refit}
 
     def verify(refit_id: int, staged: StateDict) -> None:
+        # Refit k carries the weights after training step k + 1.
+        for step in range(steps["done"] + 1, refit_id + 2):
+            advance(expected, step)
+        steps["done"] = max(steps["done"], refit_id + 1)
         if staged.keys() != expected.keys():
             missing = sorted(expected.keys() - staged.keys())[:3]
             extra = sorted(staged.keys() - expected.keys())[:3]

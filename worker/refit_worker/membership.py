@@ -99,11 +99,14 @@ def lacking(barrier: BarrierEntry, progress: Progress, refits: int) -> set[int]:
 
 
 def all_done(barrier: BarrierEntry, progress: Progress) -> bool:
-    """Every rollout slot holds a member whose pod reported ``done``."""
+    """Every rollout slot is done: its member's pod reported ``done``, or (an empty slot)
+    the rank's last report, by the pod that held it, says ``done`` (a coordinator may
+    drop a pod that finished and exited from the membership)."""
     for rank, slot in enumerate(barrier.rollout):
         if slot is None:
-            return False
-        report = _report(progress, rank, slot.uid)
+            report = progress.get(("rollout", rank))
+        else:
+            report = _report(progress, rank, slot.uid)
         if report is None or report.state != "done":
             return False
     return True

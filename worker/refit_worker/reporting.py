@@ -31,7 +31,9 @@ class ProgressReporter:
     """Keeps this rank's :class:`ProgressLog` and writes it under its progress key."""
 
     def __init__(self, store: RendezvousStore, member: Member, config: WorkerConfig) -> None:
-        self._store, self._member = store, member
+        self._store = store
+        #: Whose key the reports go under (a rollout rank's epoch changes as it rejoins).
+        self.member = member
         self._refits = config.transfer.refits
         self.log = ProgressLog(config.first_refit, verification=default_verification(config))
 
@@ -42,7 +44,7 @@ class ProgressReporter:
         that completes the job's count is reported ``done``."""
         report = self.log.record(refit_id, nbytes, seconds, verification)
         done = self.log.refits_completed >= self._refits
-        verb = "sent" if self._member.role == "policy" else "committed"
+        verb = "sent" if self.member.role == "policy" else "committed"
         self.publish(
             "done" if done else "running",
             "all refits done" if done else f"refit {refit_id} {verb}",
@@ -59,7 +61,7 @@ class ProgressReporter:
     def publish(self, state: ProgressState, message: str = "") -> bool:
         """Write the report now; best effort (a later report carries the same totals)."""
         try:
-            self._store.write_progress(self._member, **self.log.fields(state, message))
+            self._store.write_progress(self.member, **self.log.fields(state, message))
         except Exception as exc:  # the store's own errors name the key and the cause
             log.warning("could not report progress (%s): %s", state, exc)
             return False

@@ -1,0 +1,127 @@
+"""Failure domains, worker side, as real processes: a rollout rank SIGKILLed and replaced
+while the policy keeps running; the policy killed and recreated in a new epoch while the
+rollout ranks keep theirs; a late joiner served by the lingering policy.
+
+Every rank is a real ``refit-worker`` process (real gloo for the policy gang, real NIXL
+over UCX, the file-backed rendezvous store); the test plays the operator: it keeps which
+pod holds each rank, and writes the barrier the contract's ``membership()`` decides
+(``tests/support/demo_job.py``).  Kills are real ``os.kill`` signals.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.support.demo_job import DemoJob, Pod
+
+# Enough refits that the run is still going when the test acts on it.
+LONG_RUN = 300
+
+
+def _committed(pod: Pod) -> list[int]:
+    """The refit ids ``pod`` committed, from its log (each after the bit-exact check)."""
+    return [int(m) for m in re.findall(r"refit (\d+) committed", pod.log.read_text())]
+
+
+def _report(job: DemoJob, pod: Pod) -> object:
+    report = job.progress().get((pod.role, pod.rank))
+    return report if report is not None and report.uid == pod.uid else None  # type: ignore[attr-defined]
+
+
+def _done(job: DemoJob, pod: Pod) -> bool:
+    report = _report(job, pod)
+    return report is not None and report.state == "done"  # type: ignore[attr-defined]
+
+
+def _committed_at_least(job: DemoJob, pod: Pod, count: int) -> bool:
+    report = _report(job, pod)
+    return report is not None and report.refits_completed >= count  # type: ignore[attr-defined]
+
+
+def _finish(job: DemoJob, pods: list[Pod], timeout: float = 240.0) -> list[int | None]:
+    job.wait_for("every pod to exit", lambda: all(p.proc.poll() is not None for p in pods), timeout)
+    return [p.proc.returncode for p in pods]
+
+
+def test_a_killed_rollout_rank_is_replaced_alone(tmp_path: Path) -> None:
+    with DemoJob(tmp_path, policy=1, rollout=2, refits=LONG_RUN) as job:
+        policy = job.start("policy", 0)
+        first = [job.start("rollout", r) for r in range(2)]
+        job.wait_for(
+            "rollout rank 1 to commit 5 refits", lambda: _committed_at_least(job, first[1], 5)
+        )
+        job.kill(first[1])  # mid-run: the policy is sending the next refits
+        killed_at = job.progress()[("policy", 0)].refits_completed  # type: ignore[attr-defined]
+        replacement = job.start("rollout", 1, generation=1, first_refit=killed_at)
+        codes = _finish(job, [policy, first[0], replacement])
+        assert codes == [0, 0, 0], job.logs()
+        assert first[1].proc.returncode == -9
+        # The policy never restarted: one process, the one started first, in epoch 0.
+        assert [p for p in job.gone if p.role == "policy"] == []
+        assert job.pods[("policy", 0)] is policy and job.epoch == 0
+        for pod in (first[0], replacement):
+            report = _report(job, pod)
+            assert report is not None, job.logs()
+            assert (report.state, report.refits_completed, report.verification) == (  # type: ignore[attr-defined]
+                "done",
+                LONG_RUN,
+                "bit-exact",
+            ), job.logs()
+        got = _committed(replacement)
+        # It joined at a refit boundary: refits from its first_refit on, in order, the
+        # last one included, each committed after the bit-exact check.
+        assert got and got[0] >= killed_at and got[-1] == LONG_RUN - 1, got
+        assert got == sorted(set(got)), got
+        assert _committed(first[0]) == list(range(LONG_RUN))
+        # The membership went: both members, rank 1 gone, rank 1 = the replacement.
+        slots = [tuple(s.uid if s else None for s in b.rollout) for b in job.barriers]
+        assert (first[0].uid, None) in slots and (first[0].uid, replacement.uid) in slots, slots
+
+
+def test_a_killed_policy_restarts_alone_and_rollout_ranks_rejoin(tmp_path: Path) -> None:
+    with DemoJob(tmp_path, policy=1, rollout=2, refits=LONG_RUN) as job:
+        old_policy = job.start("policy", 0)
+        rollout = [job.start("rollout", r) for r in range(2)]
+        job.wait_for(
+            "both rollout ranks to commit 5 refits",
+            lambda: all(_committed_at_least(job, p, 5) for p in rollout),
+        )
+        job.kill(old_policy)
+        resume = min(_report(job, p).refits_completed for p in rollout)  # type: ignore[union-attr]
+        (new_policy,) = job.new_policy_epoch(first_refit=resume)
+        codes = _finish(job, [new_policy, *rollout])
+        assert codes == [0, 0, 0], job.logs()
+        for pod in rollout:
+            # Same processes throughout: their pids never changed, they rejoined epoch 1.
+            assert job.pods[("rollout", pod.rank)] is pod
+            report = _report(job, pod)
+            assert report is not None
+            assert (report.state, report.refits_completed, report.epoch) == ("done", LONG_RUN, 1)  # type: ignore[attr-defined]
+            got = _committed(pod)
+            assert got == sorted(set(got)) and got[-1] == LONG_RUN - 1, got
+            assert "joining policy epoch 1" in pod.log.read_text()
+        assert _report(job, new_policy).state == "done"  # type: ignore[union-attr]
+
+
+def test_a_late_joiner_gets_the_last_refit_from_the_lingering_policy(tmp_path: Path) -> None:
+    refits = 4
+    with DemoJob(tmp_path, policy=1, rollout=2, refits=refits) as job:
+        policy = job.start("policy", 0)
+        early = job.start("rollout", 0)  # rank 1 has no pod yet: the barrier lists rank 0
+        job.wait_for("rollout rank 0 to be done", lambda: _done(job, early))
+        assert policy.proc.poll() is None, job.logs()  # lingering: slot 1 is not done
+        late = job.start("rollout", 1)
+        codes = _finish(job, [policy, early, late])
+        assert codes == [0, 0, 0], job.logs()
+        assert _committed(early) == list(range(refits))
+        # The joiner skipped what it missed and took the last refit, bit-exact.
+        assert _committed(late) == [refits - 1], job.logs()
+        report = _report(job, late)
+        assert report is not None
+        assert (report.state, report.refits_completed, report.verification) == (  # type: ignore[attr-defined]
+            "done",
+            refits,
+            "bit-exact",
+        )
+        assert "sending refit 3 again to [1]" in policy.log.read_text()

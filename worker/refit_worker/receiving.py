@@ -1,0 +1,336 @@
+"""The rollout rank's side of :class:`~refit_worker.session.RefitSession`: receiving
+each refit into the session's state or the caller's target, verifying and committing
+it, and following the membership (a new policy epoch, a scale-down, a stale pod).
+
+Must not import: the operator, kubernetes (the store does that lazily).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+from refit_worker.checkpoint_engines import (
+    LayoutMismatchError,
+    NIXLCheckpointEngine,
+    ReceivedRefit,
+    RefitTiming,
+)
+from refit_worker.checkpoint_engines.base import dtype_from_name
+from refit_worker.checkpoint_engines.planning import TensorSpec
+from refit_worker.contract.entries import BarrierEntry, Verification, decode_entry
+from refit_worker.membership import standing
+from refit_worker.refits import (
+    CommittedRefit,
+    RefitStats,
+    Removed,
+    StateDict,
+    Superseded,
+    Verifier,
+    _Flag,
+)
+from refit_worker.rendezvous import (
+    Preempted,
+    RendezvousTimeout,
+    WaitCancelled,
+)
+from refit_worker.session_base import _MOVED_POLL, SessionBase, _Rejoin
+from refit_worker.targets import (
+    DoubleBuffer,
+    PartialRefitError,
+    ReceiveMode,
+    Target,
+    check_mode,
+    live_tensors,
+)
+from refit_worker.waits import poll_until
+
+log = logging.getLogger(__name__)
+
+
+class RolloutSide(SessionBase):
+    """Receiving refits (rollout ranks)."""
+
+    async def receive(
+        self,
+        *,
+        refit_id: int | None = None,
+        verify: Verifier | None = None,
+        verified_as: Verification | None = None,
+    ) -> RefitStats:
+        """Receive the next refit into the session's own state, verify it, commit it.
+
+        ``refit_id``: the lowest refit id to take (default: the one after the last
+        committed, ``pending_refits.start``).  A rank that joined late takes the first
+        refit the policy sends with an id >= that, skipping those it missed, so the
+        returned ``stats.refit_id`` (and the id ``verify`` gets) may be higher.  A new
+        policy epoch during the wait is joined and the refit taken from it; a scale-down
+        raises :class:`~refit_worker.refits.Removed`, a replacement of this pod
+        :class:`~refit_worker.refits.Superseded`.
+
+        Double-buffered: the refit lands in a spare copy (allocated when the first refit's
+        manifest arrives, the second right after that refit's commit, again when the
+        layout changes; registered once); the commit makes it
+        :attr:`committed` and keeps the previously committed memory as the next spare.  So
+        ``committed.state`` of refit ``k`` stays valid until refit ``k + 2`` starts; copy
+        out of it (or use :meth:`receive_into`) to keep it longer.
+
+        ``verified_as`` names what ``verify`` checks (e.g. ``"bit-exact"``) for the job's
+        status; without it the status claims only what the engine checked itself.
+        """
+        engine = self._require("rollout")
+        device = engine.device
+
+        def resolve(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
+            shapes = {s.name: (s.shape, dtype_from_name(s.dtype)) for s in specs}
+            return self._own.spare(shapes, device)
+
+        landed = await self._land(engine, resolve, self._first(refit_id), partial=False)
+        arrived = landed.timing.refit_id
+        if verify is not None:
+            verify(arrived, dict(landed.tensors))
+        started = time.perf_counter()
+        self._commit(arrived, self._own.swap())
+        stats = self._stats(landed.timing, time.perf_counter() - started, verified_as)
+        # Set up the second copy now, between refits, not while the next one streams in
+        # (once: from then on the two copies take turns).
+        self._own.spare(self._own.layout(), device)
+        return stats
+
+    async def receive_into(
+        self,
+        target: Target,
+        *,
+        refit_id: int | None = None,
+        mode: ReceiveMode = "double_buffer",
+        verify: Verifier | None = None,
+        verified_as: Verification | None = None,
+    ) -> RefitStats:
+        """Receive the next refit into ``target`` (an ``nn.Module`` or a state dict).
+
+        ``refit_id`` and the membership as in :meth:`receive`: the first refit with an id
+        >= ``refit_id`` (default: the one after the last committed) is taken.
+
+        ``mode="double_buffer"``: into a spare copy of ``target``'s tensors, then swapped in
+        (a module's parameters point at the new memory, a mapping's values are replaced);
+        on any failure ``target`` is untouched.  ``mode="in_place"``: straight into
+        ``target``'s tensors; pause whatever reads them first.  On a failure after the
+        first byte could land this raises :class:`PartialRefitError` (a preemption:
+        :class:`Preempted` with ``weights_partial=True``) and :attr:`live_weights_partial`
+        turns true: do not serve those weights until a later refit completes.
+
+        The names, dtypes and shapes of ``target`` must match what the policy sends,
+        else :class:`~refit_worker.checkpoint_engines.LayoutMismatchError` before any byte
+        lands.  ``verify(refit_id, tensors)`` runs on the filled tensors before the commit.
+        """
+        engine = self._require("rollout")
+        mode = check_mode(mode)
+        if mode == "in_place":
+
+            def in_place(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
+                return live_tensors(target, [s.name for s in specs])
+
+            landed = await self._land(engine, in_place, self._first(refit_id), partial=True)
+            arrived = landed.timing.refit_id
+            self._check(verify, arrived, landed.tensors, partial=True)
+            started = time.perf_counter()
+            self._partial = False
+            self._commit(arrived, dict(landed.tensors))
+            return self._stats(landed.timing, time.perf_counter() - started, verified_as)
+        double = self._doubles.get(id(target))
+        if double is None or double.target is not target:
+            double = self._doubles[id(target)] = DoubleBuffer(target)
+        # The spare was served until the last swap: CUDA kernels may still read it.
+        if self._released is not None:
+            self._released.synchronize()
+
+        def spare(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
+            return double.spare([s.name for s in specs])
+
+        landed = await self._land(engine, spare, self._first(refit_id), partial=False)
+        arrived = landed.timing.refit_id
+        self._check(verify, arrived, landed.tensors, partial=False)
+        started = time.perf_counter()
+        self._commit(arrived, double.swap())
+        return self._stats(landed.timing, time.perf_counter() - started, verified_as)
+
+    def _first(self, refit_id: int | None) -> int:
+        return self.reporter.log.refits_completed if refit_id is None else refit_id
+
+    async def _land(
+        self,
+        engine: NIXLCheckpointEngine,
+        targets: Callable[[Sequence[TensorSpec]], Mapping[str, torch.Tensor]],
+        min_refit: int,
+        *,
+        partial: bool,
+    ) -> ReceivedRefit:
+        """Receive the first refit >= ``min_refit`` into ``targets``, following the
+        membership: a refit in flight when the policy epoch changes is abandoned and
+        taken from the new epoch.  An in-place failure after landing began says so."""
+        who = f"rollout rank {self.config.rank}: refit >= {min_refit}"
+        while True:
+            await asyncio.to_thread(self._at_boundary)
+            try:
+                return await self._watched(
+                    engine.receive_into(targets, min_refit=min_refit), self._still_member
+                )
+            except LayoutMismatchError:
+                raise  # refused before any byte landed: nothing changed
+            except _Rejoin as exc:
+                self._abandoned(engine, partial, exc)
+            except Preempted as exc:
+                if partial and engine.targets_exposed:
+                    self._partial = True
+                    raise Preempted(
+                        f"{exc}; the in-place refit stopped part-way, so the live "
+                        "weights are partial: do not serve them",
+                        weights_partial=True,
+                    ) from exc
+                raise
+            except Exception as exc:
+                # A policy rank that died breaks the transfer before the coordinator
+                # writes the next epoch: wait a while for it before calling it a failure.
+                if await asyncio.to_thread(self._membership_moved):
+                    self._abandoned(engine, partial, exc)
+                    continue
+                if partial and engine.targets_exposed:
+                    self._partial = True
+                    raise PartialRefitError(
+                        f"{who} failed part-way ({type(exc).__name__}: {exc}); the live "
+                        "weights now mix two refits: do not serve them until a later refit "
+                        "completes"
+                    ) from exc
+                raise
+
+    def _abandoned(self, engine: NIXLCheckpointEngine, partial: bool, why: BaseException) -> None:
+        if partial and engine.targets_exposed:
+            self._partial = True  # until the retried refit lands and commits
+        log.warning(
+            "rollout rank %d: refit in flight abandoned (%s); joining again",
+            self.config.rank,
+            why,
+        )
+
+    def _at_boundary(self) -> None:
+        """Before a refit: act on the latest membership (a scale-down, a stale pod, a new
+        policy epoch, or not listed now: wait for a place)."""
+        barrier = self.store.barrier()
+        if barrier is not None and barrier.epoch >= self.member.epoch:
+            where = standing(barrier, self.member)
+            if where == "removed":
+                raise Removed(
+                    f"rollout rank {self.config.rank}: removed by a scale-down to "
+                    f"{barrier.rollout_world_size} rollout ranks",
+                    barrier=barrier,
+                )
+            if where == "superseded":
+                raise Superseded(
+                    f"rollout rank {self.config.rank}: another pod holds this rank now "
+                    f"(barrier of epoch {barrier.epoch}, version {barrier.version})"
+                )
+            current = where == "member" and barrier.epoch == self.member.epoch
+            if current and self._policy_epoch() <= self.member.epoch:
+                return
+        newer = self._policy_epoch()
+        if newer > self.member.epoch and (barrier is None or barrier.epoch < newer):
+            # A new policy gang published but its membership is not open: it opens once
+            # the running rollout ranks published for the epoch, so publish first.
+            self._switch_epoch(newer)
+            self.store.publish_metadata(self.member, self._agent_json)
+        try:
+            joined = self._wait(self.store.wait_membership, "the barrier")
+        except Preempted as exc:
+            latest = self.store.barrier()
+            if exc.notice is None and latest is not None and self._stale(latest):
+                raise Superseded(str(exc)) from exc  # says nothing under the rank's key
+            raise
+        self._join(joined)
+
+    def _stale(self, barrier: BarrierEntry) -> bool:
+        return standing(barrier, self.member) == "superseded"
+
+    def _policy_epoch(self) -> int:
+        """The latest epoch any policy rank published metadata for (-1: none)."""
+        latest = -1
+        for key, value in self.store.read_data().items():
+            if key.startswith("meta.policy."):
+                latest = max(latest, decode_entry(key, value).epoch)
+        return latest
+
+    def _membership_moved(self) -> bool:
+        """Whether, within ``timeout_seconds``, the membership leaves this rank's place
+        in the epoch it joined (a new epoch, a scale-down, a replacement)."""
+        try:
+            return poll_until(
+                lambda: self._moved(self.store.barrier()),
+                timeout=self.config.transfer.timeout_seconds,
+                what="a change of membership that explains a failed refit",
+                backoff=_MOVED_POLL,
+                cancel=_Flag(self.preemption_pending),
+                error=RendezvousTimeout,
+            )
+        except (RendezvousTimeout, WaitCancelled):
+            return False
+
+    def _moved(self, barrier: BarrierEntry | None) -> bool:
+        """Whether this rank's place moved: a barrier of a later epoch, or of its own that
+        no longer lists it, or a policy gang of a later epoch that published."""
+        mine = self.member.epoch
+        if barrier is not None and (
+            barrier.epoch > mine
+            or (barrier.epoch == mine and standing(barrier, self.member) != "member")
+        ):
+            return True
+        return self._policy_epoch() > mine
+
+    async def _still_member(self) -> None:
+        barrier = await asyncio.to_thread(self.store.barrier)
+        if self._moved(barrier):
+            raise _Rejoin("the membership moved on (a new policy epoch, or not listed now)")
+
+    def _check(
+        self,
+        verify: Verifier | None,
+        refit_id: int,
+        filled: Mapping[str, torch.Tensor],
+        *,
+        partial: bool,
+    ) -> None:
+        if verify is None:
+            return
+        try:
+            verify(refit_id, dict(filled))
+        except Exception as exc:
+            if not partial:
+                raise
+            self._partial = True
+            raise PartialRefitError(
+                f"rollout rank {self.config.rank}: refit {refit_id} landed in place but failed "
+                f"verification ({type(exc).__name__}: {exc}); do not serve the live weights"
+            ) from exc
+
+    def _commit(self, refit_id: int, state: StateDict) -> None:
+        self._committed = CommittedRefit(refit_id, state)  # one assignment: atomic to readers
+        engine = self._engine
+        if engine is not None and engine.device.type == "cuda":
+            # Readers queued on the old copy must finish before a refit refills it.
+            self._released = torch.cuda.current_stream(engine.device).record_event()
+
+    def _stats(
+        self, timing: RefitTiming, commit_s: float, verified_as: Verification | None
+    ) -> RefitStats:
+        """The committed refit's figures, published as this rank's progress."""
+        stats = RefitStats(
+            timing.refit_id,
+            timing.bytes,
+            timing.seconds + commit_s,
+            timing.control_s,
+            timing.registrations,
+        )
+        self.reporter.refit(stats.refit_id, stats.bytes, stats.seconds, verified_as)
+        return stats

@@ -1,0 +1,180 @@
+"""The policy rank's side of :class:`~refit_worker.session.RefitSession`: sending each
+refit to the rollout members of the moment, and lingering after the last one for members
+that joined late.
+
+Must not import: the operator, kubernetes (the store does that lazily).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+
+import torch
+
+from refit_worker.checkpoint_engines import (
+    NIXLCheckpointEngine,
+    RefitTiming,
+)
+from refit_worker.membership import all_done, lacking
+from refit_worker.refits import (
+    RefitStats,
+    RefitUndelivered,
+)
+from refit_worker.rendezvous import (
+    Preempted,
+)
+from refit_worker.session_base import LINGER_INTERVAL_S, SessionBase
+
+log = logging.getLogger(__name__)
+
+
+class PolicySide(SessionBase):
+    """Sending refits (policy ranks)."""
+
+    async def send(
+        self, weights: Iterable[tuple[str, torch.Tensor]], *, refit_id: int
+    ) -> RefitStats:
+        """Stream ``weights`` (e.g. ``model.named_parameters()``) as refit ``refit_id``.
+
+        To the rollout members of the latest barrier of this epoch, read just before (at
+        least one is waited for, up to ``timeout_seconds``).  A member lost during the
+        send (gone from a newer barrier, a NIXL error, a timeout, a decline) is dropped
+        from it and the others get it; a refit that reached no member is sent again once
+        one is there (:class:`~refit_worker.refits.RefitUndelivered` after
+        ``timeout_seconds`` without one).  ``stats.delivered`` names who confirmed.
+
+        DTensor weights (FSDP2, tensor parallel) are sent shard by shard: this rank writes
+        only its own blocks (no ``full_tensor()``, no collective on the trainer's group), and
+        the stats count only those bytes; see docs/trainers.md.
+        """
+        engine = self._require("policy")
+        items = [(name, tensor.detach()) for name, tensor in weights]
+        timing = await self._send_to_members(engine, items, refit_id, only=None)
+        self.reporter.refit(refit_id, timing.bytes, timing.seconds, None)
+        return RefitStats(
+            refit_id,
+            timing.bytes,
+            timing.seconds,
+            timing.control_s,
+            timing.registrations,
+            frozenset(timing.delivered),
+            tuple(sorted(timing.dropped.items())),
+        )
+
+    async def _send_to_members(
+        self,
+        engine: NIXLCheckpointEngine,
+        items: list[tuple[str, torch.Tensor]],
+        refit_id: int,
+        *,
+        only: set[int] | None,
+    ) -> RefitTiming:
+        """Send until at least one member confirmed, within ``timeout_seconds``."""
+        peers, timeout = self._require_peers(), self.config.transfer.timeout_seconds
+        deadline = time.monotonic() + timeout
+        while True:
+            barrier = await asyncio.to_thread(self._wait, peers.wait_members, "a rollout member")
+            if only is not None or barrier != peers.barrier:
+                peers.connect(barrier, only=only)
+            if not peers.targets:  # listed, but its metadata not readable yet, or not owed
+                if time.monotonic() >= deadline:
+                    raise RefitUndelivered(
+                        f"policy rank {self.config.rank}: refit {refit_id}: no rollout member "
+                        f"to send to within {timeout:g}s"
+                    )
+                await asyncio.sleep(LINGER_INTERVAL_S)
+                continue
+            timing = await self._watched(
+                engine.send_weights(iter(items), refit_id=refit_id), self._drop_gone
+            )
+            if timing.delivered:
+                confirmed = {
+                    (r, peers.targets[r][0]) for r in timing.delivered if r in peers.targets
+                }
+                self._last_sent = (refit_id, confirmed)
+                return timing
+            if time.monotonic() >= deadline:
+                raise RefitUndelivered(
+                    f"policy rank {self.config.rank}: refit {refit_id} reached no rollout "
+                    f"member within {timeout:g}s (dropped: {dict(timing.dropped)})"
+                )
+            log.warning(
+                "policy rank %d: refit %d reached no member (dropped: %s); sending it again",
+                self.config.rank,
+                refit_id,
+                dict(timing.dropped),
+            )
+            await asyncio.sleep(LINGER_INTERVAL_S)
+
+    async def _drop_gone(self) -> None:
+        newer = await asyncio.to_thread(self.store.barrier, self.member.epoch)
+        if newer is not None:
+            self._require_peers().drop_gone(newer)
+
+    async def linger(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """After the last refit: send it again to members that have not committed it.
+
+        ``weights`` are the last refit's.  A member that joined after the last refit (a
+        replacement, a scale-up) gets it this way.  Returns when every rollout slot of
+        the latest barrier reported ``done``, or when ``timeout_seconds`` passed without
+        a change in the membership or the ranks' progress; returns how many sends it made.
+        """
+        refits = self.config.transfer.refits
+        if self._last_sent is None or self._last_sent[0] != refits - 1:
+            return 0  # this rank did not send the last refit: nothing of its own to offer
+        engine = self._require("policy")
+        items = [(name, tensor.detach()) for name, tensor in weights]
+        timeout, sends = self.config.transfer.timeout_seconds, 0
+        seen: object = None
+        changed_at = time.monotonic()
+        while True:
+            if self.preemption_pending():
+                raise Preempted(f"policy rank {self.config.rank}: preempted while lingering")
+            barrier = await asyncio.to_thread(self.store.barrier, self.member.epoch)
+            progress = await asyncio.to_thread(self.store.progress_all)
+            if barrier is None or all_done(barrier, progress):
+                return sends
+            confirmed = self._last_sent[1]
+            owed = {
+                rank
+                for rank in lacking(barrier, progress, refits)
+                if (rank, barrier.rollout[rank].uid) not in confirmed  # type: ignore[union-attr]
+            }
+            now = (
+                barrier.version,
+                sorted(owed),
+                sorted((k, p.state, p.refits_completed) for k, p in progress.items()),
+            )
+            if now != seen:
+                seen, changed_at = now, time.monotonic()
+            elif time.monotonic() - changed_at > timeout:
+                log.warning(
+                    "policy rank %d: stopped lingering after %gs without a change; "
+                    "members still without refit %d: %s",
+                    self.config.rank,
+                    timeout,
+                    refits - 1,
+                    sorted(owed),
+                )
+                return sends
+            if not owed:
+                await asyncio.sleep(LINGER_INTERVAL_S)
+                continue
+            log.info(
+                "policy rank %d: sending refit %d again to %s",
+                self.config.rank,
+                refits - 1,
+                sorted(owed),
+            )
+            sends += 1
+            try:
+                await self._send_to_members(engine, items, refits - 1, only=owed)
+            except RefitUndelivered as exc:
+                log.warning("%s", exc)  # a send that reaches no one is no change
+                continue
+            confirmed |= self._last_sent[1]
+            self._last_sent = (refits - 1, confirmed)
+            changed_at = time.monotonic()
