@@ -74,9 +74,12 @@ def test_apply_get_wait_delete(
         patch = '{"spec":{"suspend":false}}'
         cluster.kubectl.ok("patch", "rj", name, "-n", namespace, "--type=merge", "-p", patch)
     policy, rollout = (int(job["spec"][r].get("replicas", 1)) for r in ("policy", "rollout"))
+    # A job created suspended is resumed in epoch 1 (its rollout slots never had a pod,
+    # so they stay at generation 0).
+    epoch = 1 if job["spec"].get("suspend") else 0
     wanted = sorted(
-        [f"{name}-policy-{i}" for i in range(policy)]
-        + [f"{name}-rollout-{i}" for i in range(rollout)]
+        [f"{name}-policy-{i}-e{epoch}" for i in range(policy)]
+        + [f"{name}-rollout-{i}-g0" for i in range(rollout)]
     )
     selector = f"refit.dev/job={name}"
     wait(

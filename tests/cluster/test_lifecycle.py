@@ -101,21 +101,22 @@ def test_spec_edit_mid_job_then_delete_cascades_through_the_gc(
             NS,
             "--type=merge",
             "-p",
-            '{"spec":{"rollout":{"replicas":1}}}',
+            # policy.replicas: a spec change (rollout.replicas would be a scale).
+            '{"spec":{"policy":{"replicas":1}}}',
         )
         status = _finished(cluster, "edit")
         children = watch.children()
     assert status["phase"] == "Succeeded", status
     assert status["refitsCompleted"] == 12, status
-    # A spec change recreates the gang in a new epoch; it is neither a failure nor a
-    # preemption.
+    # A spec change recreates every pod in a new epoch (the rollout replicas at their
+    # next generation); it is neither a failure nor a preemption.
     assert (status["epoch"], status["restarts"], status["preemptions"]) == (1, 0, 0)
-    assert status["observedGeneration"] == 2 and status["rollout"]["total"] == 1
+    assert status["observedGeneration"] == 2 and status["policy"]["desired"] == 1
     assert watch.refits == sorted(watch.refits), "refitsCompleted went backwards"
     pods = watch.uids("pods")
-    assert all(len(uids) <= 2 for uids in pods.values()), pods  # one per epoch at most
+    assert all(len(uids) == 1 for uids in pods.values()), pods  # a name per incarnation
     final = cluster.gang_exit_codes(NS, "edit", 1)
-    assert sorted(final) == ["edit-policy-0", "edit-policy-1", "edit-rollout-0"]
+    assert sorted(final) == ["edit-policy-0-e1", "edit-rollout-0-g1", "edit-rollout-1-g1"]
     assert_bit_exact(final, ranks=3)
 
     # Delete the job: the garbage collector removes every child it owned.

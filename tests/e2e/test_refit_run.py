@@ -99,28 +99,31 @@ def test_success_with_verification(tmp_path: Path) -> None:
     assert not processes_under(workdir)
 
 
-def test_drain_preempts_and_completes(tmp_path: Path) -> None:
+def test_a_drained_rollout_pod_is_replaced_alone_and_the_job_completes(tmp_path: Path) -> None:
     path = _manifest(tmp_path, **{"transfer.refits": 2})
     done = _run([str(path), "--drain-after", "1", "--plain"])
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    assert "reason=Drain draining e2e-run-rollout-0" in out
-    assert "epoch=1" in out  # a new gang came up
-    assert "preemptions 1 (drained e2e-run-rollout-0)" in out
+    assert "reason=Drain draining e2e-run-rollout-0-g0" in out
+    # Its own failure domain: the next generation replaces it, the policy gang stays.
+    assert "reason=RolloutReplaced rollout rank 0 replaced by e2e-run-rollout-0-g1" in out
+    assert "epoch=1" not in out
+    assert "preemptions 0  rollout replacements 1 (drained e2e-run-rollout-0-g0)" in out
     assert "restarts 0" in out
     assert "verification: bit-exact" in out
 
 
-def test_drain_at_refit_shows_a_resume(tmp_path: Path) -> None:
-    """The README's drain command: the drain lands once a refit is committed, so the table
-    shows refits committed by the drained epoch and by the one that resumed."""
+def test_drain_at_refit_replaces_the_rollout_replica_without_a_new_epoch(tmp_path: Path) -> None:
+    """The README's drain command: the drain lands once a refit is committed; the drained
+    rollout replica is replaced alone, so every refit is committed in epoch 0."""
     done = _run([str(ROOT / "examples" / "local.yaml"), "--drain-at-refit", "1", "--plain"])
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    assert "reason=Drain draining local-demo-rollout-0" in out
-    assert "preemptions 1 (drained local-demo-rollout-0)" in out and "refits 3/3" in out
+    assert "reason=Drain draining local-demo-rollout-0-g0" in out
+    assert "rollout replacements 1 (drained local-demo-rollout-0-g0)" in out
+    assert "preemptions 0" in out and "refits 3/3" in out
     epochs = [int(row.split()[1]) for row in out.splitlines() if re.match(r"\s+\d+\s+\d+\s", row)]
-    assert 0 in epochs and 1 in epochs, out
+    assert epochs and set(epochs) == {0}, out
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -310,7 +313,7 @@ def test_a_failing_worker_says_why(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     out = done.stdout
     assert "message: " in out and "ValueError: trainer exploded" in out.split("message: ")[1]
-    assert "last lines of e2e-run-policy-0's log:" in out
+    assert "last lines of e2e-run-policy-0-e0's log:" in out
     assert "| ValueError: trainer exploded" in out
 
 

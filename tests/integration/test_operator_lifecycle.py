@@ -34,7 +34,7 @@ from refit_worker.contract.rendezvous import (
     meta_key,
 )
 
-POD_NAMES = ["demo-policy-0", "demo-policy-1", "demo-rollout-0", "demo-rollout-1"]
+POD_NAMES = ["demo-policy-0-e0", "demo-policy-1-e0", "demo-rollout-0-g0", "demo-rollout-1-g0"]
 CHILDREN = {
     "v1/services": ["demo-policy", "demo-rollout"],
     "v1/configmaps": ["demo-rendezvous"],
@@ -119,4 +119,4 @@ async def test_barrier_opens_when_every_pod_published(
     entry = decode_entry(BARRIER_KEY, await eventually(barrier, "the barrier of epoch 0"))
     assert isinstance(entry, BarrierEntry) and entry.epoch == 0
     uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
-    assert entry.policy_uids == (uids["demo-policy-0"], uids["demo-policy-1"])
+    assert entry.policy_uids == (uids["demo-policy-0-e0"], uids["demo-policy-1-e0"])

@@ -191,10 +191,15 @@ class EpochView:
 
 def view_of(status: RefitJobStatus, cluster: LocalCluster) -> EpochView:
     epoch = status.epoch
+    # The epoch's policy pods, and the rollout pods serving it (created in any epoch).
     pods = [
         p
         for p in cluster.kubelet.pods()
         if (p["metadata"].get("labels") or {}).get(names.LABEL_EPOCH) == str(epoch)
+        or (
+            (p["metadata"].get("labels") or {}).get(names.LABEL_ROLE) == "rollout"
+            and "deletionTimestamp" not in p["metadata"]
+        )
     ]
     try:
         snap: Snapshot | None = read_snapshot(
@@ -282,7 +287,8 @@ class Observer:
         choice = self.plan.decide(view)
         if choice is None:
             return
-        kind, target, stage = choice
+        kind, rank, stage = choice
+        target = live_pod(view, rank)
         fault = Fault(
             kind,
             view.epoch,
@@ -414,14 +420,26 @@ def phase_of(view: EpochView) -> str:
     return f"refits running ({view.committed()} committed)"
 
 
+def rank_name(job: str, role: str, rank: int) -> str:
+    """``<job>-<role>-<rank>``: a rank, whichever pod (epoch or generation) runs it."""
+    return f"{job}-{role}-{rank}"
+
+
+def live_pod(view: EpochView, rank: str) -> str:
+    """The pod now running ``rank`` (its name with the ``-e<epoch>``/``-g<generation>``
+    suffix); ``rank`` itself when no such pod is seen (the fault then finds nothing)."""
+    found = [name for name, _uid in view.pods if re.fullmatch(re.escape(rank) + r"-[eg]\d+", name)]
+    return max(found, key=lambda n: int(n.rsplit("-", 1)[1][1:]), default=rank)
+
+
 def stage_plan(job: str, topo: Topology, refits: int) -> StagePlan:
     """Drain the last rollout rank at each stage in turn."""
     return StagePlan(
         STAGES,
         refits,
-        names.pod_name(job, "rollout", topo.rollout - 1),
+        rank_name(job, "rollout", topo.rollout - 1),
         topo.rollout,
-        names.pod_name(job, "policy", 0),
+        rank_name(job, "policy", 0),
     )
 
 
@@ -480,8 +498,8 @@ def seeded_kills(seed: int, count: int, topo: Topology, job: str, window: float)
     """``count`` kills from ``seed`` (pure): a rank, an anchor (start-up or refits, half
     each) and a delay within ``window`` seconds of it."""
     rng = random.Random(seed)
-    pods = [names.pod_name(job, "policy", r) for r in range(topo.policy)]
-    pods += [names.pod_name(job, "rollout", r) for r in range(topo.rollout)]
+    pods = [rank_name(job, "policy", r) for r in range(topo.policy)]
+    pods += [rank_name(job, "rollout", r) for r in range(topo.rollout)]
     return [
         Kill(
             rng.choice(pods), rng.choice(("created", "barrier")), round(rng.uniform(0.0, window), 2)

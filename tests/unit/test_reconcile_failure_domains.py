@@ -223,6 +223,19 @@ def test_rollout_degraded_while_fewer_replicas_serve_than_asked() -> None:
     assert condition(healthy.status, "RolloutDegraded").status == "False"
 
 
+def test_bytes_a_replaced_replica_received_stay_counted() -> None:
+    key = progress_key("rollout", 1)
+    entry = ProgressEntry(
+        epoch=0, uid="uid-job-rollout-1-g0-0", role="rollout", rank=1, bytes_total=700
+    )
+    data = {key: encode_entry(key, entry)}
+    d = JOB.run(_running(), JOB.pods(0, **{**ALL_UP, R1: FAILED}), data)
+    assert (d.status.bytes_transferred, d.status.bytes_before_epoch) == (700, 700)
+    # Next round: the replaced pod's report no longer counts, its bytes still do.
+    later = JOB.run(d.status, JOB.pods(0, **{**ALL_UP, R1: FAILED}), data)
+    assert later.status.bytes_transferred == 700
+
+
 def test_each_replica_reports_its_generation_pod_and_last_committed_refit() -> None:
     key = progress_key("rollout", 1)
     entry = ProgressEntry(

@@ -147,7 +147,9 @@ def test_rollouts_done_while_the_policy_still_runs_is_not_yet_success() -> None:
 
 
 def test_a_finished_pod_that_is_drained_or_gone_triggers_no_new_gang() -> None:
-    running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0)
+    # The status records the rollout pods created (as every round that created them does).
+    slots = [RolloutReplica(rank=r, pod=f"job-rollout-{r}-g0") for r in (0, 1)]
+    running = RefitJobStatus(phase=Phase.RUNNING, created_epoch=0, rollout_replicas=slots)
     data = dict([_report(0, "rollout", 0, 3, state="done"), _report(0, "rollout", 1, 1)])
     for rollout0 in (DRAINED_AFTER_SUCCESS, GONE):
         pods = _pods(

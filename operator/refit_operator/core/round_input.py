@@ -156,7 +156,11 @@ def read_round(
     )
     adopted = bool(policy) and start.created_epoch != epoch
     created = start.created_epoch == epoch or adopted
-    coordination = _read_rendezvous(job, spec, observed, current, epoch) if created else None
+    coordination = (
+        _read_rendezvous(job, spec, observed, current, slots=slots, epoch=epoch)
+        if created
+        else None
+    )
     summary = coordination.progress if coordination is not None else None
     expected = _expected(job.ref.name, spec, epoch, slots)
     done = frozenset(expected[key] for key in (summary.done if summary else ()) if key in expected)
@@ -203,6 +207,8 @@ def _read_rendezvous(
     spec: RefitJobSpec,
     observed: Observed,
     current: tuple[ObservedPod, ...],
+    *,
+    slots: tuple[Slot, ...],
     epoch: int,
 ) -> Coordination:
     # A pod being deleted, failed or lost with its node holds its rank no more: what it
@@ -212,6 +218,12 @@ def _read_rendezvous(
         for p in current
         if p.role in ROLES and p.uid and not p.deleting and p.failure is None and p.taken is None
     }
+    # A slot whose next pod is still to come holds no report: the replaced pod's bytes
+    # are on the status already (rollout_replicas.py), and its refits are no more the
+    # slot's.
+    for slot in slots:
+        if slot.pod is None and not slot.created:
+            live[("rollout", slot.rank)] = LivePod("", slot.generation, running=False)
     # A gang created whole (every rollout pod with this epoch's policy gang) opens once
     # every slot published, as one failure domain did; after a policy restart the rollout
     # replicas already serve, and the epoch opens without waiting for one being replaced.

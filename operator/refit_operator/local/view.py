@@ -161,7 +161,7 @@ def status_line(
         f"bytes={committed} "
         f"gbps={(status.last_throughput_bytes_per_second or 0) / 1e9:.4g} "
         f"restarts={status.restarts} preemptions={status.preemptions} "
-        f"replacements={replacements(status)} "
+        f"replacements={status.rollout.replacements} "
         f"connected={'yes' if connection(status) == 'connected' else 'no'}"
         + "".join(f" gen{r.rank}={r.generation}" for r in _replicas(status))
     )
@@ -234,9 +234,8 @@ def summary(job: str, spec: RefitJobSpec, result: RunResult, elapsed: float) -> 
     lines += [
         f"  refits {status.refits_completed}/{spec.transfer.refits}  "
         f"bytes {human_bytes(status.bytes_transferred)}  restarts {status.restarts}  "
-        f"preemptions {status.preemptions}"
-        + (f" (drained {result.drained})" if result.drained else "")
-        + f"  replacements {replacements(status)}",
+        f"preemptions {status.preemptions}  rollout replacements {status.rollout.replacements}"
+        + (f" (drained {result.drained})" if result.drained else ""),
         f"  verification: {verification(status)}",
     ]
     for pod, tail in result.failed_logs.items():

@@ -113,6 +113,8 @@ def _replace(inp: RoundInput, draft: Draft, slot: Slot, why: str, *, failed: boo
         rollout_replicas=replicas,
         rollout=status.rollout.model_copy(update={"replacements": count}),
         rollout_failures=status.rollout_failures + (1 if failed else 0),
+        # What the replaced pod received stays counted once its report no longer is.
+        bytes_before_epoch=status.bytes_before_epoch + _bytes_of(inp, slot),
     )
     if slot.pod is not None:
         draft.delete_pods([slot.pod])
@@ -120,6 +122,16 @@ def _replace(inp: RoundInput, draft: Draft, slot: Slot, why: str, *, failed: boo
     message = f"rollout rank {slot.rank} replaced by {name} (replacement {count}): {why}"
     draft.actions.append(Emit("Warning" if failed else "Normal", "RolloutReplaced", message))
     draft.later(max(delay, POLL_DELETING_S))
+
+
+def _bytes_of(inp: RoundInput, slot: Slot) -> int:
+    """The bytes the slot's pod reported in this epoch (0 when it reported none)."""
+    uid = slot.pod.uid if slot.pod is not None else None
+    return sum(
+        e.bytes_total
+        for e in inp.observed.entries.progress()
+        if uid and e.uid == uid and e.role == "rollout" and e.epoch == inp.epoch
+    )
 
 
 def _backoff(spec: RefitJobSpec, failures: int) -> float:
