@@ -19,9 +19,11 @@ import pytest
 
 from refit_worker.contract.config import RendezvousConfig, WorkerConfig
 from refit_worker.contract.rendezvous import (
+    RANKS_PER_SHARD,
     EntryError,
     Layout,
     MetadataEntry,
+    RolloutMember,
     aggregate_progress,
     make_preempt_notice,
     meta_key,
@@ -109,8 +111,16 @@ def ranks(policy: int, rollout: int) -> list[tuple[str, int]]:
 
 
 def test_gang_publishes_meets_at_barrier_and_reports(tmp_path: Path) -> None:
-    layout = (2, 2, 2)  # two shards although one would do: exercises the routing
+    # Shards are cut by rank index in blocks of RANKS_PER_SHARD: with 100 policy ranks,
+    # policy rank 99 sits in shard 0 and the rollout ranks in shard 1.  Policy ranks
+    # 0..98 are published from here; the three ranks either side of the cut are real
+    # processes, so the routing is exercised across processes.
+    layout = (RANKS_PER_SHARD, 2, 2)
     store = FileStore(tmp_path, Layout(*layout))
+    for rank in range(RANKS_PER_SHARD - 1):
+        me = Member("policy", rank, 1, f"uid-policy-{rank}")
+        store.publish_metadata(me, json.dumps({"agent": f"policy-{rank}"}))
+    spawned = [("policy", RANKS_PER_SHARD - 1), ("rollout", 0), ("rollout", 1)]
     procs = {
         f"{role}.{rank}": spawn(
             WORKER,
@@ -124,15 +134,19 @@ def test_gang_publishes_meets_at_barrier_and_reports(tmp_path: Path) -> None:
                 "timeout": 60,
             },
         )
-        for role, rank in ranks(2, 2)
+        for role, rank in spawned
     }
     barrier = store.open_barrier(epoch=1, timeout=60)
-    assert barrier.rollout_uids == ("uid-rollout-0", "uid-rollout-1")
-    expected = {name: name.replace(".", "-") for name in procs}
+    assert barrier.rollout == (
+        RolloutMember(uid="uid-rollout-0"),
+        RolloutMember(uid="uid-rollout-1"),
+    )
+    assert barrier.version == 1
+    expected = {f"{role}.{rank}": f"{role}-{rank}" for role, rank in ranks(*layout[:2])}
     for proc in procs.values():
         assert result(proc)["peers"] == expected
-    summary = aggregate_progress(store.snapshot(1), 2, 2)
-    assert (summary.refits_completed, summary.ranks_done, summary.bytes_total) == (1, 4, 200)
+    summary = aggregate_progress(store.snapshot(1), *layout[:2])
+    assert (summary.refits_completed, summary.ranks_done, summary.bytes_total) == (1, 3, 200)
     assert sorted(p.name for p in (tmp_path / "shard-1").iterdir()) == [
         "meta.rollout.0",
         "meta.rollout.1",

@@ -24,6 +24,7 @@ from tests.emulator import ApiEmulator
 
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
+    RANKS_PER_SHARD,
     EntryError,
     Layout,
     aggregate_progress,
@@ -108,8 +109,18 @@ def ranks(policy: int, rollout: int) -> list[tuple[str, int]]:
 
 
 async def test_gang_meets_over_sharded_configmaps(api: ApiEmulator) -> None:
-    layout = (2, 2, 2)
+    # Shards are cut by rank index in blocks of RANKS_PER_SHARD: policy rank 99 sits in
+    # shard 0, the rollout ranks in shard 1.  Policy ranks 0..98 publish from here; the
+    # ranks either side of the cut are real processes.
+    layout = (RANKS_PER_SHARD, 2, 2)
     make_maps(api, 2)
+    coordinator = ConfigMapStore(BASE, NS, Layout(*layout))
+    for rank in range(RANKS_PER_SHARD - 1):
+        member = Member("policy", rank, 0, f"uid-policy-{rank}")
+        await asyncio.to_thread(
+            coordinator.publish_metadata, member, json.dumps({"agent": f"policy-{rank}"})
+        )
+    spawned = [("policy", RANKS_PER_SHARD - 1), ("rollout", 0), ("rollout", 1)]
     procs = [
         await spawn(
             {
@@ -121,30 +132,27 @@ async def test_gang_meets_over_sharded_configmaps(api: ApiEmulator) -> None:
                 "uid": f"uid-{role}-{rank}",
             }
         )
-        for role, rank in ranks(2, 2)
+        for role, rank in spawned
     ]
-    coordinator = ConfigMapStore(BASE, NS, Layout(*layout))
     try:
         barrier = await asyncio.to_thread(coordinator.open_barrier, 0, 60)
-        assert barrier.policy_uids == ("uid-policy-0", "uid-policy-1")
-        everyone = ["policy-0", "policy-1", "rollout-0", "rollout-1"]
+        assert barrier.policy_uids == tuple(f"uid-policy-{r}" for r in range(RANKS_PER_SHARD))
+        everyone = sorted(f"{role}-{rank}" for role, rank in ranks(*layout[:2]))
         for proc in procs:
             assert (await result(proc))["peers"] == everyone
-        summary = aggregate_progress(await asyncio.to_thread(coordinator.snapshot, 0), 2, 2)
-        assert (summary.refits_completed, summary.bytes_total, summary.ranks_done) == (2, 40, 4)
+        snap = await asyncio.to_thread(coordinator.snapshot, 0)
+        summary = aggregate_progress(snap, *layout[:2])
+        assert (summary.refits_completed, summary.bytes_total, summary.ranks_done) == (2, 40, 3)
         assert summary.last_refit_gbps == pytest.approx(20 / 0.25 / 1e9)
     finally:
         coordinator.close()
     # Each rank's keys sit in the ConfigMap its shard names; barrier in shard 0.
     first = api.get(CM, NS, BASE)["data"]
     second = api.get(CM, NS, f"{BASE}-1")["data"]
-    assert sorted(first) == [
-        BARRIER_KEY,
-        "meta.policy.0",
-        "meta.policy.1",
-        "progress.policy.0",
-        "progress.policy.1",
-    ]
+    assert sorted(first) == sorted(
+        [BARRIER_KEY, f"progress.policy.{RANKS_PER_SHARD - 1}"]
+        + [f"meta.policy.{r}" for r in range(RANKS_PER_SHARD)]
+    )
     assert sorted(second) == [
         "meta.rollout.0",
         "meta.rollout.1",
@@ -211,14 +219,13 @@ async def test_watch_resumes_after_410_gone(api: ApiEmulator) -> None:
     publish = ConfigMapStore(BASE, NS, Layout(1, 1, 1))
     await asyncio.to_thread(publish.publish_metadata, me, "{}")
     await asyncio.to_thread(publish.publish_metadata, Member("rollout", 0, 0, "r"), "{}")
-    snap = await asyncio.to_thread(publish.snapshot, 0)
-    from refit_worker.contract.rendezvous import encode_entry, make_barrier
+    from refit_worker.contract.rendezvous import BarrierEntry, RolloutMember, encode_entry
+
+    opened = BarrierEntry(epoch=0, policy_uids=("p",), rollout=(RolloutMember(uid="r"),))
 
     # In one go, without yielding to the watch: the barrier, then enough other writes
     # to push it out of the emulator's 50-event history.  Only a re-list can find it.
-    api.patch(
-        CM, NS, BASE, {"data": {BARRIER_KEY: encode_entry(BARRIER_KEY, make_barrier(snap, 1, 1))}}
-    )
+    api.patch(CM, NS, BASE, {"data": {BARRIER_KEY: encode_entry(BARRIER_KEY, opened)}})
     for i in range(60):
         api.patch(CM, NS, "busy", {"data": {"n": str(i)}})
     assert api.store.oldest_rv > int(api.get(CM, NS, BASE)["metadata"]["resourceVersion"])

@@ -142,16 +142,15 @@ TAMPERED: list[Tamper] = [
         "meta.policy.0",
         lambda m: _meta(uid="intruder"),
         "refused: 'meta.policy.0': written by pod uid 'intruder', but the rank's pod is 'p0'",
-        "refused: 'meta.policy.0': written by pod uid 'intruder' (generation 0), "
-        "but the barrier recorded 'p0'",
+        "refused: 'meta.policy.0': written by pod uid 'intruder', but the barrier recorded 'p0'",
     ),
     Tamper(
         "rollout metadata of another generation",
         "meta.rollout.0",
         lambda m: _meta(uid="r0", role="rollout", generation=1),
         "waits",
-        "refused: 'meta.rollout.0': written by pod uid 'r0' (generation 1), "
-        "but the barrier recorded 'r0' (generation 0)",
+        "refused: 'meta.rollout.0': written by generation 1 of pod uid 'r0', "
+        "but the barrier recorded generation 0",
     ),
     Tamper(
         "barrier naming another pod",

@@ -84,6 +84,7 @@ GOLDEN_POD: dict[str, Any] = {
                 "env": [
                     _value("REFIT_EPOCH", "3"),
                     _value("REFIT_FIRST_REFIT", "0"),
+                    _value("REFIT_GENERATION", "0"),
                     _value("REFIT_JOB", "job"),
                     _value("REFIT_MASTER_ADDR", "job-rollout-0.job-rollout.ns.svc"),
                     _value("REFIT_MASTER_PORT", "29500"),
@@ -241,7 +242,7 @@ def test_rendezvous_shards_by_rank_count() -> None:
 
 
 def test_rbac_limits_the_worker_to_its_rendezvous() -> None:
-    account, role, binding = render_rbac(JOB, _spec(policy={"replicas": 200}))
+    account, role, binding = render_rbac(JOB, _spec(policy={"replicas": 150}))  # 2 shards
     assert account["kind"] == "ServiceAccount" and account["metadata"]["name"] == "job-worker"
     assert role["rules"] == [
         {

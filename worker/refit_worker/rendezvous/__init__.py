@@ -1,5 +1,5 @@
-"""Rendezvous of policy and rollout ranks: where they publish NIXL agent metadata, wait for
-the barrier, report progress and hear of a job-wide preemption.
+"""Rendezvous of policy and rollout ranks: where they publish NIXL agent metadata, wait to
+be members of the epoch, report progress and hear of a preemption.
 
 The protocol itself (keys, entries, shard layout, coordinator decisions) is pure and lives
 in the contract, :mod:`refit_worker.contract.rendezvous`; here is the I/O.  :mod:`.store`
@@ -19,6 +19,7 @@ from refit_worker.rendezvous.file_store import FileStore
 from refit_worker.rendezvous.store import (
     Member,
     Preempted,
+    Removed,
     RendezvousError,
     RendezvousStore,
     RendezvousTimeout,
@@ -33,6 +34,7 @@ __all__ = [
     "Member",
     "Preempted",
     "PreemptionWatch",
+    "Removed",
     "RendezvousError",
     "RendezvousStore",
     "RendezvousTimeout",

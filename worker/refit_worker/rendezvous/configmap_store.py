@@ -79,11 +79,16 @@ class ConfigMapStore(RendezvousStore):
     ) -> None:
         super().__init__(layout)
         self.namespace = namespace
-        self.names = [configmap_name(base_name, shard) for shard in range(layout.shards)]
+        self.base_name = base_name
         self._api_client = api_client
         self._owns_client = api_client is None
         self._core: Any | None = None
         self._lock = threading.Lock()
+
+    @property
+    def names(self) -> list[str]:
+        """The ConfigMap of each shard of the layout (which :meth:`follow` may grow)."""
+        return [configmap_name(self.base_name, shard) for shard in range(self.layout.shards)]
 
     def _api(self) -> Any:
         with self._lock:

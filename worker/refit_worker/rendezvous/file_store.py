@@ -46,6 +46,7 @@ class FileStore(RendezvousStore):
         if not _is_file_key(key):
             raise ValueError(f"{key!r} is not a valid rendezvous key")
         folder = self._shard_dir(shard)
+        folder.mkdir(parents=True, exist_ok=True)  # a shard the layout grew to
         fd, tmp = tempfile.mkstemp(prefix=f"{_TMP_PREFIX}{key}-", dir=folder)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
@@ -81,6 +82,8 @@ class FileStore(RendezvousStore):
     def _read(self, shard: int) -> dict[str, str]:
         data: dict[str, str] = {}
         folder = self._shard_dir(shard)
+        if not folder.is_dir():
+            return data  # a shard the layout grew to (a scale-up) that nobody wrote yet
         for path in folder.iterdir():
             if not _is_file_key(path.name):
                 continue  # a temporary file of a write under way, or not ours

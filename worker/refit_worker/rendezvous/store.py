@@ -53,6 +53,7 @@ from refit_worker.contract.rendezvous import (
     parse_key,
     progress_key,
     read_snapshot,
+    shards_needed,
 )
 from refit_worker.contract.roles import Role, check_role
 from refit_worker.waits import CancelFlag, WaitTimeout
@@ -326,10 +327,21 @@ class RendezvousStore(ABC):
             raise EntryError(key, f"does not hold this pod's ({me.uid!r}) metadata to rejoin with")
         self.put_entry(key, own.model_copy(update={"epoch": epoch}))
 
+    def follow(self, barrier: BarrierEntry) -> None:
+        """Grow the layout to the membership's R after a scale-up, so that reads cover
+        the shards that hold the new ranks' keys (shards are cut by index: no existing
+        key moves).  Never shrinks: keys of ranks past R are ignored by every reader."""
+        policy = self.layout.policy_world_size
+        rollout = max(self.layout.rollout_world_size, barrier.rollout_world_size)
+        shards = max(self.layout.shards, shards_needed(policy + rollout))
+        if (rollout, shards) != (self.layout.rollout_world_size, self.layout.shards):
+            self.layout = Layout(policy, rollout, shards)
+
     def peers(self, me: Member, barrier: BarrierEntry) -> dict[tuple[Role, int], MetadataEntry]:
         """The metadata of every member of ``barrier`` (every policy rank, the rollout
         ranks holding a slot), each checked against the uid and generation the barrier
         recorded for it."""
+        self.follow(barrier)
         snap = read_snapshot(
             self.read_data(),
             barrier.epoch,
@@ -347,11 +359,15 @@ class RendezvousStore(ABC):
                 raise EntryError(
                     key, f"missing for epoch {barrier.epoch}, though the barrier lists it"
                 )
-            if (entry.uid, entry.generation) != (held.uid, held.generation):
+            if entry.uid != held.uid:
+                raise EntryError(
+                    key, f"written by pod uid {entry.uid!r}, but the barrier recorded {held.uid!r}"
+                )
+            if entry.generation != held.generation:
                 raise EntryError(
                     key,
-                    f"written by pod uid {entry.uid!r} (generation {entry.generation}), "
-                    f"but the barrier recorded {held.uid!r} (generation {held.generation})",
+                    f"written by generation {entry.generation} of pod uid {entry.uid!r}, "
+                    f"but the barrier recorded generation {held.generation}",
                 )
             found[(role, rank)] = entry
         return found

@@ -1,7 +1,9 @@
-"""Watching for the job-wide preemption notice in the background.
+"""Watching for the preemption notice in the background.
 
 :class:`PreemptionWatch` runs :meth:`RendezvousStore.wait_preemption` in a daemon thread
-and calls ``on_notice`` once when a notice of the member's epoch appears.  A worker
+and calls ``on_notice`` once when a notice that stops the member appears: of its epoch,
+or for a rollout member of that or a later epoch; a notice for the policy gang alone
+(``PreemptNotice.role`` "policy") passes a rollout member by.  A worker
 typically answers by signalling itself with its preemption signal, so that
 ``DistributedSignalHandler`` stops every rank at the next bucket boundary, exactly as for
 a pod termination.
