@@ -481,7 +481,8 @@ class NIXLCheckpointEngine(CheckpointEngine):
         """Yield lists of ``(name, tensor)``; tensors are views valid until the next batch.
 
         ``on_complete`` gets what the refit cost once the last batch was taken (a
-        generator cannot return it).
+        generator cannot return it); its ``refit_id`` says which refit landed.
+        ``min_refit`` as in :meth:`receive_into`.
 
         Tensors larger than a bucket are views of reassembly memory, valid until the next
         refit starts.  Upstream's API: copy what you keep.  :meth:`receive_into` lands the
