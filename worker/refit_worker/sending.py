@@ -18,6 +18,8 @@ from refit_worker.checkpoint_engines import (
     NIXLCheckpointEngine,
     RefitTiming,
 )
+from refit_worker.checkpoint_engines.membership import targets_for_policy
+from refit_worker.checkpoint_engines.shards import is_sharded
 from refit_worker.membership import all_done, lacking
 from refit_worker.refits import (
     RefitStats,
@@ -128,6 +130,7 @@ class PolicySide(SessionBase):
         engine = self._require("policy")
         items = [(name, tensor.detach()) for name, tensor in weights]
         timeout, sends = self.config.transfer.timeout_seconds, 0
+        sharded = is_sharded(items)
         seen: object = None
         changed_at = time.monotonic()
         while True:
@@ -143,6 +146,18 @@ class PolicySide(SessionBase):
                 for rank in lacking(barrier, progress, refits)
                 if (rank, barrier.rollout[rank].uid) not in confirmed  # type: ignore[union-attr]
             }
+            # Only members this rank sends to by the mapping are its to serve; another
+            # policy rank owes the rest.
+            owed = set(
+                targets_for_policy(
+                    self.config.rank,
+                    train_world_size=self.config.policy_world_size,
+                    rollout_world_size=barrier.rollout_world_size,
+                    members=owed,
+                    stripe=engine.stripe,
+                    sharded=sharded,
+                )
+            )
             now = (
                 barrier.version,
                 sorted(owed),

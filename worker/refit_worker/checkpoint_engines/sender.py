@@ -221,8 +221,17 @@ class RefitSender:
             # Its in-flight handles must not be reposted; its landing sets stay known.
             stream.routes.forget_prepared()
             stream.inflight = []
+            # Fan-out shares a bucket's hash between targets: only a hash no live target
+            # still waits for may be cancelled.
+            kept = {
+                id(f)
+                for other in self._streams
+                if self.delivery.live(other.target.rank)
+                for f in other.hashes.values()
+            }
             for future in stream.hashes.values():
-                future.cancel()
+                if id(future) not in kept:
+                    future.cancel()
             stream.hashes.clear()
             self.agent.abort(
                 stream.target.agent,
