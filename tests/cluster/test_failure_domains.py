@@ -50,6 +50,10 @@ NODE_LOST_S = 5
 DEAD_NODE_BOUND_S = NODE_MONITOR_GRACE_S + NODE_MONITOR_PERIOD_S + NODE_LOST_S + 240
 
 
+#: A template's container: the operator merges its own worker container into this one.
+WORKER = [{"name": "worker"}]
+
+
 def _job(name: str, refits: int = REFITS, **spec: Any) -> dict[str, Any]:
     job = example("local", metadata={"name": name, "namespace": NS})
     job["spec"]["transfer"]["refits"] = refits
@@ -224,7 +228,7 @@ def _cordoned(cluster: Cluster, *nodes: str) -> Iterator[None]:
 
 def _pinned(role_template: dict[str, Any], node: str) -> dict[str, Any]:
     """A role template that requires ``node``."""
-    spec = {"nodeSelector": {"kubernetes.io/hostname": node}}
+    spec = {"nodeSelector": {"kubernetes.io/hostname": node}, "containers": WORKER}
     return {**role_template, "template": {"spec": spec}}
 
 
@@ -239,7 +243,7 @@ def _preferring(role_template: dict[str, Any], node: str) -> dict[str, Any]:
         },
     }
     affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}}
-    return {**role_template, "template": {"spec": {"affinity": affinity}}}
+    return {**role_template, "template": {"spec": {"affinity": affinity, "containers": WORKER}}}
 
 
 def test_drain_of_a_node_with_only_rollout_pods_leaves_the_policy_pods(
@@ -311,7 +315,10 @@ def _tolerating(role_template: dict[str, Any]) -> dict[str, Any]:
         }
         for taint in ("unreachable", "not-ready")
     ]
-    return {**role_template, "template": {"spec": {"tolerations": tolerations}}}
+    return {
+        **role_template,
+        "template": {"spec": {"tolerations": tolerations, "containers": WORKER}},
+    }
 
 
 def _kill_node(node: ProcessNode) -> None:
