@@ -450,3 +450,18 @@ async def test_a_failed_refit_does_not_break_the_next_one(pair) -> None:
     sd = {"w": torch.arange(3000.0) * 2}
     await asyncio.gather(policy.send_weights(iter(sd.items())), rollout.receive_into(targets))
     assert torch.equal(targets["w"], sd["w"])
+
+
+async def test_drop_target_stops_waiting_for_it_during_a_send(pair) -> None:
+    policy, _ = pair  # the rollout never receives: without the drop, the wait times out
+    assert policy.drop_target(0, "no send in progress") is False
+
+    async def drop_soon() -> None:
+        await asyncio.sleep(0.2)
+        assert policy.drop_target(0, "left the membership (version 2)") is True
+
+    timing, _ = await asyncio.gather(
+        policy.send_weights(iter([("w", torch.zeros(3))])), drop_soon()
+    )
+    # The caller's reason, not the timeout's: the send stopped waiting when told to.
+    assert timing.delivered == () and timing.dropped == {0: "left the membership (version 2)"}

@@ -9,7 +9,7 @@ which lands a refit straight in the caller's final tensors (no receive buffer, n
 
 Registrations of source and landing memory, the bucket plan and the prepared WRITE handles
 are made once and reused while the topology, the tensors' storage and the layout stay the
-same (:mod:`.registry`, :class:`~.sender.Routes`).  ``send_weights`` and ``receive_into``
+same (:mod:`.registry`, :class:`~.routes.Routes`).  ``send_weights`` and ``receive_into``
 return what the refit cost (a :class:`~.base.RefitTiming`, control work included);
 ``receive_weight_batches`` hands it to its ``on_complete`` callback.
 
@@ -72,8 +72,10 @@ from .peers import Peers
 from .planning import TensorSpec, check_bucket_size
 from .receiver import RefitReceiver, Shared, TargetResolver
 from .registry import MemoryRegistry
-from .sender import RefitSender, Routes, Target, prepare_sources, sources_ready
+from .routes import Routes, Target
+from .sender import RefitSender
 from .shards import is_sharded, local_sources
+from .sources import prepare_sources, sources_ready
 from .staging import Staging
 
 
@@ -481,7 +483,8 @@ class NIXLCheckpointEngine(CheckpointEngine):
         """Yield lists of ``(name, tensor)``; tensors are views valid until the next batch.
 
         ``on_complete`` gets what the refit cost once the last batch was taken (a
-        generator cannot return it).
+        generator cannot return it); its ``refit_id`` says which refit landed.
+        ``min_refit`` as in :meth:`receive_into`.
 
         Tensors larger than a bucket are views of reassembly memory, valid until the next
         refit starts.  Upstream's API: copy what you keep.  :meth:`receive_into` lands the

@@ -19,7 +19,7 @@ from .layout import TargetWeightLayout
 from .mapping import check_world_sizes, source_ranks_for_rollout
 from .membership import PeerKey, PeerUpdate, Role, plan_peer_update, targets_for_policy
 from .messages import MetadataLike, NixlAgentMetadata, parse_metadata
-from .sender import Target
+from .routes import Target
 
 
 class Peers:

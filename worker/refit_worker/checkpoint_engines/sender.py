@@ -10,7 +10,7 @@ Only buckets that use a buffer wait for a credit, so a refit that lands everythi
 its buckets back to back without waiting for anyone.
 
 Per target, the descriptor lists and one WRITE handle per bucket are prepared once and
-reposted refit after refit with the new notification (:class:`Routes`), for as long as the
+reposted refit after refit with the new notification (:class:`~.routes.Routes`), for as long as the
 plan, the source addresses and the landing memory stay the same.
 
 A sharded refit (:meth:`RefitSender.plan_sharded`) writes only this rank's pieces of the
@@ -30,8 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
@@ -52,10 +51,8 @@ from .agent import (
 from .base import dtype_name
 from .delivery import Delivery
 from .integrity import Algorithm, Hasher, as_bytes
-from .layout import WHOLE, TargetWeightLayout, select_slice
 from .messages import (
     BucketReady,
-    BufferDesc,
     Credit,
     Digest,
     Done,
@@ -66,56 +63,13 @@ from .messages import (
     SourceBox,
     encode,
 )
-from .planning import Plan, TensorSpec, buffer_slots, cached_plan, check_unique_names, lands
+from .planning import Plan, TensorSpec, buffer_slots, cached_plan, lands
 from .registry import MemoryRegistry, device_id
+from .routes import Routes, Target
 from .shard_plan import Holding, ShardSpec, cached_shard_plan, receiver_specs, source_offset
+from .sources import for_target, prepare_sources
 
 Region = tuple[int, int, int]
-_ROUTES_KEPT = 4  # double buffering alternates two landing sets; room for a layout change
-
-
-@dataclass
-class Target:
-    """A rollout rank this policy rank writes to."""
-
-    rank: int
-    agent: str
-    buffers: tuple[BufferDesc, ...]
-    sources: tuple[int, ...]
-    layout: TargetWeightLayout | None
-    dev_id: int = 0
-
-
-class Routes:
-    """Per target: landing sets received on this connection, and prepared WRITEs by route."""
-
-    def __init__(self) -> None:
-        self.landing: dict[str, LandingSet] = {}
-        self.manifests: dict[tuple[str, str | None], Manifest] = {}
-        self._prepared: OrderedDict[tuple[Any, ...], PreparedWrites] = OrderedDict()
-        #: Routes prepared (not reused), for the stats.
-        self.built = 0
-
-    def get(self, key: tuple[Any, ...]) -> PreparedWrites | None:
-        found = self._prepared.get(key)
-        if found is not None:
-            self._prepared.move_to_end(key)
-        return found
-
-    def put(self, key: tuple[Any, ...], prepared: PreparedWrites) -> None:
-        self.built += 1
-        self._prepared[key] = prepared
-        while len(self._prepared) > _ROUTES_KEPT:
-            self._prepared.popitem(last=False)[1].release()
-
-    def forget_prepared(self) -> None:
-        for prepared in self._prepared.values():
-            prepared.release()
-        self._prepared.clear()
-
-    def clear(self) -> None:
-        self.forget_prepared()
-        self.landing.clear()
 
 
 @dataclass
@@ -146,55 +100,6 @@ class _Stream:
         if self.plan.senders is not None:
             return sum(p.chunk_size for seq in self.seqs for p in self.plan.buckets[seq])
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
-
-
-def prepare_sources(
-    weights: Iterable[tuple[str, torch.Tensor]], device: torch.device
-) -> list[tuple[str, torch.Tensor]]:
-    """Materialise the generator: contiguous tensors on ``device``; bad input raises."""
-    items: list[tuple[str, torch.Tensor]] = []
-    for entry in weights:
-        name, tensor = entry
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"weight names must be non-empty strings, got {name!r}")
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"weight {name!r} is a {type(tensor).__name__}, not a tensor")
-        dtype_name(tensor.dtype)
-        tensor = tensor.detach()
-        if tensor.device.type != device.type:
-            tensor = tensor.to(device)
-        items.append((name, tensor.contiguous()))
-    check_unique_names([name for name, _ in items])
-    return items
-
-
-def for_target(
-    items: Sequence[tuple[str, torch.Tensor]], layout: TargetWeightLayout | None
-) -> dict[str, torch.Tensor]:
-    """The tensors (or tensor-parallel slices, made contiguous) that one target wants."""
-    chosen: dict[str, torch.Tensor] = {}
-    for name, tensor in items:
-        part = select_slice(name, tuple(tensor.shape), layout)
-        if part is None:
-            continue
-        sent = tensor if part == WHOLE else tensor.narrow(part.dim, part.start, part.length)
-        chosen[name] = sent.contiguous()
-    return chosen
-
-
-def sources_ready(device: torch.device) -> torch.cuda.Event | None:
-    """After the last source copy or slice is queued: wait for it without a device sync.
-
-    On CUDA the ``.to()``/``.contiguous()`` copies of :func:`prepare_sources` and
-    :func:`for_target` are queued on the current stream; the NIC must not read a source
-    before they finish.  Returns the recorded event (hash threads wait on it too).
-    """
-    if device.type != "cuda":
-        return None
-    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-    event.record(torch.cuda.current_stream(device))
-    event.synchronize()
-    return event
 
 
 class RefitSender:
