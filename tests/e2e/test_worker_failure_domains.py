@@ -1,6 +1,8 @@
 """Failure domains, worker side, as real processes: a rollout rank SIGKILLed and replaced
 while the policy keeps running; the policy killed and recreated in a new epoch while the
-rollout ranks keep theirs; a late joiner served by the lingering policy.
+rollout ranks keep theirs; a late joiner served by the lingering policy; a scale-down
+(the removed rank reports ``left`` and exits 0); a stale pod that finds its rank held by
+its replacement (it exits as preempted and writes nothing under the rank's key).
 
 Every rank is a real ``refit-worker`` process (real gloo for the policy gang, real NIXL
 over UCX, the file-backed rendezvous store); the test plays the operator: it keeps which
@@ -14,6 +16,8 @@ import re
 from pathlib import Path
 
 from tests.support.demo_job import DemoJob, Pod
+
+from refit_worker.contract.exits import EXIT_PREEMPTED
 
 # Enough refits that the run is still going when the test acts on it.
 LONG_RUN = 300
@@ -125,3 +129,40 @@ def test_a_late_joiner_gets_the_last_refit_from_the_lingering_policy(tmp_path: P
             "bit-exact",
         )
         assert "sending refit 3 again to [1]" in policy.log.read_text()
+
+
+def test_a_scale_down_removes_a_rank_at_a_refit_boundary(tmp_path: Path) -> None:
+    with DemoJob(tmp_path, policy=1, rollout=2, refits=LONG_RUN) as job:
+        policy = job.start("policy", 0)
+        rollout = [job.start("rollout", r) for r in range(2)]
+        job.wait_for("rank 1 to commit 5 refits", lambda: _committed_at_least(job, rollout[1], 5))
+        job.scale(1)
+        codes = _finish(job, [policy, *rollout])
+        assert codes == [0, 0, 0], job.logs()  # the removed rank exits 0 too
+        left = _report(job, rollout[1])
+        assert left is not None and left.state == "left", job.logs()  # type: ignore[attr-defined]
+        assert left.refits_completed < LONG_RUN  # type: ignore[attr-defined]
+        done = _report(job, rollout[0])
+        assert done is not None
+        assert (done.state, done.refits_completed) == ("done", LONG_RUN)  # type: ignore[attr-defined]
+        assert _committed(rollout[0]) == list(range(LONG_RUN))
+        # What rank 1 committed before it left is whole refits, in order.
+        got = _committed(rollout[1])
+        assert got == list(range(len(got))), got
+
+
+def test_a_stale_pod_goes_quietly_when_its_replacement_holds_the_rank(tmp_path: Path) -> None:
+    with DemoJob(tmp_path, policy=1, rollout=2, refits=LONG_RUN) as job:
+        policy = job.start("policy", 0)
+        first = [job.start("rollout", r) for r in range(2)]
+        job.wait_for("rank 1 to commit 5 refits", lambda: _committed_at_least(job, first[1], 5))
+        # Its node stopped reporting: the operator replaces the pod without waiting for it
+        # to go; the old process still runs and must not write over the new one's reports.
+        resume = _report(job, first[1]).refits_completed  # type: ignore[union-attr]
+        replacement = job.start("rollout", 1, generation=1, first_refit=resume)
+        codes = _finish(job, [policy, first[0], replacement, first[1]])
+        assert codes == [0, 0, 0, EXIT_PREEMPTED], job.logs()
+        assert "stale pod" in first[1].log.read_text()
+        report = _report(job, replacement)
+        assert report is not None, job.progress()
+        assert (report.state, report.refits_completed, report.generation) == ("done", LONG_RUN, 1)  # type: ignore[attr-defined]

@@ -35,6 +35,7 @@ from refit_worker.contract.rendezvous import (
     Layout,
     LivePod,
     membership,
+    read_snapshot,
 )
 from refit_worker.contract.roles import Role
 from refit_worker.rendezvous import FileStore
@@ -82,6 +83,8 @@ class DemoJob:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._coordinate, daemon=True)
         self.errors: list[BaseException] = []
+        #: The desired rollout replica count R (``kubectl scale``): the coordinator's own.
+        self.desired = self.rollout
 
     def __enter__(self) -> DemoJob:
         self._thread.start()
@@ -157,6 +160,11 @@ class DemoJob:
             self._port = free_port()
         return [self.start("policy", rank, first_refit=first_refit) for rank in range(self.policy)]
 
+    def scale(self, replicas: int) -> None:
+        """Set the desired rollout replica count (ranks past it leave at a refit boundary)."""
+        with self._lock:
+            self.desired = replicas
+
     # -- coordinator ----------------------------------------------------------------------
 
     def _live(self) -> dict[tuple[Role, int], LivePod]:
@@ -174,8 +182,10 @@ class DemoJob:
                     epoch = self.epoch
                 if previous is not None and previous.epoch != epoch:
                     previous = None
-                snap = self.store.snapshot(epoch)
-                barrier = membership(snap, self.policy, self.rollout, self._live(), previous)
+                with self._lock:
+                    desired = self.desired
+                snap = read_snapshot(self.store.read_data(), epoch, self.policy, desired)
+                barrier = membership(snap, self.policy, desired, self._live(), previous)
                 if barrier is not None:
                     self.store.put_entry(BARRIER_KEY, barrier)
                     self.barriers.append(barrier)

@@ -2,9 +2,11 @@
 
 A session is built from the same ``REFIT_*`` environment the operator renders
 (:meth:`RefitSession.from_env`).  It owns the NIXL checkpoint engine and the rendezvous:
-:meth:`connect` publishes this rank's agent metadata, waits for the barrier of its epoch
-and connects to the peers; then a policy rank calls :meth:`send` with its
-``named_parameters()`` and a rollout rank receives each refit straight into final,
+:meth:`connect` publishes this rank's agent metadata, waits for its place in the
+membership (the barrier) and connects to the peers; then a policy rank calls :meth:`send`
+with its ``named_parameters()`` for each refit (to the rollout members of the moment;
+:meth:`~.sending.PolicySide.linger` after the last one serves members that joined late),
+and a rollout rank receives each refit straight into final,
 registered tensors (no clone), verifies it (manifest completeness and integrity hashes in
 the engine, plus an optional caller check) and only then commits it:
 
@@ -21,8 +23,12 @@ could start (landing memory ready, senders told) to the commit, leaving out wait
 peer, weight generation, the caller's ``verify`` and control work (``control_seconds``).
 
 Every transfer runs beside a watcher that stops it at the next bucket boundary when this
-process got the preemption signal or the job posted a preemption notice; the call then
-raises :class:`Preempted`.
+process got the preemption signal or the job posted a preemption notice for its role; the
+call then raises :class:`Preempted`.  The watcher also follows the membership: a policy
+rank drops targets that left; a rollout rank abandons a refit when the policy epoch moves
+on and takes the next one from the new policy gang, without a restart.  A rollout rank
+removed by a scale-down gets :class:`Removed` (report ``left``, exit 0); one whose rank
+another pod holds now gets :class:`Superseded` (exit as preempted, report nothing).
 
 Must not import: the operator, kubernetes (the store does that lazily).
 """
