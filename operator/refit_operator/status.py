@@ -75,6 +75,10 @@ class RolloutReplica(_Status):
     failures: int = Field(0, ge=0)
     #: Not before this time is the replacement's pod created.
     replace_at: datetime | None = None
+    #: The pod this generation replaced, and the bytes of its reports counted so far: a
+    #: report it writes after the replacement still counts, once.
+    replaced_uid: str = ""
+    replaced_bytes: int = Field(0, ge=0)
 
 
 #: ``conditions`` is a list-map keyed by type, as in every built-in status.

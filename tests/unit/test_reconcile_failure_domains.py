@@ -234,6 +234,12 @@ def test_bytes_a_replaced_replica_received_stay_counted() -> None:
     # Next round: the replaced pod's report no longer counts, its bytes still do.
     later = JOB.run(d.status, JOB.pods(0, **{**ALL_UP, R1: FAILED}), data)
     assert later.status.bytes_transferred == 700
+    # Its last refit's report landed after the replacement: counted once, not twice.
+    more = {key: encode_entry(key, entry.model_copy(update={"bytes_total": 900}))}
+    late = JOB.run(later.status, JOB.pods(0, **{**ALL_UP, R1: FAILED}), more)
+    assert late.status.bytes_transferred == 900
+    again = JOB.run(late.status, JOB.pods(0, **{**ALL_UP, R1: FAILED}), more)
+    assert again.status.bytes_transferred == 900
 
 
 def test_each_replica_reports_its_generation_pod_and_last_committed_refit() -> None:
