@@ -147,12 +147,9 @@ def _events(cluster: Cluster, job: str) -> list[dict[str, Any]]:
 
 
 def _exit_code(cluster: Cluster, name: str, uid: str) -> int:
-    code: int = wait(
-        lambda: cluster.exit_codes().get((name, uid)),
-        f"pod {name} ({uid[:8]}) to exit",
-        timeout=60,
-    )
-    return code
+    # The code itself may be 0, which is no answer to wait(): wait for the key.
+    wait(lambda: (name, uid) in cluster.exit_codes(), f"pod {name} ({uid[:8]}) to exit", 60)
+    return cluster.exit_codes()[(name, uid)]
 
 
 def _delete(cluster: Cluster, job: str) -> None:
