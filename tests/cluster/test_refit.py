@@ -37,7 +37,17 @@ def test_apply_example_then_wait_complete_bit_exact(cluster: Cluster, install: I
     assert header.split() == ["NAME", "PHASE", "POLICY", "ROLLOUT", "REFITS", "AGE"]
     assert row.split()[:5] == [name, "Succeeded", "0", "0", "3"], table
     wide = cluster.kubectl.ok("get", "rj", "-n", NS, "-o", "wide").splitlines()[0].split()
-    assert wide == ["NAME", "PHASE", "POLICY", "ROLLOUT", "REFITS", "EPOCH", "AGE"]
+    assert wide == [
+        "NAME",
+        "PHASE",
+        "POLICY",
+        "ROLLOUT",
+        "DESIRED",
+        "REPLACED",
+        "REFITS",
+        "EPOCH",
+        "AGE",
+    ]
     assert install.operator.forbidden() == []
     cluster.kubectl.ok("delete", "rj", name, "-n", NS, "--wait=true", "--timeout=120s")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -98,6 +98,16 @@ class PolicySide(SessionBase):
                 }
                 self._last_sent = (refit_id, confirmed)
                 return timing
+            if await asyncio.to_thread(self._all_have, peers.targets, refit_id):
+                # Each target declined because it already committed this refit or a later
+                # one (from another source): nothing is owed, so nothing is sent again.
+                log.info(
+                    "policy rank %d: refit %d: every member it maps to already has it",
+                    self.config.rank,
+                    refit_id,
+                )
+                self._last_sent = (refit_id, set())
+                return timing
             if time.monotonic() >= deadline:
                 raise RefitUndelivered(
                     f"policy rank {self.config.rank}: refit {refit_id} reached no rollout "
@@ -110,6 +120,15 @@ class PolicySide(SessionBase):
                 dict(timing.dropped),
             )
             await asyncio.sleep(LINGER_INTERVAL_S)
+
+    def _all_have(self, targets: Mapping[int, tuple[str, int]], refit_id: int) -> bool:
+        """Whether the pod now in each target's slot reported refit ``refit_id`` committed."""
+        progress = self.store.progress_all()
+        for rank, target in targets.items():
+            entry = progress.get(("rollout", rank))
+            if entry is None or entry.uid != target[0] or entry.refits_completed <= refit_id:
+                return False
+        return bool(targets)
 
     async def _drop_gone(self) -> None:
         newer = await asyncio.to_thread(self.store.barrier, self.member.epoch)
