@@ -7,11 +7,14 @@ never on exit codes alone.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from refit_worker.contract.entries import ProgressState, Verification
 from refit_worker.contract.progress import ProgressLog
 from refit_worker.contract.rendezvous import ProgressEntry, encode_entry, progress_key
+
+_POD = re.compile(r"-(?P<role>policy|rollout)-(?P<rank>\d+)-[eg]\d+$")
 
 
 def reports(
@@ -23,12 +26,14 @@ def reports(
     state: ProgressState = "done",
     verification: Verification = "checksums",
 ) -> dict[str, str]:
-    """``progress.<role>.<rank>`` values for pods named ``<job>-<role>-<rank>``."""
+    """``progress.<role>.<rank>`` values for pods named ``<job>-<role>-<rank>-e<epoch>``
+    (policy) or ``<job>-<role>-<rank>-g<generation>`` (rollout)."""
     out: dict[str, str] = {}
     for name, uid in pod_uids.items():
-        role, rank = name.rsplit("-", 2)[1], int(name.rsplit("-", 1)[1])
-        if role not in ("policy", "rollout"):
-            raise ValueError(f"{name!r} is not named <job>-<role>-<rank>")
+        found = _POD.search(name)
+        if found is None:
+            raise ValueError(f"{name!r} is not named <job>-<role>-<rank>-e<N>|g<N>")
+        role, rank = found["role"], int(found["rank"])
         log = ProgressLog(verification=verification if role == "rollout" else "none")
         for refit in range(refits):
             log.record(refit, nbytes, 0.1)

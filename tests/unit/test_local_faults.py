@@ -101,3 +101,19 @@ def test_the_view_shows_each_replica_and_the_replacements_from_the_status() -> N
     assert "rollout  ready 1/3" in block[2] and "replacements 1" in block[3]
     assert view.status_key(status) != view.status_key(RefitJobStatus())
     assert "gen0=1 gen1=0" in view.status_line("j", spec, status, 1.0, 0)
+
+
+def test_a_scale_up_counts_new_policy_pods_only_not_its_new_rollout_pods() -> None:
+    from refit_operator.local.runner import RunResult
+
+    scale = Fault("scale-rollout", 1, 3)
+    result = RunResult(RefitJobStatus())
+    result.fired.append(Fired(scale, "job", "", 2.0, frozenset({UID_A})))
+    # The rollout pod the scale asked for appeared after it; no new policy pod did.
+    result.first_seen = {"policy": {UID_A: 0.5}, "rollout": {UID_B: 3.0}}
+    (line,) = view.fault_lines((scale,), result)
+    assert "the policy pods ran on untouched (same 1 uid(s))" in line
+    # A policy pod first seen after the scale is reported as one.
+    result.first_seen["policy"][UID_B] = 4.0
+    (line,) = view.fault_lines((scale,), result)
+    assert "1 new policy pod(s) appeared after it" in line

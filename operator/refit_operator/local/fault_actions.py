@@ -49,7 +49,9 @@ def round_(
         done_now: Fired | None
         if fault.kind == "scale-rollout":
             view = _scaled(view, fault.replicas)
-            done_now = Fired(fault, cluster.job.name, "", now, _uids(_live(pods, "policy")))
+            done_now = Fired(
+                fault, cluster.job.name, "", now, _uids(_live(pods, fault.untouched_role))
+            )
         else:
             done_now = _kill(cluster, pods, fault, now, result.ledger.most_committed())
         if done_now is None:
@@ -87,7 +89,7 @@ def _kill(
     cluster: LocalCluster, pods: list[dict[str, Any]], fault: Fault, now: float, committed: int
 ) -> Fired | None:
     """SIGKILL the process group of the live rank-0 pod of the fault's role."""
-    role, other = ("rollout", "policy") if fault.kind == "kill-rollout" else ("policy", "rollout")
+    role = "rollout" if fault.kind == "kill-rollout" else "policy"
     target = next(
         (p for p in _live(pods, role) if p["metadata"]["labels"].get(names.LABEL_RANK) == "0"),
         None,
@@ -97,7 +99,7 @@ def _kill(
         return None
     os.killpg(pid, signal.SIGKILL)  # the pod's own session (pid == pgid): the whole group
     meta = target["metadata"]
-    others = _uids(_live(pods, other))
+    others = _uids(_live(pods, fault.untouched_role))
     return Fired(fault, str(meta["name"]), str(meta["uid"]), now, others, committed=committed)
 
 

@@ -42,6 +42,12 @@ class Fault:
     def flag(self) -> str:
         return f"--{self.kind}-at-refit"
 
+    @property
+    def untouched_role(self) -> str:
+        """The role this fault must leave running: the policy, unless a policy pod is
+        killed (then the rollout)."""
+        return "rollout" if self.kind == "kill-policy" else "policy"
+
 
 def add_arguments(run: Any) -> None:
     """The flags that show the failure domains without a cluster."""
@@ -211,7 +217,7 @@ def outcome(fired: Fired, new_after: frozenset[str]) -> str:
     """The summary's line for one fault: what the run saw after it (``new_after``: uids
     of the other role's pods first seen after it)."""
     fault = fired.fault
-    other = "rollout" if fault.kind == "kill-policy" else "policy"
+    other = fault.untouched_role
     if fault.kind == "scale-rollout":
         said = f"{fired.target} scaled to {fault.replicas} rollout replica(s) at refit "
         said += f"{fault.at_refit}; "

@@ -112,8 +112,9 @@ def fault_lines(planned: tuple[Fault, ...], result: RunResult) -> list[str]:
     followed, or why it never fired."""
     lines = []
     for fired in result.fired:
-        other = "policy" if fired.fault.kind == "kill-rollout" else "rollout"
-        seen = result.first_seen.get(other, {})
+        # The same role that outcome() names, so a scale's new rollout pods are not
+        # counted as new policy pods.
+        seen = result.first_seen.get(fired.fault.untouched_role, {})
         new = frozenset(uid for uid, at in seen.items() if at > fired.at)
         lines.append(outcome(fired, new))
     done = {f.fault for f in result.fired}
