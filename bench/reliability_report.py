@@ -2,11 +2,12 @@
 size, and the figures they give.
 
 - Drains at every stage of a refit x topologies (1,1), (2,2), (1,3), ``--runs`` times
-  each: time until the gang stopped, until the new gang existed, until its barrier
-  opened (medians), where each rank really stopped, whether the job completed with every
-  refit bit-exact.
-- SIGKILL of one seeded rank at a seeded moment, ``--kill-cases`` cases: the gang's
-  restart time, or the failure message once maxRestarts is spent; processes left.
+  each, each a drain of the last rollout rank's pod: time until it stopped, until its
+  replacement existed, until the replacement was a member (medians), where it really
+  stopped, whether the job completed with every refit bit-exact, the policy untouched.
+- SIGKILL of one seeded rank at a seeded moment, ``--kill-cases`` cases: the time until
+  the replacement (a rollout pod, or the policy gang) existed, or the failure message once
+  the role's budget is spent; processes left.
 - API faults in the emulator (500s, 409s, 410 Gone watches, slow answers): the
   ConfigMap store's observed back-off, and the fault tests' outcome (operator included).
 - Operator restart mid-job: the test's outcome.
@@ -59,7 +60,9 @@ from tests.support.processes import processes_under  # noqa: E402
 
 from refit_operator.models import Phase  # noqa: E402
 
-REFITS = 4
+#: Enough that the stages inside refits still have refits ahead when their drain goes in:
+#: while a drained rank's replacement starts, the policy goes on refitting the others.
+REFITS = 40
 KILL_TOPOLOGIES = (Topology(1, 1), Topology(2, 2), Topology(1, 3), Topology(2, 1))
 
 
@@ -75,7 +78,7 @@ def drains(runs: int) -> list[str]:
         for run in range(runs):
             with tempfile.TemporaryDirectory(prefix="rel-drain-") as tmp:
                 workdir = Path(tmp) / "work"
-                job = manifest("drain", topo, refits=REFITS)
+                job = manifest("drain", topo, refits=REFITS, layers=12, bucket="16Ki")
                 started = time.monotonic()
                 result, observer, _ = run_with(
                     job,
@@ -91,10 +94,11 @@ def drains(runs: int) -> list[str]:
                     committed.update(committed_refits(text))
                     exact = exact and "VerificationError" not in text
                 codes = Counter(observer.exit_codes.values())
+                st = result.status
                 outcomes.append(
-                    f"| {topo} | {run + 1} | {result.status.phase.value} | "
-                    f"{len(observer.faults)}/{len(STAGES)} | {result.status.preemptions} | "
-                    f"{result.status.restarts} | {sorted(committed) == list(range(REFITS))} "
+                    f"| {topo} | {run + 1} | {st.phase.value} | "
+                    f"{len(observer.faults)}/{len(STAGES)} | {st.rollout.replacements} | "
+                    f"{st.epoch} / {st.restarts} | {sorted(committed) == list(range(REFITS))} "
                     f"and {'no' if exact else 'a'} failed check | "
                     f"{dict(sorted(codes.items()))} | {len(processes_under(workdir))} | "
                     f"{took:.0f} |"
@@ -121,19 +125,21 @@ def drains(runs: int) -> list[str]:
     lines = [
         "## Drain at every stage of a refit",
         "",
-        f"One job per topology and run ({REFITS} refits, a ~9 MiB bf16 model in 64 KiB "
-        "buckets, grace 20 s) meets the five stages in turn, one drain of the last rollout "
-        "pod per epoch (DisruptionTarget, deletion, preStop, SIGTERM); each new gang resumes "
-        f"where the last stopped.  {runs} run(s) per topology; times are medians in seconds "
-        "from the drain.",
+        f"One job per topology and run ({REFITS} refits, a ~27 MiB bf16 model in 16 KiB "
+        "buckets, grace 20 s) meets the five stages in turn, each a drain of the last "
+        "rollout rank's pod of the time (DisruptionTarget, deletion, preStop, SIGTERM).  A "
+        "rollout pod is its own failure domain: the drained pod alone is replaced, the "
+        "policy pods run on (epoch 0, no restart), and the next drain meets the "
+        f"replacement.  {runs} run(s) per topology; times are medians in seconds from the "
+        "drain.",
         "",
-        "| topology | run | phase | drains | preemptions | restarts | all refits committed,"
-        " bit-exact | exit codes | processes left | seconds |",
+        "| topology | run | phase | drains | rollout replacements | policy epoch / restarts "
+        "| all refits committed, bit-exact | exit codes | processes left | seconds |",
         "|---|---|---|---|---|---|---|---|---|---|",
         *outcomes,
         "",
-        "| topology | stage | gang stopped (s) | new gang created (s) | its barrier open (s) "
-        "| where the ranks stopped (count) |",
+        "| topology | stage | drained pod stopped (s) | replacement created (s) | "
+        "replacement a member (s) | where the drained pod stopped (count) |",
         "|---|---|---|---|---|---|",
     ]
     for (shape, stage), row in rows.items():
@@ -144,16 +150,20 @@ def drains(runs: int) -> list[str]:
         )
     lines += [
         "",
-        "How each stage is reached: *before the barrier*: the first tick after the "
-        "gang exists, nothing published (checked); *during metadata exchange*: policy rank 0 "
-        "is held with SIGSTOP before it publishes, the drain goes "
-        "in once all others published, then the held rank is let go (deterministic, "
-        "checked); *mid-bucket*: half a refit after a commit; *between refits*: as soon "
-        "as a commit is reported; *during the final commit*: half a refit after the "
-        "second-to-last commit.  The last three are timed from outside, so where the "
-        "ranks really stopped is read from their own `preempted` reports (the last "
-        "column): a rank stopped at a bucket boundary was inside a transfer, one "
-        "stopped at a refit boundary was between refits.",
+        "How each stage is reached: *during metadata exchange* (the job's first opening): "
+        "policy rank 0 is held with SIGSTOP before it publishes, the drain goes in once "
+        "every rollout rank published, then the held rank is let go (deterministic, "
+        "checked); *before the barrier*: the replacement of that drain, running but not yet "
+        "a member (checked); *mid-bucket*: 0.25 s after the rank's pod reports a commit of "
+        "its own, with the policy gang held (SIGSTOP) until the drained pod exited, so the "
+        "stop meets the rank waiting for the next refit's buckets; *between refits*: as "
+        "soon as the rank's pod reports a commit; *during the final commit*: just after "
+        "the second-to-last commit.  The last two are timed from outside, so where each "
+        "drained pod really stopped is read from its own `preempted` report (the last "
+        "column): at a bucket boundary it was inside a transfer; at a refit boundary, or "
+        "waiting for the barrier (the coordinator took it out of the membership as soon "
+        "as it was drained), it was between refits; a pod that finished its last refit "
+        "first says it was done.",
         "",
     ]
     return lines
@@ -175,18 +185,20 @@ def _stop_reports(workdir: Path, pods: list[tuple[str, str]]) -> list[str]:
 
 
 def kills(cases: int) -> list[str]:
-    per_job = 5
+    per_job, timeout = 5, 30
     lines = [
         "## SIGKILL of one rank",
         "",
-        f"{cases} kills: jobs of {per_job} kills each (maxRestarts {per_job - 1}, "
-        "backoff 0.5 s doubling to 2 s, timeoutSeconds 15, grace 10 s); epoch i's gang "
-        "gets a SIGKILL to a seeded rank at a seeded moment 0-3 s after it was "
-        "created or (half the cases, seeded) after its barrier opened.  "
-        "Every kill but each job's last must restart the gang within "
-        "timeoutSeconds + maxBackoff (17 s); the last must fail the job naming the rank.",
+        f"{cases} kills: jobs of {per_job} kills each (backoff 0.5 s doubling to 2 s, "
+        f"timeoutSeconds {timeout}, grace 10 s); round i gets a SIGKILL to a seeded rank's "
+        "live pod at a seeded moment 0-3 s after the last kill's replacement was created "
+        "or (half the cases, seeded) after it took part.  A killed rollout pod is replaced "
+        "alone (maxReplacements), a killed policy pod restarts the policy gang "
+        "(maxRestarts); each job's budgets let every kill but its last through.  Every "
+        "kill but each job's last must have its replacement within timeoutSeconds + "
+        f"maxBackoff ({timeout + 2} s); the last must fail the job naming the pod.",
         "",
-        "| job | kill | target | at (s) | gang then | outcome | gang stopped (s) |",
+        "| job | kill | target | at (s) | job then | outcome | pods stopped (s) |",
         "|---|---|---|---|---|---|---|",
     ]
     restart_times: list[float] = []
@@ -196,15 +208,17 @@ def kills(cases: int) -> list[str]:
         topo = KILL_TOPOLOGIES[index % len(KILL_TOPOLOGIES)]
         seed = 100 + index
         plan = seeded_kills(seed, per_job, topo, "kill", 3.0)
+        roles = ["policy" if "-policy-" in k.pod else "rollout" for k in plan[:-1]]
         with tempfile.TemporaryDirectory(prefix="rel-kill-") as tmp:
             workdir = Path(tmp) / "work"
             job = manifest(
                 "kill",
                 topo,
                 refits=1000,
-                max_restarts=per_job - 1,
+                max_restarts=roles.count("policy"),
+                max_replacements=roles.count("rollout"),
                 backoff=0.5,
-                timeout=15,
+                timeout=timeout,
                 grace=10,
             )
             result, observer, _ = run_with(
@@ -213,13 +227,14 @@ def kills(cases: int) -> list[str]:
             left_total += len(processes_under(workdir))
         for i, fault in enumerate(observer.faults):
             last = i == len(observer.faults) - 1
+            what = "policy gang recreated" if "-policy-" in fault.target else "pod replaced"
             if last:
                 outcome = f"{result.status.phase.value}: {result.status.message}"
             elif fault.restarted_s is not None:
-                outcome = f"gang recreated after {fault.restarted_s:.1f} s"
+                outcome = f"{what} after {fault.restarted_s:.1f} s"
                 restart_times.append(fault.restarted_s)
             else:
-                outcome = "no restart seen"
+                outcome = "no replacement seen"
             stopped = f"{fault.stopped_s:.1f}" if fault.stopped_s is not None else "n/a"
             lines.append(
                 f"| {topo} seed {seed} | {i + 1} | {fault.target} | "
@@ -228,7 +243,7 @@ def kills(cases: int) -> list[str]:
             )
     lines += [
         "",
-        f"Restart after a kill: median {_median(restart_times)} s, max "
+        f"Replacement after a kill: median {_median(restart_times)} s, max "
         f"{max(restart_times, default=0):.1f} s over {len(restart_times)} restarts.  "
         f"Worker processes left after all jobs: {left_total}.",
         "",

@@ -2,9 +2,10 @@
 
 Real: ``run_job`` (the operator's reconcile), ``refit-worker`` processes, NIXL, gloo, the
 file rendezvous, the kubelet's drain path (DisruptionTarget + deletion -> preStop ->
-SIGTERM).  Nothing is emulated.  One job per topology meets the five stages in turn, one
-drain per epoch (each new gang resumes where the last one stopped), which costs six gang
-starts instead of ten.
+SIGTERM).  Nothing is emulated.  One job per topology meets the five stages in turn, each
+a drain of the last rollout rank's pod of the time: a rollout pod is its own failure
+domain, so each drain replaces that pod alone while the policy pods run on, and the next
+drain meets its replacement.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from tests.support.processes import processes_under
 from refit_operator.models import Phase
 from refit_worker.contract.exits import EXIT_PREEMPTED
 
-#: Enough that each stage's epoch still has refits ahead when its drain goes in, though a
-#: refit of this model takes only tens of milliseconds.
-REFITS = 8
+#: Enough that the stages inside refits still have refits ahead when their drain goes in:
+#: while the drained rank's replacement starts, the policy goes on refitting the others.
+REFITS = 40
+#: Drains that replace a pod: all but the last, which may meet the rank already done.
+REPLACING = len(STAGES) - 1
 
 
 @pytest.mark.timeout(400)
@@ -46,48 +49,52 @@ def test_drain_at_every_stage(tmp_path: Path, topo: Topology) -> None:
         job, stage_plan("drain", topo, REFITS), workdir, max_faults=len(STAGES), timeout=300
     )
     logs = rollout_logs(workdir)
+    status, faults = result.status, observer.faults
     # No hang: the run ended on its own, well inside its timeout.
-    assert not result.timed_out, result.status
-    assert result.status.phase == Phase.SUCCEEDED, result.status
-    assert [f.stage for f in observer.faults] == [s.value for s in STAGES]
-    # A drain that met the last rank already done (its final refit committed first) takes
-    # nothing away: no new gang.  Every other drain is a preemption.
-    # The observer sees the reports a tick late: a drain it aimed before the final commit
-    # may still meet the rank already done when the reconcile takes it in.
-    after_done = observer.faults[-1].committed == REFITS
-    expected = {len(STAGES) - 1} if after_done else {len(STAGES) - 1, len(STAGES)}
-    assert result.status.preemptions in expected, result.status
-    assert result.status.epoch == result.status.preemptions  # each one, a new gang
-    # A drain is never a failure: no rank exited 1 (a failed bit-exact check) or was
-    # SIGKILLed after its grace period.
-    assert result.status.restarts == 0, result.status.message
-    # A rank still starting up (before it installed its signal handler) dies of the stop
-    # signal itself (143), as any container would; only the first two stages meet one.
-    early = {pod for f in observer.faults[:2] for pod in f.old_pods}
+    assert not result.timed_out, status
+    assert status.phase == Phase.SUCCEEDED, status
+    assert [f.stage for f in faults] == [s.value for s in STAGES]
+    # The policy pods ran on untouched: one gang, never restarted or preempted, each of
+    # its pods done (exit 0) at the end.
+    assert (status.epoch, status.restarts, status.preemptions) == (0, 0, 0), status.message
+    policy = {key: code for key, code in observer.exit_codes.items() if "-policy-" in key[0]}
+    assert len(policy) == topo.policy and set(policy.values()) == {0}, policy
+    # Each drain replaced the drained pod alone, never counted as a failure; the last one
+    # may meet the rank already done (its final refit committed first): nothing to replace.
+    after_done = faults[-1].committed == REFITS
+    expected = {REPLACING} if after_done else {REPLACING, REPLACING + 1}
+    assert status.rollout.replacements in expected, status
+    assert status.rollout_failures == 0, status
+    for fault in faults[:REPLACING]:
+        # Its replacement existed and was admitted to the membership.
+        assert fault.restarted_s is not None and fault.recovered_s is not None, fault
+    # Every drained pod stopped; only drained pods did anything but finish.  A pod drained
+    # still starting up (before it installed its signal handler) dies of the stop signal
+    # itself (143), as any container would; one drained after its last commit exits 0.
+    drained = {key: f.stage for f in faults for key in f.old_pods}
+    assert set(drained) <= set(observer.exit_codes)
     for key, code in observer.exit_codes.items():
-        assert code in ({0, EXIT_PREEMPTED, 143} if key in early else {0, EXIT_PREEMPTED}), (
-            key,
-            code,
-        )
+        allowed = {0}
+        if key in drained:
+            allowed = {EXIT_PREEMPTED}
+            allowed |= {143} if drained[key] == Stage.BEFORE_BARRIER else set()
+            allowed |= {0} if drained[key] == Stage.FINAL_COMMIT else set()
+        assert code in allowed, (key, code, drained.get(key))
     assert EXIT_PREEMPTED in observer.exit_codes.values()
     # Each stage was met as planned when the drain went in.
-    by_stage = {Stage(f.stage): f for f in observer.faults}
-    assert by_stage[Stage.BEFORE_BARRIER].published == 0
-    assert not by_stage[Stage.BEFORE_BARRIER].barrier_open
+    by_stage = {Stage(f.stage): f for f in faults}
     meta = by_stage[Stage.METADATA]
     assert meta.published == topo.rollout and not meta.barrier_open  # policy 0 was held
+    assert not by_stage[Stage.BEFORE_BARRIER].member
     for stage in (Stage.MID_BUCKET, Stage.BETWEEN_REFITS, Stage.FINAL_COMMIT):
-        assert by_stage[stage].barrier_open
+        assert by_stage[stage].barrier_open and by_stage[stage].member, by_stage[stage]
     # Timed from outside (statistical): the drain goes in once the next-to-last refit is
     # committed; on a slow tick the final refit may land first. Either way it is the last
     # refit's window, and the job must still end with every refit committed.
     assert by_stage[Stage.FINAL_COMMIT].committed in (REFITS - 1, REFITS)
-    # Every gang of every epoch stopped: the kubelet saw each process exit (the last gang's
-    # maybe only as the run closed, when its drain met it already done).
-    assert all(key in observer.exit_codes for f in observer.faults for key in f.old_pods)
     # No rollout rank exposed a partial refit: each commit follows the bit-exact check,
-    # a rank commits a contiguous run of refits from where its gang resumed, and every
-    # refit of the job was committed by some rank.
+    # a pod commits a contiguous run of refits from where it joined, and every refit of
+    # the job was committed by some pod.
     seen: set[int] = set()
     for name, text in logs.items():
         ids = committed_refits(text)

@@ -33,6 +33,7 @@ from refit_operator.core.coordinate import merged
 from refit_operator.local.runner import LocalCluster, RunOptions, RunResult, run_job
 from refit_operator.models import RefitJobSpec, RefitJobStatus, parse_spec
 from refit_worker.contract.rendezvous import EntryError, Snapshot, read_snapshot
+from refit_worker.contract.roles import Role
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,20 @@ class Stage(StrEnum):
 
 #: Longest a rank is held back to catch the metadata exchange half-done.
 HOLD_LIMIT_S = 30.0
+#: After a rollout rank's commit (and the policy gang's hold), when the rank is surely past
+#: its refit-boundary check and waiting for the next refit's buckets.
+MID_BUCKET_DELAY_S = 0.25
 
-#: The order one job meets the stages in: one drain per epoch, the job resumes each time.
-STAGES = tuple(Stage)
+#: The order one job meets the stages in, one drain per round: the metadata exchange of
+#: the job's first opening; the replacement before the membership admits it; then, each
+#: time the rank's new pod is a member again, the stages inside refits.
+STAGES = (
+    Stage.METADATA,
+    Stage.BEFORE_BARRIER,
+    Stage.MID_BUCKET,
+    Stage.BETWEEN_REFITS,
+    Stage.FINAL_COMMIT,
+)
 
 
 def manifest(
@@ -72,6 +84,7 @@ def manifest(
     vocab: int = 4096,
     bucket: str = "64Ki",
     max_restarts: int = 0,
+    max_replacements: int = 20,
     backoff: float = 0.5,
     grace: int = 20,
     timeout: int = 30,
@@ -85,7 +98,14 @@ def manifest(
         "spec": {
             "image": "kube-refit:test",
             "policy": {"replicas": topo.policy},
-            "rollout": {"replicas": topo.rollout},
+            "rollout": {
+                "replicas": topo.rollout,
+                "failurePolicy": {
+                    "maxReplacements": max_replacements,
+                    "backoffSeconds": backoff,
+                    "maxBackoffSeconds": backoff * 4,
+                },
+            },
             "weights": {
                 "synthetic": {
                     "layers": layers,
@@ -110,7 +130,7 @@ def manifest(
 
 
 class StopPoint(StrEnum):
-    CONNECT = "before connecting (barrier wait)"
+    CONNECT = "waiting for the barrier (not, or no longer, a member)"
     BUCKET = "at a bucket boundary inside a refit"
     BOUNDARY = "at a refit boundary"
     PEER = "after a peer left (its transfer or collective broke)"
@@ -132,7 +152,7 @@ def stop_point(message: str, state: str) -> StopPoint:
         or "a peer left" in message
     ):
         return StopPoint.BOUNDARY
-    if "preempt" in message.lower():
+    if "while waiting for the barrier" in message or "preempt" in message.lower():
         return StopPoint.CONNECT  # the barrier wait raised Preempted
     return StopPoint.OTHER
 
@@ -147,14 +167,31 @@ def committed_refits(log_text: str) -> list[int]:
 
 # -- watching a run --------------------------------------------------------------------
 
+_POD = re.compile(r"-(?P<role>policy|rollout)-(?P<rank>\d+)-(?P<kind>[eg])(?P<n>\d+)$")
+
+
+def rank_of(pod: str) -> tuple[Role, int] | None:
+    """(role, rank) of a pod named ``<job>-<role>-<rank>-e<epoch>|g<generation>`` (pure)."""
+    found = _POD.search(pod)
+    if found is None:
+        return None
+    role: Role = "policy" if found["role"] == "policy" else "rollout"
+    return role, int(found["rank"])
+
+
+def incarnation_of(pod: str) -> int:
+    """The epoch (policy) or generation (rollout) in a pod's name; -1 if none (pure)."""
+    found = _POD.search(pod)
+    return int(found["n"]) if found else -1
+
 
 @dataclass
 class EpochView:
-    """One tick's view of the current epoch: pods, rendezvous, processes."""
+    """One tick's view of the job: pods, rendezvous, processes."""
 
     epoch: int
     snap: Snapshot | None
-    #: (pod name, uid) of this epoch's pods.
+    #: (pod name, uid) of this epoch's policy pods and of the live rollout pods.
     pods: list[tuple[str, str]]
     pids: dict[str, int]
     refits: int
@@ -167,8 +204,27 @@ class EpochView:
     def barrier_open(self) -> bool:
         return bool(self.snap and self.snap.barrier)
 
+    def member(self, pod: str) -> bool:
+        """Whether ``pod`` (a live pod of this view) holds its rank in the membership now."""
+        barrier = self.snap.barrier if self.snap else None
+        uid = dict(self.pods).get(pod)
+        slot = rank_of(pod)
+        if barrier is None or uid is None or slot is None:
+            return False
+        held = barrier.holder(*slot)
+        return held is not None and held.uid == uid
+
+    def own_last_refit(self, pod: str) -> int:
+        """The last refit ``pod``'s own report says it committed (-1: none; a joiner's
+        first report may count refits from before it joined, so the count is no sign)."""
+        slot, uid = rank_of(pod), dict(self.pods).get(pod)
+        report = self.snap.progress.get(slot) if self.snap and slot else None
+        if report is None or report.uid != uid or report.last_refit is None:
+            return -1
+        return report.last_refit.refit
+
     def committed(self) -> int:
-        """The most refits any rollout rank of this epoch reported committed."""
+        """The most refits any rollout rank reported committed."""
         if self.snap is None:
             return 0
         return max(
@@ -189,18 +245,17 @@ class EpochView:
         )
 
 
+def _in_view(pod: Mapping[str, Any], epoch: int) -> bool:
+    labels = pod["metadata"].get("labels") or {}
+    if labels.get(names.LABEL_ROLE) == "policy":
+        return bool(labels.get(names.LABEL_EPOCH) == str(epoch))
+    return "deletionTimestamp" not in pod["metadata"]
+
+
 def view_of(status: RefitJobStatus, cluster: LocalCluster) -> EpochView:
     epoch = status.epoch
     # The epoch's policy pods, and the rollout pods serving it (created in any epoch).
-    pods = [
-        p
-        for p in cluster.kubelet.pods()
-        if (p["metadata"].get("labels") or {}).get(names.LABEL_EPOCH) == str(epoch)
-        or (
-            (p["metadata"].get("labels") or {}).get(names.LABEL_ROLE) == "rollout"
-            and "deletionTimestamp" not in p["metadata"]
-        )
-    ]
+    pods = [p for p in cluster.kubelet.pods() if _in_view(p, epoch)]
     try:
         snap: Snapshot | None = read_snapshot(
             merged(cluster.observed_rendezvous()),
@@ -221,7 +276,12 @@ def view_of(status: RefitJobStatus, cluster: LocalCluster) -> EpochView:
 
 @dataclass
 class Fault:
-    """One injected fault and what followed it."""
+    """One injected fault and what followed it.
+
+    Per-role failure domains: a fault on a rollout pod stops that pod alone and is over
+    once its replacement holds the rank in the membership; one on a policy pod stops the
+    policy gang and is over once the next epoch's barrier opened.
+    """
 
     kind: str  # "drain" or "kill"
     epoch: int
@@ -231,33 +291,75 @@ class Fault:
     published: int
     barrier_open: bool
     committed: int
+    #: Whether the target held its rank in the membership then.
+    member: bool
     at: float
+    #: (pod name, uid) of the pods the fault stops: the target, or its policy gang.
     old_pods: list[tuple[str, str]]
-    #: Seconds until every pod of the epoch had exited (None: not seen).
+    #: Seconds until every one of ``old_pods`` had exited (None: not seen).
     stopped_s: float | None = None
-    #: Seconds until the next epoch's gang was created (None: not seen).
+    #: Seconds until the replacement existed: the next epoch's gang, or the rollout
+    #: rank's next generation (None: not seen).
     restarted_s: float | None = None
-    #: Seconds until the next epoch's barrier opened (None: not seen).
+    #: Seconds until the replacement took part: the next epoch's barrier open, or the new
+    #: rollout pod a member (None: not seen).
     recovered_s: float | None = None
 
+    @property
+    def role(self) -> Role | None:
+        slot = rank_of(self.target)
+        return slot[0] if slot else None
 
-#: (kind "drain" or "kill", pod name, what the plan calls the moment)
+
+def _replaced(fault: Fault, view: EpochView, status: RefitJobStatus) -> bool:
+    if fault.role == "policy":
+        return view.epoch > fault.epoch and status.created_epoch == view.epoch
+    slot = rank_of(fault.target)
+    return any(
+        rank_of(name) == slot and incarnation_of(name) > incarnation_of(fault.target)
+        for name, _ in view.pods
+    )
+
+
+def _rejoined(fault: Fault, view: EpochView) -> bool:
+    if fault.role == "policy":
+        return view.epoch > fault.epoch and view.barrier_open
+    slot = rank_of(fault.target)
+    return any(
+        rank_of(name) == slot and name != fault.target and view.member(name)
+        for name, _ in view.pods
+    )
+
+
+#: (kind "drain" or "kill", rank name, what the plan calls the moment)
 Choice = tuple[str, str, str]
 
 
 class Plan:
-    """When to inject what; :meth:`decide` is asked once per tick until it answers."""
+    """When to inject what; :meth:`decide` is asked once per tick until it answers.
 
-    def decide(self, view: EpochView) -> Choice | None:
+    ``round_`` counts the faults already in; ``settled``: the last one is over (its
+    replacement takes part), or for the first round, the barrier opened.
+    """
+
+    def decide(self, view: EpochView, round_: int, settled: bool) -> Choice | None:
         raise NotImplementedError
 
-    def after(self, view: EpochView) -> None:
+    def after(self, view: EpochView, round_: int) -> None:
         """Called right after a fault went in (e.g. to let a held rank go)."""
+
+    def tick(self, faults: list[Fault]) -> None:
+        """Called every tick with the faults so far (e.g. to let a held rank go once a
+        drained pod stopped)."""
 
 
 @dataclass
 class Observer:
-    """Asks ``plan`` each tick; a returned choice injects a fault and records what followed."""
+    """Asks ``plan`` each tick; a returned choice injects a fault and records what followed.
+
+    The next fault is asked for only once the last one's replacement exists, so each
+    fault meets a job that is whole again (or becoming so).
+    """
 
     plan: Plan
     faults: list[Fault] = field(default_factory=list)
@@ -269,26 +371,40 @@ class Observer:
         self.exit_codes = cluster.kubelet.exit_codes  # the live dict, kept after the run
         view = view_of(status, cluster)
         now = time.monotonic()
+        self.plan.tick(self.faults)
         for fault in self.faults:
             if fault.stopped_s is None and all(
                 key in cluster.kubelet.exit_codes for key in fault.old_pods
             ):
                 fault.stopped_s = now - fault.at
-            later = view.epoch > fault.epoch and status.created_epoch == view.epoch
-            if fault.restarted_s is None and later:
+            if fault.restarted_s is None and _replaced(fault, view, status):
                 fault.restarted_s = now - fault.at
-            if fault.recovered_s is None and later and view.barrier_open:
+            if (
+                fault.recovered_s is None
+                and fault.restarted_s is not None
+                and _rejoined(fault, view)
+            ):
                 fault.recovered_s = now - fault.at
-        done = {f.epoch for f in self.faults}
-        if len(self.faults) >= self.max_faults or view.epoch in done or not view.pods:
+        if len(self.faults) >= self.max_faults or not view.pods:
             return
         if status.created_epoch != view.epoch:
             return
-        choice = self.plan.decide(view)
+        last = self.faults[-1] if self.faults else None
+        if last is not None and last.restarted_s is None:
+            return
+        settled = view.barrier_open if last is None else last.recovered_s is not None
+        choice = self.plan.decide(view, len(self.faults), settled)
         if choice is None:
             return
         kind, rank, stage = choice
         target = live_pod(view, rank)
+        uid = dict(view.pods).get(target)
+        if uid is None:
+            return
+        # A policy fault stops the policy gang; a rollout one, that pod alone.
+        stops = [(target, uid)]
+        if target.startswith(f"{rank}-e"):
+            stops = [(n, u) for n, u in view.pods if n.rsplit("-", 1)[1].startswith("e")]
         fault = Fault(
             kind,
             view.epoch,
@@ -297,8 +413,9 @@ class Observer:
             view.published,
             view.barrier_open,
             view.committed(),
+            view.member(target),
             now,
-            list(view.pods),
+            stops,
         )
         if kind == "drain":
             if not cluster.kubelet.disrupt(target):
@@ -309,7 +426,7 @@ class Observer:
                 return
             os.kill(pid, signal.SIGKILL)
         self.faults.append(fault)
-        self.plan.after(view)
+        self.plan.after(view, len(self.faults) - 1)
 
 
 # -- drains at stages ------------------------------------------------------------------
@@ -317,104 +434,159 @@ class Observer:
 
 @dataclass
 class StagePlan(Plan):
-    """Decides, per epoch, when the drain for that epoch's stage goes in.
+    """Decides, per round, when the drain of that round's stage goes in.
 
-    For the metadata exchange policy rank 0 is held (SIGSTOP) before it can publish, so
-    the exchange is caught half-done every time; it is let go (SIGCONT) right after the
-    drain, or after ``HOLD_LIMIT_S`` whatever happens.
+    Every drain is of the last rollout rank, whichever pod holds it by then; the policy
+    pods run on throughout.  For the metadata exchange (the first round: only an epoch's
+    first opening has one) policy rank 0 is held (SIGSTOP) before it can publish, so the
+    exchange is caught half-done every time; it is let go (SIGCONT) right after the
+    drain, or after ``HOLD_LIMIT_S`` whatever happens.  *Before the barrier* is the
+    replacement of that drain, running but not yet admitted to the membership.  The
+    stages inside refits wait until the rank's pod is a member again; for *mid-bucket*
+    the policy gang is held (SIGSTOP) as soon as the rank's pod reports a commit, before
+    it is far into the next refit; the drain goes in once the rank is waiting for that
+    refit's buckets, and the gang is let go once the drained pod exited, so the stop
+    meets the transfer however long the preStop hook and the signal take.
     """
 
     stages: tuple[Stage, ...]
     refits: int
-    #: The rollout pod to drain.
+    #: The rollout rank to drain (its name without the generation).
     target: str
     rollout_ranks: int
-    #: The pod held back for the metadata stage.
+    #: The policy rank held back for the metadata stage.
     held_pod: str
-    _first_commit: dict[int, tuple[int, float]] = field(default_factory=dict)
-    #: Refits committed before each epoch began (where its gang resumed).
+    #: Per round, (refits committed, when first seen) at each rise since its target
+    #: became a member.
+    _commits: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    #: Refits committed when each round's target became a member, by any rank; and the
+    #: last refit its pod itself had reported committed then (-1: none).
     _base: dict[int, int] = field(default_factory=dict)
+    _own_base: dict[int, int] = field(default_factory=dict)
 
     _held: dict[int, tuple[int, float]] = field(default_factory=dict)
+    #: Round -> (policy pids held inside a transfer, since when).
+    _gang_held: dict[int, tuple[list[int], float]] = field(default_factory=dict)
     #: The last refit's duration any rank reported.
     _refit_s: float = 0.0
 
-    def decide(self, view: EpochView) -> Choice | None:
-        if view.epoch >= len(self.stages):
+    def decide(self, view: EpochView, round_: int, settled: bool) -> Choice | None:
+        if round_ >= len(self.stages):
             return None
-        stage = self.stages[view.epoch]
-        base = self._base.setdefault(view.epoch, view.refits)
-        if stage is Stage.BEFORE_BARRIER:
-            hit = view.published == 0 and not view.barrier_open
-        elif stage is Stage.METADATA:
-            hit = self._half_published(view)
-        elif stage is Stage.BETWEEN_REFITS:
-            # Right as a rollout rank reports a commit: the next refit is only starting.
-            hit = view.committed() > base
+        stage = self.stages[round_]
+        pod = live_pod(view, self.target)
+        if stage is Stage.METADATA:
+            hit = self._half_published(view, round_)
+        elif stage is Stage.BEFORE_BARRIER:
+            hit = pod in view.pids and not view.member(pod)
+        elif not view.member(pod):
+            return None
         else:
-            hit = self._inside_refit(view, base, final=stage is Stage.FINAL_COMMIT)
+            base = self._base.setdefault(round_, view.committed())
+            if stage is Stage.FINAL_COMMIT:
+                hit = self._inside_refit(view, round_, base, final=True)
+            else:
+                # Right as the rank's pod reports a commit of its own (it is in the refit
+                # loop, not still joining): the next refit is only starting, and the
+                # rank's transfer with it (it waits for buckets from its commit on).
+                own = view.own_last_refit(pod)
+                hit = own > self._own_base.setdefault(round_, own)
+                if hit and stage is Stage.MID_BUCKET:
+                    # Hold the policy gang before it is far into the next refit, then
+                    # drain once the rank is past its check at the refit boundary (right
+                    # after its commit), waiting for the next refit's buckets.
+                    if round_ not in self._gang_held:
+                        self._hold_policy(view, round_)
+                    _, since = self._gang_held[round_]
+                    hit = time.monotonic() - since >= MID_BUCKET_DELAY_S
         return ("drain", self.target, stage.value) if hit else None
 
-    def _half_published(self, view: EpochView) -> bool:
+    def _hold_policy(self, view: EpochView, round_: int) -> None:
+        """Stop the policy gang's processes inside the transfer, so the drained rank's
+        stop meets it there however long the stop takes to arrive (preStop, signal);
+        :meth:`tick` lets them go once the drained pod exited."""
+        pids = [view.pids[n] for n, _ in view.pods if n in view.pids and "-policy-" in n]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        self._gang_held[round_] = (pids, time.monotonic())
+
+    def tick(self, faults: list[Fault]) -> None:
+        for round_, (pids, since) in list(self._gang_held.items()):
+            stopped = round_ < len(faults) and faults[round_].stopped_s is not None
+            if stopped or time.monotonic() - since > HOLD_LIMIT_S:
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+                del self._gang_held[round_]
+
+    def _half_published(self, view: EpochView, round_: int) -> bool:
         """Hold policy rank 0: no policy rank can publish (they join their gloo group
         first), so the exchange stops once every rollout rank published."""
-        if view.epoch not in self._held:
-            held = view.pids.get(self.held_pod)
-            if held is None or view.published > 0:
+        if round_ not in self._held:
+            held = view.pids.get(live_pod(view, self.held_pod))
+            if held is None or view.published > 0 or view.barrier_open:
                 return False
             os.kill(held, signal.SIGSTOP)
-            self._held[view.epoch] = (held, time.monotonic())
-        _, since = self._held[view.epoch]
+            self._held[round_] = (held, time.monotonic())
+        _, since = self._held[round_]
         if time.monotonic() - since > HOLD_LIMIT_S:
-            self.after(view)
+            self.after(view, round_)
             return False
         return view.published == self.rollout_ranks and not view.barrier_open
 
-    def after(self, view: EpochView) -> None:
-        held = self._held.get(view.epoch)
+    def after(self, view: EpochView, round_: int) -> None:
+        held = self._held.get(round_)
         if held is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(held[0], signal.SIGCONT)
 
-    def _inside_refit(self, view: EpochView, base: int, *, final: bool) -> bool:
-        """Half a refit after a commit (or after the barrier opened, for a gang that
-        resumes at the last refit), so the drain lands inside the next transfer."""
+    def _inside_refit(self, view: EpochView, round_: int, base: int, *, final: bool) -> bool:
+        """Just after the next transfer began, so the drained rank's watcher (every
+        0.2 s) meets the stop inside it: the next refit starts one commit period after the
+        last commit, less the refit's own duration (both measured in this round)."""
         if view.last_refit_seconds() > 0:
             self._refit_s = view.last_refit_seconds()
-        committed = view.committed()
+        committed, now = view.committed(), time.monotonic()
+        seen = self._commits.setdefault(round_, [(base, now)])
+        if committed > seen[-1][0]:
+            seen.append((committed, now))
         ready = committed >= self.refits - 1 if final else committed > base
-        if not (ready and view.barrier_open):
+        if not (ready and view.barrier_open) or len(seen) < 3:
             return False
-        seen = self._first_commit.setdefault(view.epoch, (committed, time.monotonic()))
-        # The final refit is the last chance: aim earlier into it, so a fast refit does
-        # not finish before the drain goes in.
-        return time.monotonic() - seen[1] >= (0.25 if final else 0.5) * self._refit_s
+        (c1, t1), (c2, t2) = seen[-2], seen[-1]
+        period = (t2 - t1) / max(1, c2 - c1)
+        starts = t2 + max(0.0, period - self._refit_s)
+        return now >= starts + min(0.1, self._refit_s / 4)
 
 
 @dataclass
 class KillPlan(Plan):
-    """Epoch i: SIGKILL pod ``kills[i].pod``, ``kills[i].delay`` s after its gang was
-    created (anchor "created") or after its barrier opened (anchor "barrier")."""
+    """Round i: SIGKILL rank ``kills[i].pod``'s live pod ``kills[i].delay`` s after the
+    round began (anchor "created": the last fault's replacement exists, or the job's
+    gang was created) or after it settled (anchor "barrier": that replacement takes part,
+    or the first barrier opened)."""
 
     kills: list[Kill]
     _since: dict[int, float] = field(default_factory=dict)
 
-    def decide(self, view: EpochView) -> Choice | None:
-        if view.epoch >= len(self.kills):
+    def decide(self, view: EpochView, round_: int, settled: bool) -> Choice | None:
+        if round_ >= len(self.kills):
             return None
-        kill = self.kills[view.epoch]
-        if kill.anchor == "barrier" and not view.barrier_open:
+        kill = self.kills[round_]
+        if kill.anchor == "barrier" and not settled:
             return None
-        since = self._since.setdefault(view.epoch, time.monotonic())
+        since = self._since.setdefault(round_, time.monotonic())
         if time.monotonic() - since < kill.delay:
             return None
-        return "kill", kill.pod, phase_of(view)
+        return "kill", kill.pod, phase_of(view, live_pod(view, kill.pod))
 
 
-def phase_of(view: EpochView) -> str:
-    """Where the gang was, as the rendezvous shows it (pure)."""
+def phase_of(view: EpochView, pod: str) -> str:
+    """Where the job was, as the rendezvous shows it, for ``pod`` (pure)."""
     if not view.barrier_open:
         return f"before the barrier ({view.published}/{len(view.pods)} published)"
+    if not view.member(pod):
+        return "barrier open, this pod not a member yet"
     if view.committed() == 0 and view.refits == 0:
         return "barrier open, first refit not committed yet"
     return f"refits running ({view.committed()} committed)"
@@ -429,7 +601,7 @@ def live_pod(view: EpochView, rank: str) -> str:
     """The pod now running ``rank`` (its name with the ``-e<epoch>``/``-g<generation>``
     suffix); ``rank`` itself when no such pod is seen (the fault then finds nothing)."""
     found = [name for name, _uid in view.pods if re.fullmatch(re.escape(rank) + r"-[eg]\d+", name)]
-    return max(found, key=lambda n: int(n.rsplit("-", 1)[1][1:]), default=rank)
+    return max(found, key=incarnation_of, default=rank)
 
 
 def stage_plan(job: str, topo: Topology, refits: int) -> StagePlan:

@@ -358,10 +358,17 @@ def test_full_shard_zero_fits_in_a_configmap() -> None:
         version=10**9,
         policy_uids=uids,
         rollout=(full,) * (MAX_RANKS - len(uids)),
+        generations=(MAX_GENERATION,) * (MAX_RANKS - len(uids)),
     )
     assert len(encode_entry(BARRIER_KEY, barrier)) <= max_value_bytes("barrier")
     # The most rollout slots there may be fit too: the limit holds for any split.
-    barrier = barrier.model_copy(update={"policy_uids": uids[:1], "rollout": (full,) * 4095})
+    barrier = barrier.model_copy(
+        update={
+            "policy_uids": uids[:1],
+            "rollout": (full,) * 4095,
+            "generations": (MAX_GENERATION,) * 4095,
+        }
+    )
     assert len(encode_entry(BARRIER_KEY, barrier)) <= max_value_bytes("barrier")
     with pytest.raises(ValueError, match=f"over {MAX_RANKS}"):
         BarrierEntry(epoch=0, policy_uids=uids[:1], rollout=(full,) * MAX_RANKS)
@@ -505,6 +512,7 @@ def test_membership_opens_once_every_running_rank_published() -> None:
         version=1,
         policy_uids=("uid-policy-0", "uid-policy-1"),
         rollout=slots("uid-rollout-0", "uid-rollout-1"),
+        generations=(0, 0),
     )
     for missing in ("meta.policy.1", "meta.rollout.0"):
         partial = {k: v for k, v in data.items() if k != missing}
@@ -519,6 +527,7 @@ def test_membership_first_opening_rules() -> None:
             epoch=0,
             policy_uids=("uid-policy-0", "uid-policy-1"),
             rollout=slots("uid-rollout-0", None),
+            generations=(0, 0),
         )
     )
     pending = live_pods(2, 2, rollout_1=LivePod("uid-new", running=False))
@@ -554,20 +563,29 @@ def test_membership_rewrites_with_a_version_bump_on_loss_join_and_scale() -> Non
         slots("uid-rollout-0", None),
         first.policy_uids,
     )
-    # Its replacement (generation 1) runs: no member until it publishes as itself ...
+    assert lost.generations == (0, 0)
+    # Its replacement (generation 1) runs: no member until it publishes as itself, but
+    # the slot is now held for generation 1 (rewritten once, so a policy rank knows the
+    # slot's last report, generation 0's, is no longer its word) ...
     new = LivePod("uid-rollout-1b", generation=1)
-    assert decide(data, live_pods(2, 2, rollout_1=new), lost) is lost
+    coming = decide(data, live_pods(2, 2, rollout_1=new), lost)
+    assert coming is not None and (coming.version, coming.rollout) == (3, lost.rollout)
+    assert coming.generations == (0, 1) and coming.generation_of(1) == 1
+    assert decide(data, live_pods(2, 2, rollout_1=new), coming) is coming
     key = meta_key("rollout", 1)
     data[key] = encode_entry(key, meta("rollout", 1, uid="uid-rollout-1b", generation=1))
-    joined = decide(data, live_pods(2, 2, rollout_1=new), lost)
-    assert joined is not None and joined.version == 3
+    joined = decide(data, live_pods(2, 2, rollout_1=new), coming)
+    assert joined is not None and joined.version == 4
     assert joined.rollout[1] == RolloutMember(uid="uid-rollout-1b", generation=1)
+    # Once its pod is gone (deleted, no pod in the slot) the slot keeps its generation.
+    gone = decide(data, live_pods(2, 1), joined)
+    assert gone is not None and gone.rollout[1] is None and gone.generations == (0, 1)
     # Scale up to 3: a slot for rank 2, empty until it publishes; then down to 1.
     up = decide(data, live_pods(2, 3, rollout_1=new), joined, world=(2, 3))
-    assert up is not None and (up.version, up.rollout_world_size) == (4, 3)
+    assert up is not None and (up.version, up.rollout_world_size) == (5, 3)
     assert up.rollout[2] is None
     down = decide(data, live_pods(2, 3, rollout_1=new), up, world=(2, 1))
-    assert down is not None and (down.version, down.rollout) == (5, slots("uid-rollout-0"))
+    assert down is not None and (down.version, down.rollout) == (6, slots("uid-rollout-0"))
 
 
 def test_membership_stale_pods_are_not_members() -> None:

@@ -104,3 +104,18 @@ def test_an_empty_slot_is_done_only_when_its_last_pod_said_so() -> None:
     # Finished and exited, and the coordinator dropped it from the membership.
     progress[("rollout", 1)] = _progress(1, "b", 4, "done")
     assert all_done(barrier, progress)
+
+
+def test_an_empty_slot_held_for_a_later_generation_is_owed_whatever_its_old_pod_said() -> None:
+    # Drained during the final commit: generation 0 finished it and said done, but its
+    # slot was already handed to generation 1, which is still starting.
+    progress = {
+        ("rollout", 0): _progress(0, "a", 4, "done"),
+        ("rollout", 1): _progress(1, "b", 4, "done"),
+    }
+    held = _barrier(("a", 0), None).model_copy(update={"generations": (0, 1)})
+    assert not all_done(held, progress)
+    # Its own generation's report (or a barrier that does not say) is the slot's word.
+    progress[("rollout", 1)] = progress[("rollout", 1)].model_copy(update={"generation": 1})
+    assert all_done(held, progress)
+    assert all_done(_barrier(("a", 0), None), progress)

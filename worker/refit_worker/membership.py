@@ -101,10 +101,16 @@ def lacking(barrier: BarrierEntry, progress: Progress, refits: int) -> set[int]:
 def all_done(barrier: BarrierEntry, progress: Progress) -> bool:
     """Every rollout slot is done: its member's pod reported ``done``, or (an empty slot)
     the rank's last report, by the pod that held it, says ``done`` (a coordinator may
-    drop a pod that finished and exited from the membership)."""
+    drop a pod that finished and exited from the membership), unless the slot is held
+    for a later generation than that pod's."""
     for rank, slot in enumerate(barrier.rollout):
         if slot is None:
             report = progress.get(("rollout", rank))
+            # A pod of an older generation than the slot is held for was replaced: a
+            # replacement is on its way and owed the last refit (a drain during the final
+            # commit), whatever the pod it replaces reported.
+            if report is not None and report.generation < barrier.generation_of(rank):
+                return False
         else:
             report = _report(progress, rank, slot.uid)
         if report is None or report.state != "done":

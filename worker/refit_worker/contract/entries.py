@@ -60,8 +60,9 @@ MAX_UID_CHARS = 40
 MAX_GENERATION = 999_999_999
 _BARRIER_BASE_BYTES = 128
 #: The most one membership slot takes: ``"<uid>",`` for a policy rank, and for a rollout
-#: rank ``{"uid":"<uid>","generation":<9 digits>},``.
-_BARRIER_SLOT_BYTES = len('{"uid":"","generation":},') + MAX_UID_CHARS + 9
+#: rank ``{"uid":"<uid>","generation":<9 digits>},`` plus its ``<9 digits>,`` in
+#: ``generations``.
+_BARRIER_SLOT_BYTES = len('{"uid":"","generation":},') + MAX_UID_CHARS + 9 + 10
 
 BARRIER_KEY = "barrier"
 PREEMPT_KEY = "preempt"
@@ -228,6 +229,11 @@ class BarrierEntry(_Entry):
     version: int = Field(1, ge=1)
     policy_uids: tuple[Annotated[str, Field(pattern=_UID_RE)], ...] = Field(min_length=1)
     rollout: tuple[RolloutMember | None, ...] = Field(min_length=1)
+    #: Per rollout slot, the generation of the pod the coordinator holds it for: the
+    #: member's, or a replacement's still on its way (empty: not said).  A slot with no
+    #: member whose last report is of an older generation is being replaced, so that
+    #: report is no longer the slot's word on what it committed.
+    generations: tuple[Annotated[int, Field(ge=0, le=MAX_GENERATION)], ...] = ()
 
     @model_validator(mode="after")
     def _within_max_ranks(self) -> BarrierEntry:
@@ -236,7 +242,16 @@ class BarrierEntry(_Entry):
                 f"lists {len(self.policy_uids)} policy and {len(self.rollout)} rollout "
                 f"ranks, over {MAX_RANKS}"
             )
+        if self.generations and len(self.generations) != len(self.rollout):
+            raise ValueError(
+                f"generations has {len(self.generations)} values for "
+                f"{len(self.rollout)} rollout slots"
+            )
         return self
+
+    def generation_of(self, rank: int) -> int:
+        """The generation slot ``rank`` is held for (0 when the barrier does not say)."""
+        return self.generations[rank] if rank < len(self.generations) else 0
 
     @property
     def policy_world_size(self) -> int:

@@ -168,14 +168,16 @@ def membership(
     neither they nor R changed, else a rewrite with ``version`` + 1.
     """
     slots = _rollout_slots(snap, rollout_world_size, live)
+    gens = _generations(slots, live, previous)
     if previous is not None and previous.epoch == snap.epoch:
-        if previous.rollout == slots:
+        if previous.rollout == slots and previous.generations == gens:
             return previous
         return BarrierEntry(
             epoch=snap.epoch,
             version=previous.version + 1,
             policy_uids=previous.policy_uids,
             rollout=slots,
+            generations=gens,
         )
     policy_uids = _policy_uids(snap, policy_world_size, live)
     if policy_uids is None or all(slot is None for slot in slots):
@@ -184,4 +186,25 @@ def membership(
         pod = live.get(("rollout", rank))
         if slot is None and pod is not None and pod.running:
             return None  # a running rank that has not published (for this epoch) yet
-    return BarrierEntry(epoch=snap.epoch, version=1, policy_uids=policy_uids, rollout=slots)
+    return BarrierEntry(
+        epoch=snap.epoch, version=1, policy_uids=policy_uids, rollout=slots, generations=gens
+    )
+
+
+def _generations(
+    slots: tuple[RolloutMember | None, ...],
+    live: Mapping[tuple[Role, int], LivePod],
+    previous: BarrierEntry | None,
+) -> tuple[int, ...]:
+    """The generation each slot is held for: its live pod's (a replacement pending or
+    starting counts), else its member's, else what ``previous`` said."""
+    out = []
+    for rank, slot in enumerate(slots):
+        pod = live.get(("rollout", rank))
+        if pod is not None:
+            out.append(pod.generation)
+        elif slot is not None:
+            out.append(slot.generation)
+        else:
+            out.append(previous.generation_of(rank) if previous is not None else 0)
+    return tuple(out)
