@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.emulator import ApiEmulator
+from tests.emulator import ApiEmulator, ApiFault
 
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
@@ -209,7 +209,11 @@ async def test_preemption_notice_stops_both_roles(api: ApiEmulator) -> None:
     coordinator.close()
 
 
-async def test_watch_resumes_after_410_gone(api: ApiEmulator) -> None:
+async def test_watch_resumes_after_410_gone(
+    api: ApiEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Watches end every second and are made again from the last resourceVersion seen.
+    monkeypatch.setattr(configmap_store, "WATCH_SECONDS", 1)
     make_maps(api, 1)
     api.create(CM, NS, {"metadata": {"name": "busy"}, "data": {}})
     store = ConfigMapStore(BASE, NS, Layout(1, 1, 1))
@@ -222,9 +226,17 @@ async def test_watch_resumes_after_410_gone(api: ApiEmulator) -> None:
     from refit_worker.contract.rendezvous import BarrierEntry, RolloutMember, encode_entry
 
     opened = BarrierEntry(epoch=0, policy_uids=("p",), rollout=(RolloutMember(uid="r"),))
-
-    # In one go, without yielding to the watch: the barrier, then enough other writes
-    # to push it out of the emulator's 50-event history.  Only a re-list can find it.
+    # Catch the waiter between two watches: its next watch request is held back (served
+    # late, not refused), so no stream is open while the barrier is written.
+    held = ApiFault(delay=1.5, resource=CM, watch=True, times=1)
+    api.faults.add(held)
+    deadline = time.monotonic() + 10
+    while not held.used and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert held.used, "the waiter made no new watch within 10 s"
+    # Then, in one go, the barrier and enough other writes to push it out of the
+    # emulator's 50-event history: the held watch resumes from a resourceVersion that is
+    # too old (410 Gone), and only a list finds the barrier.
     api.patch(CM, NS, BASE, {"data": {BARRIER_KEY: encode_entry(BARRIER_KEY, opened)}})
     for i in range(60):
         api.patch(CM, NS, "busy", {"data": {"n": str(i)}})
