@@ -404,7 +404,7 @@ def test_a_node_that_dies_mid_refit_does_not_stall_the_job(
         f"job Succeeded {status['refitsCompleted']}/{REFITS} {took:.0f} s later (bound "
         f"{DEAD_NODE_BOUND_S} s: node-monitor grace {NODE_MONITOR_GRACE_S} + period "
         f"{NODE_MONITOR_PERIOD_S} + nodeLostSeconds {NODE_LOST_S} + 240 to recreate and "
-        "finish), epoch {status['epoch']}, restarts "
+        f"finish), epoch {status['epoch']}, restarts "
         f"{status['restarts']}, preemptions {status['preemptions']}, replacements "
         f"{status['rollout']['replacements']}; pods left Terminating on the dead node: "
         f"{len(stuck)}",

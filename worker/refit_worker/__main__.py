@@ -32,8 +32,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
+import threading
 from datetime import timedelta
 
 import torch
@@ -62,6 +64,12 @@ log = logging.getLogger("refit_worker")
 
 #: After an error, how long to wait for a preemption notice that would explain it.
 NOTICE_WAIT_S = 10.0
+#: Longest the torch.distributed group's teardown may take: with a peer gone mid-collective
+#: it can wait for that collective's timeout, past the pod's grace period.
+TEARDOWN_S = 5.0
+#: Set when a teardown did not finish in time: the process then exits without the
+#: interpreter's own teardown, which would meet the same wait.
+TEARDOWN_STUCK = threading.Event()
 _NOTICE_POLL = Backoff(first=0.1, cap=0.1)
 
 
@@ -107,7 +115,37 @@ def main(argv: list[str] | None = None) -> int:
     for sig in config.preemption_signal:
         signal.signal(sig, signal.SIG_IGN)
     log.info("exiting with code %d", code)
+    if TEARDOWN_STUCK.is_set():
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return code
+
+
+def destroy_group(seconds: float = TEARDOWN_S) -> bool:
+    """Destroy the default process group in a daemon thread, waiting at most ``seconds``;
+    False (logged, and :data:`TEARDOWN_STUCK` set) when it did not finish in time."""
+    done = threading.Event()
+
+    def destroy() -> None:
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:  # the group is going either way
+            log.warning("process group teardown failed: %s", one_line(exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=destroy, daemon=True, name="process-group-teardown").start()
+    if done.wait(seconds):
+        return True
+    TEARDOWN_STUCK.set()
+    log.warning(
+        "the process group's teardown did not finish in %gs (a peer left mid-collective); "
+        "exiting without it",
+        seconds,
+    )
+    return False
 
 
 def _serve_metrics(
@@ -145,7 +183,7 @@ def run(config: WorkerConfig, metrics_port: int | None = None) -> int:
                 return _serve(config, handler, metrics_port, who)
             finally:
                 if dist.is_initialized():
-                    dist.destroy_process_group()
+                    destroy_group()
     except Exception as exc:
         return _failed(config, who, exc)
 
