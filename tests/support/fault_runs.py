@@ -482,9 +482,9 @@ class StagePlan(Plan):
         elif not view.member(pod):
             return None
         else:
-            base = self._base.setdefault(round_, view.committed())
             if stage is Stage.FINAL_COMMIT:
-                hit = self._inside_refit(view, round_, base, final=True)
+                base = self._base.setdefault(round_, view.committed())
+                hit = self._inside_final_refit(view, round_, base)
             else:
                 # Right as the rank's pod reports a commit of its own (it is in the refit
                 # loop, not still joining): the next refit is only starting, and the
@@ -540,8 +540,8 @@ class StagePlan(Plan):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(held[0], signal.SIGCONT)
 
-    def _inside_refit(self, view: EpochView, round_: int, base: int, *, final: bool) -> bool:
-        """Just after the next transfer began, so the drained rank's watcher (every
+    def _inside_final_refit(self, view: EpochView, round_: int, base: int) -> bool:
+        """Just after the final transfer began, so the drained rank's watcher (every
         0.2 s) meets the stop inside it: the next refit starts one commit period after the
         last commit, less the refit's own duration (both measured in this round)."""
         if view.last_refit_seconds() > 0:
@@ -550,8 +550,7 @@ class StagePlan(Plan):
         seen = self._commits.setdefault(round_, [(base, now)])
         if committed > seen[-1][0]:
             seen.append((committed, now))
-        ready = committed >= self.refits - 1 if final else committed > base
-        if not (ready and view.barrier_open) or len(seen) < 3:
+        if committed < self.refits - 1 or not view.barrier_open or len(seen) < 3:
             return False
         (c1, t1), (c2, t2) = seen[-2], seen[-1]
         period = (t2 - t1) / max(1, c2 - c1)

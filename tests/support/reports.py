@@ -7,14 +7,13 @@ never on exit codes alone.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
+
+from tests.support.fault_runs import rank_of
 
 from refit_worker.contract.entries import ProgressState, Verification
 from refit_worker.contract.progress import ProgressLog
 from refit_worker.contract.rendezvous import ProgressEntry, encode_entry, progress_key
-
-_POD = re.compile(r"-(?P<role>policy|rollout)-(?P<rank>\d+)-[eg]\d+$")
 
 
 def reports(
@@ -30,10 +29,10 @@ def reports(
     (policy) or ``<job>-<role>-<rank>-g<generation>`` (rollout)."""
     out: dict[str, str] = {}
     for name, uid in pod_uids.items():
-        found = _POD.search(name)
-        if found is None:
+        slot = rank_of(name)
+        if slot is None:
             raise ValueError(f"{name!r} is not named <job>-<role>-<rank>-e<N>|g<N>")
-        role, rank = found["role"], int(found["rank"])
+        role, rank = slot
         log = ProgressLog(verification=verification if role == "rollout" else "none")
         for refit in range(refits):
             log.record(refit, nbytes, 0.1)

@@ -119,3 +119,16 @@ def test_an_empty_slot_held_for_a_later_generation_is_owed_whatever_its_old_pod_
     progress[("rollout", 1)] = progress[("rollout", 1)].model_copy(update={"generation": 1})
     assert all_done(held, progress)
     assert all_done(_barrier(("a", 0), None), progress)
+
+
+def test_all_have_counts_only_the_reports_of_the_pods_now_in_the_slots() -> None:
+    from refit_worker.membership import all_have
+
+    progress = {
+        ("rollout", 0): _progress(0, "a", 5, "running"),
+        ("rollout", 1): _progress(1, "b-old", 9, "done"),  # the replaced pod's report
+    }
+    assert all_have({0: ("a", 0)}, progress, refit_id=4)
+    assert not all_have({0: ("a", 0)}, progress, refit_id=5)
+    assert not all_have({0: ("a", 0), 1: ("b", 1)}, progress, refit_id=4)
+    assert not all_have({}, progress, refit_id=0)

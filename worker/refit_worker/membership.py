@@ -98,6 +98,15 @@ def lacking(barrier: BarrierEntry, progress: Progress, refits: int) -> set[int]:
     return owed
 
 
+def all_have(targets: Mapping[int, tuple[str, int]], progress: Progress, refit_id: int) -> bool:
+    """Whether the pod now in each target's slot (rank -> (uid, generation)) reported refit
+    ``refit_id`` committed; False for no targets."""
+    return bool(targets) and all(
+        (report := _report(progress, rank, uid)) is not None and report.refits_completed > refit_id
+        for rank, (uid, _generation) in targets.items()
+    )
+
+
 def all_done(barrier: BarrierEntry, progress: Progress) -> bool:
     """Every rollout slot is done: its member's pod reported ``done``, or (an empty slot)
     the rank's last report, by the pod that held it, says ``done`` (a coordinator may
@@ -118,4 +127,4 @@ def all_done(barrier: BarrierEntry, progress: Progress) -> bool:
     return True
 
 
-__all__ = ["Standing", "all_done", "lacking", "members", "peer_metadata", "standing"]
+__all__ = ["Standing", "all_done", "all_have", "lacking", "members", "peer_metadata", "standing"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 import torch
 
@@ -20,7 +20,7 @@ from refit_worker.checkpoint_engines import (
 )
 from refit_worker.checkpoint_engines.membership import targets_for_policy
 from refit_worker.checkpoint_engines.shards import is_sharded
-from refit_worker.membership import all_done, lacking
+from refit_worker.membership import all_done, all_have, lacking
 from refit_worker.refits import (
     RefitStats,
     RefitUndelivered,
@@ -98,7 +98,8 @@ class PolicySide(SessionBase):
                 }
                 self._last_sent = (refit_id, confirmed)
                 return timing
-            if await asyncio.to_thread(self._all_have, peers.targets, refit_id):
+            progress = await asyncio.to_thread(self.store.progress_all)
+            if all_have(peers.targets, progress, refit_id):
                 # Each target declined because it already committed this refit or a later
                 # one (from another source): nothing is owed, so nothing is sent again.
                 log.info(
@@ -120,15 +121,6 @@ class PolicySide(SessionBase):
                 dict(timing.dropped),
             )
             await asyncio.sleep(LINGER_INTERVAL_S)
-
-    def _all_have(self, targets: Mapping[int, tuple[str, int]], refit_id: int) -> bool:
-        """Whether the pod now in each target's slot reported refit ``refit_id`` committed."""
-        progress = self.store.progress_all()
-        for rank, target in targets.items():
-            entry = progress.get(("rollout", rank))
-            if entry is None or entry.uid != target[0] or entry.refits_completed <= refit_id:
-                return False
-        return bool(targets)
 
     async def _drop_gone(self) -> None:
         newer = await asyncio.to_thread(self.store.barrier, self.member.epoch)
