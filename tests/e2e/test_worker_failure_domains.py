@@ -151,6 +151,42 @@ def test_a_scale_down_removes_a_rank_at_a_refit_boundary(tmp_path: Path) -> None
         assert got == list(range(len(got))), got
 
 
+def test_two_policy_ranks_follow_a_scale_down_that_changes_the_mapping(tmp_path: Path) -> None:
+    # With 2 policy ranks, R = 3 gives each rollout rank one source and R = 1 gives rank 0
+    # both (striped): a policy rank that planned a refit by the old mapping must still send
+    # its share by the new one, or the other waits for it in vain (and the gang times out).
+    with DemoJob(tmp_path, policy=2, rollout=3, refits=LONG_RUN) as job:
+        policy = [job.start("policy", r) for r in range(2)]
+        rollout = [job.start("rollout", r) for r in range(3)]
+        job.wait_for("rank 2 to commit 5 refits", lambda: _committed_at_least(job, rollout[2], 5))
+        job.scale(1)
+        codes = _finish(job, [*policy, *rollout])
+        assert codes == [0] * 5, job.logs()
+        for pod in rollout[1:]:
+            left = _report(job, pod)
+            assert left is not None and left.state == "left", job.logs()  # type: ignore[attr-defined]
+        assert _committed(rollout[0]) == list(range(LONG_RUN)), job.logs()
+        for pod in policy:  # no refit waited out its timeout for a share that never came
+            assert "reached no rollout member" not in pod.log.read_text(), job.logs()
+
+
+def test_two_policy_ranks_follow_a_scale_up_that_changes_the_mapping(tmp_path: Path) -> None:
+    with DemoJob(tmp_path, policy=2, rollout=1, refits=LONG_RUN) as job:
+        policy = [job.start("policy", r) for r in range(2)]
+        first = job.start("rollout", 0)
+        job.wait_for("rank 0 to commit 5 refits", lambda: _committed_at_least(job, first, 5))
+        job.scale(3)
+        added = [job.start("rollout", r) for r in (1, 2)]
+        codes = _finish(job, [*policy, first, *added])
+        assert codes == [0] * 5, job.logs()
+        assert _committed(first) == list(range(LONG_RUN)), job.logs()
+        for pod in added:  # each joined at a refit boundary and got every refit after it
+            got = _committed(pod)
+            assert got and got == list(range(got[0], LONG_RUN)), (pod.rank, got)
+        for pod in policy:
+            assert "reached no rollout member" not in pod.log.read_text(), job.logs()
+
+
 def test_a_stale_pod_goes_quietly_when_its_replacement_holds_the_rank(tmp_path: Path) -> None:
     with DemoJob(tmp_path, policy=1, rollout=2, refits=LONG_RUN) as job:
         policy = job.start("policy", 0)

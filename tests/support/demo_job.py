@@ -109,7 +109,7 @@ class DemoJob:
             role=role,  # type: ignore[arg-type]
             rank=rank,
             policy_world_size=self.policy,
-            rollout_world_size=self.rollout,
+            rollout_world_size=self.desired,  # the operator renders spec.rollout.replicas
             epoch=self.epoch,
             generation=generation,
             pod_uid=uid,

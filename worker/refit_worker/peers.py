@@ -38,6 +38,8 @@ class PeerSet:
         self.barrier: BarrierEntry | None = None
         #: The rollout members the engine was given: rank -> (uid, generation).
         self.targets: dict[int, tuple[str, int]] = {}
+        #: The rollout ranks the last ``connect`` was limited to (None: every member).
+        self.only: set[int] | None = None
         self._connected = False
 
     def connect(self, barrier: BarrierEntry, *, only: set[int] | None = None) -> None:
@@ -83,7 +85,7 @@ class PeerSet:
             for rank, who in listed.items()
             if peers[cfg.policy_world_size + rank] is not None
         }
-        self.barrier = barrier
+        self.barrier, self.only = barrier, only
 
     def wait_members(
         self, me: Member, timeout: float, cancel: CancelFlag | None = None

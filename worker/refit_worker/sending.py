@@ -20,7 +20,7 @@ from refit_worker.checkpoint_engines import (
 )
 from refit_worker.checkpoint_engines.membership import targets_for_policy
 from refit_worker.checkpoint_engines.shards import is_sharded
-from refit_worker.membership import all_done, all_have, lacking
+from refit_worker.membership import all_done, all_have, lacking, remapped
 from refit_worker.refits import (
     RefitStats,
     RefitUndelivered,
@@ -31,6 +31,9 @@ from refit_worker.rendezvous import (
 from refit_worker.session_base import LINGER_INTERVAL_S, SessionBase
 
 log = logging.getLogger(__name__)
+
+#: After a declined send by a new mapping, before the next look at the progress reports.
+_REMAP_RETRY_S = 0.1
 
 
 class PolicySide(SessionBase):
@@ -55,15 +58,19 @@ class PolicySide(SessionBase):
         engine = self._require("policy")
         items = [(name, tensor.detach()) for name, tensor in weights]
         timing = await self._send_to_members(engine, items, refit_id, only=None)
-        self.reporter.refit(refit_id, timing.bytes, timing.seconds, None)
+        sends = [timing, *await self._serve_remapped(engine, items, refit_id)]
+        moved, seconds = sum(t.bytes for t in sends), sum(t.seconds for t in sends)
+        delivered = frozenset(r for t in sends for r in t.delivered)
+        dropped = {r: why for t in sends for r, why in t.dropped.items() if r not in delivered}
+        self.reporter.refit(refit_id, moved, seconds, None)
         return RefitStats(
             refit_id,
-            timing.bytes,
-            timing.seconds,
-            timing.control_s,
-            timing.registrations,
-            frozenset(timing.delivered),
-            tuple(sorted(timing.dropped.items())),
+            moved,
+            seconds,
+            sum(t.control_s for t in sends),
+            sum(t.registrations for t in sends),
+            delivered,
+            tuple(sorted(dropped.items())),
         )
 
     async def _send_to_members(
@@ -79,7 +86,7 @@ class PolicySide(SessionBase):
         deadline = time.monotonic() + timeout
         while True:
             barrier = await asyncio.to_thread(self._wait, peers.wait_members, "a rollout member")
-            if only is not None or barrier != peers.barrier:
+            if only is not None or peers.only is not None or barrier != peers.barrier:
                 peers.connect(barrier, only=only)
             if not peers.targets:  # listed, but its metadata not readable yet, or not owed
                 if time.monotonic() >= deadline:
@@ -121,6 +128,77 @@ class PolicySide(SessionBase):
                 dict(timing.dropped),
             )
             await asyncio.sleep(LINGER_INTERVAL_S)
+
+    async def _serve_remapped(
+        self, engine: NIXLCheckpointEngine, items: list[tuple[str, torch.Tensor]], refit_id: int
+    ) -> list[RefitTiming]:
+        """After a send: also serve the members that a membership written during it maps
+        to this rank and the send's plan did not.
+
+        Policy ranks read the membership a moment apart, so across a change of R (a scale
+        from 3 rollout ranks to 1 with 2 policy ranks) one may plan a refit by the old
+        mapping and the other by the new one, whose receivers wait for both shares.  The
+        rank that planned by the old one must not go on to its next step (where it may
+        wait on the other in a collective) while its share is owed.  Bounded by
+        ``timeout_seconds``; a member still without it then gets the next refit."""
+        peers = self._require_peers()
+        planned, timeout = peers.barrier, self.config.transfer.timeout_seconds
+        if self.config.policy_world_size < 2 or planned is None or self._last_sent is None:
+            return []  # one policy rank: the mapping sends it every member, whatever R is
+        deadline, sends = time.monotonic() + timeout, []
+        while not self.preemption_pending():  # the caller's refit boundary stops for it
+            newer = await asyncio.to_thread(self.store.barrier, self.member.epoch)
+            if newer is None or newer.rollout_world_size == planned.rollout_world_size:
+                break  # the usual case: R did not change since the plan (see remapped())
+            progress = await asyncio.to_thread(self.store.progress_all)
+            confirmed = self._last_sent[1]
+            owed = set(
+                targets_for_policy(
+                    self.config.rank,
+                    train_world_size=self.config.policy_world_size,
+                    rollout_world_size=newer.rollout_world_size,
+                    members=remapped(planned, newer, progress, refit_id, confirmed),
+                    stripe=engine.stripe,
+                    sharded=is_sharded(items),
+                )
+            )
+            if not owed:
+                break
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "policy rank %d: refit %d: members %s still lack it %gs after the "
+                    "membership changed (version %d -> %d); they get the next refit",
+                    self.config.rank,
+                    refit_id,
+                    sorted(owed),
+                    timeout,
+                    planned.version,
+                    newer.version,
+                )
+                break
+            log.info(
+                "policy rank %d: refit %d: the membership changed during the send "
+                "(version %d -> %d); sending it to %s by the new one",
+                self.config.rank,
+                refit_id,
+                planned.version,
+                newer.version,
+                sorted(owed),
+            )
+            peers.connect(newer, only=owed)
+            if peers.targets:
+                timing = await self._watched(
+                    engine.send_weights(iter(items), refit_id=refit_id), self._drop_gone
+                )
+                sends.append(timing)
+                took = {(r, peers.targets[r][0]) for r in timing.delivered if r in peers.targets}
+                self._last_sent = (refit_id, confirmed | took)
+                if took:
+                    continue
+            # Declined: it had the refit by now (the next read tells), or the other
+            # share was not there yet (that receiver waited for it before declining).
+            await asyncio.sleep(_REMAP_RETRY_S)
+        return sends
 
     async def _drop_gone(self) -> None:
         newer = await asyncio.to_thread(self.store.barrier, self.member.epoch)
