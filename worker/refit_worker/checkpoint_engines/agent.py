@@ -113,8 +113,14 @@ class NixlAgent:
         return bytes(self._agent.get_agent_metadata())
 
     def add_remote_agent(self, metadata: NixlAgentMetadata) -> str:
-        """Load a peer's metadata so transfers and notifications to it work."""
-        loaded = self._agent.add_remote_agent(metadata.agent_metadata)
+        """Load a peer's metadata so transfers and notifications to it work;
+        :class:`PeerError` when its agent cannot be reached (UCX connects at once)."""
+        try:
+            loaded = self._agent.add_remote_agent(metadata.agent_metadata)
+        except Exception as exc:
+            raise PeerError(
+                f"cannot load peer {metadata.agent_name!r} (its agent gone?): {_nixl(exc)}"
+            ) from exc
         name = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
         if name != metadata.agent_name:
             raise ValueError(

@@ -12,14 +12,17 @@ Must not import: torch.distributed, the engine module (``nixl.py``), the operato
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
-from .agent import NixlAgent
+from .agent import NixlAgent, PeerError
 from .layout import TargetWeightLayout
 from .mapping import check_world_sizes, source_ranks_for_rollout
 from .membership import PeerKey, PeerUpdate, Role, plan_peer_update, targets_for_policy
 from .messages import MetadataLike, NixlAgentMetadata, parse_metadata
 from .routes import Target
+
+log = logging.getLogger(__name__)
 
 
 class Peers:
@@ -68,7 +71,14 @@ class Peers:
             forgotten(name)
             agent.remove_remote_agent(name)
         for key, peer in update.add:
-            agent.add_remote_agent(peer)
+            try:
+                agent.add_remote_agent(peer)
+            except PeerError as exc:
+                # Still listed, but its process is gone (a policy rank that finished
+                # before a late replacement connected, a pod that left): absent, tried
+                # again at the next update, instead of failing this rank.
+                log.warning("%s %d: %s; left out for now", role, rank, exc)
+                continue
             self.connected[key] = peer
         self.train_world_size, self.rollout_world_size = train_world_size, rollout_world_size
         self.version = version
