@@ -12,6 +12,7 @@ Must not import: the operator, kubernetes (the store does that lazily).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from refit_worker.checkpoint_engines import NIXLCheckpointEngine
 from refit_worker.contract.config import WorkerConfig
@@ -86,6 +87,10 @@ class PeerSet:
             if peers[cfg.policy_world_size + rank] is not None
         }
         self.barrier, self.only = barrier, only
+
+    def confirmed(self, delivered: Iterable[int]) -> set[tuple[int, str]]:
+        """The (rank, pod uid) of the targets among ``delivered`` (what confirmed a send)."""
+        return {(rank, self.targets[rank][0]) for rank in delivered if rank in self.targets}
 
     def wait_members(
         self, me: Member, timeout: float, cancel: CancelFlag | None = None

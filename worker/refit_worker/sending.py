@@ -100,10 +100,7 @@ class PolicySide(SessionBase):
                 engine.send_weights(iter(items), refit_id=refit_id), self._drop_gone
             )
             if timing.delivered:
-                confirmed = {
-                    (r, peers.targets[r][0]) for r in timing.delivered if r in peers.targets
-                }
-                self._last_sent = (refit_id, confirmed)
+                self._last_sent = (refit_id, peers.confirmed(timing.delivered))
                 return timing
             progress = await asyncio.to_thread(self.store.progress_all)
             if all_have(peers.targets, progress, refit_id):
@@ -191,7 +188,7 @@ class PolicySide(SessionBase):
                     engine.send_weights(iter(items), refit_id=refit_id), self._drop_gone
                 )
                 sends.append(timing)
-                took = {(r, peers.targets[r][0]) for r in timing.delivered if r in peers.targets}
+                took = peers.confirmed(timing.delivered)
                 self._last_sent = (refit_id, confirmed | took)
                 if took:
                     continue
