@@ -17,12 +17,14 @@ from tests.support.fault_runs import (
     STAGES,
     TOPOLOGIES,
     Stage,
+    StopPoint,
     Topology,
     committed_refits,
     manifest,
     rollout_logs,
     run_with,
     stage_plan,
+    stop_point,
     stop_points,
 )
 from tests.support.processes import processes_under
@@ -103,6 +105,10 @@ def test_drain_at_every_stage(tmp_path: Path, topo: Topology) -> None:
             assert ids == list(range(ids[0], ids[-1] + 1)), (name, ids)
         seen.update(ids)
     assert seen == set(range(REFITS))
-    # Ranks stopped inside a refit at least once (mid-bucket or final commit).
-    assert any("bucket boundary" in why for why in stop_points(workdir).values())
+    # Ranks stopped inside a refit at least once (mid-bucket or final commit): at a bucket
+    # boundary, or by abandoning the refit when the drain took the pod out of the
+    # membership before its signal arrived (which comes first is the scheduler's choice).
+    inside = {StopPoint.BUCKET, StopPoint.ABANDONED}
+    points = stop_points(workdir)
+    assert any(stop_point(why, "preempted") in inside for why in points.values()), points
     assert not processes_under(workdir)

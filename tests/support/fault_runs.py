@@ -132,6 +132,11 @@ def manifest(
 class StopPoint(StrEnum):
     CONNECT = "waiting for the barrier (not, or no longer, a member)"
     BUCKET = "at a bucket boundary inside a refit"
+    #: The drain took the pod out of the membership while a refit was in flight: the rank
+    #: abandoned it (nothing committed), then met its stop signal waiting to rejoin.  Which
+    #: of the two reaches the rank first (the coordinator's barrier or the preStop's signal)
+    #: is up to the scheduler, so a stop inside a refit is this or BUCKET.
+    ABANDONED = "inside a refit, abandoned as the drain took it out of the membership"
     BOUNDARY = "at a refit boundary"
     PEER = "after a peer left (its transfer or collective broke)"
     DONE = "finished (the drain came too late to matter)"
@@ -146,6 +151,8 @@ def stop_point(message: str, state: str) -> StopPoint:
         return StopPoint.PEER
     if "bucket boundary" in message:
         return StopPoint.BUCKET
+    if message.startswith(ABANDONED_PREFIX):
+        return StopPoint.ABANDONED
     if (
         message.startswith("signal received by")
         or "posted a preemption notice" in message
@@ -636,11 +643,21 @@ def rollout_logs(workdir: Path) -> dict[str, str]:
     }
 
 
+#: Put before the reason of a rank that abandoned a refit in flight and then stopped.
+ABANDONED_PREFIX = "refit in flight abandoned, then: "
+
+
 def preempted_reason(log_text: str) -> str | None:
-    """What a rank's log says it stopped for, as it reported it (None: it did not say)."""
+    """What a rank's log says it stopped for, as it reported it (None: it did not say);
+    a stop that followed an abandoned refit says so first (:data:`ABANDONED_PREFIX`)."""
+    abandoned = False
     for line in log_text.splitlines():
+        if "refit in flight abandoned" in line:
+            abandoned = True
         if ": preempted: " in line:
-            return line.split(": preempted: ", 1)[1]
+            why = line.split(": preempted: ", 1)[1]
+            waiting = "while waiting for the barrier" in why
+            return ABANDONED_PREFIX + why if abandoned and waiting else why
         if ": preempted (after " in line:
             return "after " + line.split(": preempted (after ", 1)[1].rstrip(")")
     return None
