@@ -29,9 +29,8 @@ def fail_not_retryable(inp: RoundInput, draft: Draft) -> Finding | None:
     if pod is None:
         return None
     stop_gang(inp, draft)
-    draft.failed_reason = "NotRetryable"
     message = f"{pod.failure}; exit code {pod.exit_code} is not retryable: no restart"
-    draft.update(message=message, completion_time=inp.now)
+    draft.fail("NotRetryable", message)
     return "not_retryable"
 
 

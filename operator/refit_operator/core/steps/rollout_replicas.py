@@ -107,9 +107,8 @@ def replace_lost(inp: RoundInput, draft: Draft) -> Finding | None:
         why, failed = found
         if failed and draft.status.rollout_failures >= limit:
             stop_gang(inp, draft)
-            draft.failed_reason = "ReplacementsExhausted"
             message = f"{why}; rollout.failurePolicy.maxReplacements ({limit}) used up"
-            draft.update(message=message, completion_time=inp.now)
+            draft.fail("ReplacementsExhausted", message)
             return "restarts_exhausted"
         _replace(inp, draft, slot, why, failed=failed)
     return None
