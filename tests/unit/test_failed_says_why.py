@@ -13,7 +13,16 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from tests.support.reconcile_harness import NOW, REF, RUNNING, SUCCEEDED, Harness, condition, of
+from tests.support.reconcile_harness import (
+    NOW,
+    REF,
+    RUNNING,
+    SUCCEEDED,
+    Harness,
+    condition,
+    exited,
+    of,
+)
 
 from refit_operator.core import conditions as cond
 from refit_operator.core.decision import Decision, Emit, JobView
@@ -33,13 +42,6 @@ SPEC: dict[str, Any] = {
 }
 JOB = Harness(SPEC)
 POLICY, ROLLOUT = "job-policy-0-e0", "job-rollout-0-g0"
-
-
-def _exited(code: int, message: str = "") -> dict[str, Any]:
-    terminated: dict[str, Any] = {"exitCode": code, "reason": "Error"}
-    if message:
-        terminated["message"] = message
-    return {"phase": "Failed", "containerStatuses": [{"state": {"terminated": terminated}}]}
 
 
 def _status(**kw: Any) -> RefitJobStatus:
@@ -81,7 +83,7 @@ class Case:
 CASES = {
     "restarts exhausted": Case(
         _status(restarts=2),
-        {POLICY: _exited(1, "RuntimeError: gloo connection reset"), ROLLOUT: RUNNING},
+        {POLICY: exited(1, "RuntimeError: gloo connection reset"), ROLLOUT: RUNNING},
         "RestartsExhausted",
         (POLICY, "exit code 1", "gloo connection reset", "maxRestarts (2) used up"),
     ),
@@ -93,13 +95,13 @@ CASES = {
     ),
     "replacements exhausted": Case(
         _status(rollout_failures=2),
-        {POLICY: RUNNING, ROLLOUT: _exited(1)},
+        {POLICY: RUNNING, ROLLOUT: exited(1)},
         "ReplacementsExhausted",
         (ROLLOUT, "exit code 1", "maxReplacements (2) used up"),
     ),
     "not retryable": Case(
         _status(),
-        {POLICY: _exited(84, "unsupported dtype float8"), ROLLOUT: RUNNING},
+        {POLICY: exited(84, "unsupported dtype float8"), ROLLOUT: RUNNING},
         "NotRetryable",
         (POLICY, "exit code 84", "unsupported dtype float8", "not retryable"),
     ),
@@ -128,14 +130,14 @@ CASES = {
     # condition still says why, and the message says it again.
     "stored Failed, message lost": Case(
         _stored_failed("", f"pod {POLICY} failed: exit code 1; maxRestarts (2) used up"),
-        {POLICY: _exited(1)},
+        {POLICY: exited(1)},
         "RestartsExhausted",
         (POLICY, "exit code 1", "maxRestarts (2) used up"),
     ),
     # Neither says anything (written by an older operator, or by hand): the pods do.
     "stored Failed, no words anywhere": Case(
         _stored_failed("", ""),
-        {POLICY: _exited(1)},
+        {POLICY: exited(1)},
         "RestartsExhausted",
         (POLICY, "exit code 1", "restarts 2/2 used"),
     ),
@@ -165,7 +167,7 @@ def test_a_step_that_fails_the_job_without_words_still_leaves_them(
     """The guarantee is the round's end, not each step's care: a failing finding with no
     message (a step that forgot) is said from the round's facts."""
     monkeypatch.setattr(deadlines, "active_deadline", lambda inp, draft: "deadline_exceeded")
-    pods = JOB.pods(0, **{POLICY: _exited(3), ROLLOUT: RUNNING})
+    pods = JOB.pods(0, **{POLICY: exited(3), ROLLOUT: RUNNING})
     d = JOB.run(_status(restarts=1), pods)
     _assert_says(d, "FailureUnrecorded", (POLICY, "exit code 3", "restarts 1/2 used"))
     (event,) = [e for e in of(d, Emit) if e.reason == "Failed"]

@@ -90,7 +90,9 @@ def _why(inp: RoundInput, slot: Slot) -> tuple[str, bool] | None:
     if pod is None:
         return (f"{slot.name}: PodMissing", False) if slot.created else None
     if pod.failure and pod.node_lost is None:
-        return pod.failure, True
+        # Beside a disruption of the policy gang, the replica's transfer broke because its
+        # sender stopped: a preemption's knock-on, replaced at once and not counted.
+        return pod.failure, not inp.disruptions
     if pod.taken:
         return f"{pod.name}: {pod.taken}", False
     return None
