@@ -26,12 +26,12 @@ from tests.support.reconcile_harness import (
 
 from refit_operator.core import conditions as cond
 from refit_operator.core.decision import Decision, Emit, JobView
+from refit_operator.core.failure import Failure
 from refit_operator.core.observe import Observed
+from refit_operator.core.refusal import failed_status
 from refit_operator.core.steps import deadlines
 from refit_operator.core.write_refusals import after_writes
 from refit_operator.core.writes import WriteError
-from refit_operator.local.kubelet import KubeletError
-from refit_operator.local.runner import _start_failed
 from refit_operator.models import Condition, Phase, RefitJobStatus, RolloutReplica
 
 SPEC: dict[str, Any] = {
@@ -193,8 +193,10 @@ def test_a_child_refused_for_good_fails_the_job_with_the_apiservers_words() -> N
     _assert_says(d, "ChildRejected", (ROLLOUT, "HTTP 422", "spec.containers: Required"))
 
 
-def test_a_pod_refit_run_cannot_start_fails_the_job_with_its_error() -> None:
-    status = _start_failed(_status(), 1, KubeletError(f"pod {POLICY}: no command"))
+def test_a_job_failed_outside_a_round_is_said_as_every_failed() -> None:
+    """`refit run` fails a job whose pod cannot start with `refusal.failed_status`."""
+    failure = Failure("StartError", f"a pod could not start: pod {POLICY}: no command")
+    status = failed_status(_status(), failure, generation=1, now=NOW)
     assert status.phase is Phase.FAILED and f"pod {POLICY}: no command" in status.message
     failed = next(c for c in status.conditions if c.type == cond.FAILED)
     assert (failed.reason, failed.message) == ("StartError", status.message)

@@ -17,7 +17,7 @@ from refit_operator.core.draft import Draft
 from refit_operator.core.failure import Failure, mark_failed
 from refit_operator.core.observe import Observed
 from refit_operator.core.phases import PhaseFacts, checked_next_phase
-from refit_operator.models import Phase
+from refit_operator.models import Phase, RefitJobStatus
 
 
 def refuse(
@@ -43,3 +43,13 @@ def refuse(
             draft.condition(type_, "False", new.value)
     ttl.expire(draft, job.raw_spec, new)
     return draft.decision()
+
+
+def failed_status(
+    status: RefitJobStatus, failure: Failure, *, generation: int, now: datetime
+) -> RefitJobStatus:
+    """``status`` Failed because of ``failure``, said as every Failed is (``failure.py``):
+    for a shell that fails a job outside a round (``refit run``: a pod that cannot start)."""
+    draft = Draft(status, generation, now)
+    mark_failed(draft, failure)
+    return draft.status

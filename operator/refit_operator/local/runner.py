@@ -31,10 +31,10 @@ from refit_operator import names
 from refit_operator.apply import Applier
 from refit_operator.core.coordinate import PatchData, merged
 from refit_operator.core.decision import Delete, Emit, JobView, LiftGate
-from refit_operator.core.draft import Draft
-from refit_operator.core.failure import Failure, mark_failed
+from refit_operator.core.failure import Failure
 from refit_operator.core.observe import Observed, observe
 from refit_operator.core.reconcile import reconcile
+from refit_operator.core.refusal import failed_status
 from refit_operator.core.writes import WriteError
 from refit_operator.local import fault_actions, metrics_ports
 from refit_operator.local import faults as fault_plan
@@ -334,19 +334,13 @@ def _round(
         decision = asyncio.run(applier.apply(view, observed, decision))
     except KubeletError as exc:
         # As a pod whose container cannot start: nothing a restart would fix here.
-        result.status = _start_failed(decision.status, view.generation, exc)
+        failure = Failure("StartError", f"a pod could not start: {exc}")
+        now = datetime.now(UTC)
+        result.status = failed_status(decision.status, failure, generation=view.generation, now=now)
         cluster.on_event(Emit("Warning", "StartError", result.status.message))
         return None
     result.status = decision.status
     return decision.status
-
-
-def _start_failed(status: RefitJobStatus, generation: int, exc: KubeletError) -> RefitJobStatus:
-    """``status`` Failed because a pod could not start, said as every Failed is
-    (``core.failure``): the message and the Failed condition name the pod's error."""
-    draft = Draft(status, generation, datetime.now(UTC))
-    mark_failed(draft, Failure("StartError", f"a pod could not start: {exc}"))
-    return draft.status
 
 
 def _drain_when_due(
