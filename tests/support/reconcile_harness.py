@@ -27,6 +27,19 @@ SUCCEEDED: dict[str, Any] = {"phase": "Succeeded"}
 GONE = "gone"
 
 
+def exited(code: int, message: str = "", *, conditions: tuple[Any, ...] = ()) -> dict[str, Any]:
+    """The status of a pod whose container exited with ``code`` (Failed), its termination
+    message and pod conditions as given."""
+    terminated: dict[str, Any] = {"exitCode": code, "reason": "Error"}
+    if message:
+        terminated["message"] = message
+    return {
+        "phase": "Failed",
+        "conditions": list(conditions),
+        "containerStatuses": [{"state": {"terminated": terminated}}],
+    }
+
+
 def uid(name: str, epoch: int) -> str:
     return f"uid-{name}-{epoch}"
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from refit_operator.core import conditions as cond
 from refit_operator.core.decision import Action, Decision, Delete
+from refit_operator.core.failure import Failure
 from refit_operator.core.observe import ObservedPod
 from refit_operator.models import RefitJobStatus
 
@@ -30,8 +31,8 @@ class Draft:
     now: datetime
     actions: list[Action] = field(default_factory=list)
     requeue: float | None = None
-    #: The Failed condition's reason, when this round fails the job.
-    failed_reason: str = "RestartsExhausted"
+    #: Why this round fails the job (None: it does not, or no step said why).
+    failure: Failure | None = None
     #: What a Pending job waits for (late pods and why), for its message.
     waiting: str = ""
 
@@ -41,6 +42,12 @@ class Draft:
     def later(self, seconds: float) -> None:
         """Look again in ``seconds`` at the latest (the soonest wish wins)."""
         self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
+
+    def fail(self, reason: str, message: str) -> None:
+        """This round fails the job, for the reason and in the words given: the end of
+        the round (``closing.py``) writes them to the status and the Failed condition."""
+        self.failure = Failure(reason, message)
+        self.update(message=message, completion_time=self.now)
 
     def condition(self, type_: str, status: cond.Truth, reason: str, message: str = "") -> None:
         conditions = cond.set_condition(

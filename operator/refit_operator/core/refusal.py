@@ -14,9 +14,10 @@ from refit_operator.core import conditions as cond
 from refit_operator.core import ttl
 from refit_operator.core.decision import Decision, Emit, JobView
 from refit_operator.core.draft import Draft
+from refit_operator.core.failure import Failure, mark_failed
 from refit_operator.core.observe import Observed
 from refit_operator.core.phases import PhaseFacts, checked_next_phase
-from refit_operator.models import Phase
+from refit_operator.models import Phase, RefitJobStatus
 
 
 def refuse(
@@ -32,17 +33,23 @@ def refuse(
         return Decision((), status.model_copy(update={"observed_generation": job.generation}))
     draft = Draft(status, job.generation, now)
     draft.delete_pods(observed.pods)
-    if status.phase is not Phase.FAILED or status.message != message:
-        draft.actions.append(Emit("Warning", reason, message))
-    draft.update(
-        phase=new,
-        message=message,
-        observed_generation=job.generation,
-        completion_time=status.completion_time or now,
-    )
-    draft.condition(cond.FAILED, "True", reason, message)
+    draft.update(observed_generation=job.generation)
+    mark_failed(draft, Failure(reason, message))
+    said = draft.status.message  # the words mark_failed wrote, never empty
+    if status.phase is not Phase.FAILED or status.message != said:
+        draft.actions.append(Emit("Warning", reason, said))
     for type_ in (cond.READY, cond.RESTARTING):
         if cond.get_condition(status.conditions, type_) is not None:
             draft.condition(type_, "False", new.value)
     ttl.expire(draft, job.raw_spec, new)
     return draft.decision()
+
+
+def failed_status(
+    status: RefitJobStatus, failure: Failure, *, generation: int, now: datetime
+) -> RefitJobStatus:
+    """``status`` Failed because of ``failure``, said as every Failed is (``failure.py``):
+    for a shell that fails a job outside a round (``refit run``: a pod that cannot start)."""
+    draft = Draft(status, generation, now)
+    mark_failed(draft, failure)
+    return draft.status

@@ -31,8 +31,10 @@ from refit_operator import names
 from refit_operator.apply import Applier
 from refit_operator.core.coordinate import PatchData, merged
 from refit_operator.core.decision import Delete, Emit, JobView, LiftGate
+from refit_operator.core.failure import Failure
 from refit_operator.core.observe import Observed, observe
 from refit_operator.core.reconcile import reconcile
+from refit_operator.core.refusal import failed_status
 from refit_operator.core.writes import WriteError
 from refit_operator.local import fault_actions, metrics_ports
 from refit_operator.local import faults as fault_plan
@@ -332,10 +334,10 @@ def _round(
         decision = asyncio.run(applier.apply(view, observed, decision))
     except KubeletError as exc:
         # As a pod whose container cannot start: nothing a restart would fix here.
-        cluster.on_event(Emit("Warning", "StartError", str(exc)))
-        result.status = decision.status.model_copy(
-            update={"phase": Phase.FAILED, "message": str(exc)}
-        )
+        failure = Failure("StartError", f"a pod could not start: {exc}")
+        now = datetime.now(UTC)
+        result.status = failed_status(decision.status, failure, generation=view.generation, now=now)
+        cluster.on_event(Emit("Warning", "StartError", result.status.message))
         return None
     result.status = decision.status
     return decision.status

@@ -1,6 +1,7 @@
 """The end of every round that got past the spec check: the conditions that follow from
 the new phase, the phase itself, the message it shows, the role counts (with
-``RolloutDegraded``), and an Event for a phase move.
+``RolloutDegraded``), and an Event for a phase move.  A Failed job's message and Failed
+condition come from ``failure.why_failed``, so neither is ever empty.
 
 Must not import: kopf, kubernetes, aiohttp.
 """
@@ -12,13 +13,19 @@ from typing import Literal
 from refit_operator.core import conditions as cond
 from refit_operator.core.decision import Emit
 from refit_operator.core.draft import Draft
+from refit_operator.core.failure import mark_failed, why_failed
 from refit_operator.core.round_input import RoundInput
 from refit_operator.models import Phase, RoleStatus
 
 
 def close_round(inp: RoundInput, draft: Draft, *, old: Phase, new: Phase) -> None:
     _phase_conditions(draft, old=old, new=new)
-    if new in (Phase.RESTARTING, Phase.FAILED):
+    if new is Phase.FAILED:
+        # Every round of a Failed job, the one that failed it and each after: a message
+        # lost or written empty is said again from what is known.
+        mark_failed(draft, why_failed(inp, draft))
+        message = draft.status.message
+    elif new is Phase.RESTARTING:
         message = draft.status.message
     elif new is Phase.PENDING:
         message = draft.waiting
@@ -79,7 +86,5 @@ def _phase_conditions(draft: Draft, *, old: Phase, new: Phase) -> None:
         draft.condition(cond.RESTARTING, "False", new.value)
     if new is Phase.SUCCEEDED:
         draft.condition(cond.COMPLETE, "True", "RefitsDone")
-    if new is Phase.FAILED and old is not Phase.FAILED:
-        draft.condition(cond.FAILED, "True", draft.failed_reason, draft.status.message)
-    elif new is not Phase.FAILED and cond.get_condition(draft.status.conditions, cond.FAILED):
+    if new is not Phase.FAILED and cond.get_condition(draft.status.conditions, cond.FAILED):
         draft.condition(cond.FAILED, "False", new.value)

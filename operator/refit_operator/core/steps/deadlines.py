@@ -21,8 +21,5 @@ def active_deadline(inp: RoundInput, draft: Draft) -> Finding | None:
             draft.later(left)
         return None
     draft.delete_pods(inp.observed.pods)
-    draft.failed_reason = "DeadlineExceeded"
-    draft.update(
-        message=f"the job ran past activeDeadlineSeconds ({limit} s)", completion_time=inp.now
-    )
+    draft.fail("DeadlineExceeded", f"the job ran past activeDeadlineSeconds ({limit} s)")
     return "deadline_exceeded"

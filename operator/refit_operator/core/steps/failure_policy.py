@@ -6,7 +6,8 @@
   no restart and no backoff.
 - Any other failure of a policy pod restarts the policy gang (``maxRestarts``, doubling
   backoff); a disruption (drain, eviction, deletion, a preempted exit, a missing pod, a
-  lost node) restarts it as a preemption, counted apart.  The rollout replicas keep
+  lost node) restarts it as a preemption, counted apart, and so does a failure beside
+  a disruption (:func:`counted`: a drain is never a failure).  The rollout replicas keep
   running (their own failures are ``rollout_replicas.py``'s).
 
 Must not import: kopf, kubernetes, aiohttp.
@@ -29,14 +30,13 @@ def fail_not_retryable(inp: RoundInput, draft: Draft) -> Finding | None:
     if pod is None:
         return None
     stop_gang(inp, draft)
-    draft.failed_reason = "NotRetryable"
     message = f"{pod.failure}; exit code {pod.exit_code} is not retryable: no restart"
-    draft.update(message=message, completion_time=inp.now)
+    draft.fail("NotRetryable", message)
     return "not_retryable"
 
 
 def restart_on_failure(inp: RoundInput, draft: Draft) -> Finding | None:
-    failures, disruptions = inp.failures, inp.disruptions
+    failures, disruptions = counted(inp)
     if not failures and not disruptions:
         return None
     return restart_gang(
@@ -47,3 +47,19 @@ def restart_on_failure(inp: RoundInput, draft: Draft) -> Finding | None:
         notice_from=inp.first_disrupted,
         scope="policy",
     )
+
+
+def counted(inp: RoundInput) -> tuple[list[str], list[str]]:
+    """The failures and the disruptions the policy gang's stop is counted by.
+
+    Beside a disruption of the gang (a rank drained, evicted, deleted, lost or gone), a
+    rank's own failure is the disruption's: its collective broke when the taken rank
+    stopped, and on a loaded node that is before the preemption notice reaches it (the
+    worker waits for the notice only a few seconds).  So the stop is a preemption and
+    uses up no ``maxRestarts``; a real failure beside it would fail the next epoch again.
+    A gang that fell short is no one's knock-on: it counts as it is.
+    """
+    failures, disruptions = inp.failures, inp.disruptions
+    if not disruptions or inp.short is not None:
+        return failures, disruptions
+    return [], [*disruptions, *failures]

@@ -74,9 +74,11 @@ def restart_gang(
     disruptions: Sequence[str] = (),
     notice_from: ObservedPod | None = None,
     scope: Scope = "job",
+    reason: str = "RestartsExhausted",
 ) -> Finding:
-    """Stop the gang (of ``scope``); fail the job once ``maxRestarts`` is used up, else move
-    to the next epoch, recreated after the backoff."""
+    """Stop the gang (of ``scope``); fail the job once ``maxRestarts`` is used up (the
+    Failed condition's ``reason``), else move to the next epoch, recreated after the
+    backoff."""
     if notice_from is not None and disruptions and not failures:
         # Ranks hear the notice and stop at a safe point, ahead of their own signals.
         notice = preempt_notice(
@@ -97,8 +99,7 @@ def restart_gang(
     else:  # the job fails, or restarts whole: nothing of it keeps running
         stop_gang(inp, draft)
     if exhausted:
-        message = f"{failures[0]}; maxRestarts ({limit}) used up"
-        draft.update(message=message, completion_time=inp.now)
+        draft.fail(reason, f"{failures[0]}; maxRestarts ({limit}) used up")
         return "restarts_exhausted"
     reason, message, delay = _count(inp, draft, failures, disruptions, scope)
     status = draft.status

@@ -90,7 +90,9 @@ def _why(inp: RoundInput, slot: Slot) -> tuple[str, bool] | None:
     if pod is None:
         return (f"{slot.name}: PodMissing", False) if slot.created else None
     if pod.failure and pod.node_lost is None:
-        return pod.failure, True
+        # Beside a disruption of the policy gang, the replica's transfer broke because its
+        # sender stopped: a preemption's knock-on, replaced at once and not counted.
+        return pod.failure, not inp.disruptions
     if pod.taken:
         return f"{pod.name}: {pod.taken}", False
     return None
@@ -107,9 +109,8 @@ def replace_lost(inp: RoundInput, draft: Draft) -> Finding | None:
         why, failed = found
         if failed and draft.status.rollout_failures >= limit:
             stop_gang(inp, draft)
-            draft.failed_reason = "ReplacementsExhausted"
             message = f"{why}; rollout.failurePolicy.maxReplacements ({limit}) used up"
-            draft.update(message=message, completion_time=inp.now)
+            draft.fail("ReplacementsExhausted", message)
             return "restarts_exhausted"
         _replace(inp, draft, slot, why, failed=failed)
     return None

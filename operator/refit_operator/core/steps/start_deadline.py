@@ -18,8 +18,9 @@ def fail_late_start(inp: RoundInput, draft: Draft) -> Finding | None:
     late = _late_start(inp, draft)
     if late is None or inp.failures:
         return None  # a pod's own failure says more than its lateness
-    draft.failed_reason = "StartDeadlineExceeded"
-    return restart_gang(inp, draft, failures=[late], disruptions=inp.disruptions)
+    return restart_gang(
+        inp, draft, failures=[late], disruptions=inp.disruptions, reason="StartDeadlineExceeded"
+    )
 
 
 def _late_start(inp: RoundInput, draft: Draft) -> str | None:

@@ -1,0 +1,203 @@
+"""Every Failed says why (#29): each way the pure reconcile fails a job leaves
+``status.message`` and the ``Failed`` condition naming the cause (the pod, its exit code,
+the limit used up), also when no step said why and when a stored Failed status lost its
+words.
+
+Pods are manifests as the API returns them, read by ``observe``; nothing is emulated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from tests.support.reconcile_harness import (
+    NOW,
+    REF,
+    RUNNING,
+    SUCCEEDED,
+    Harness,
+    condition,
+    exited,
+    of,
+)
+
+from refit_operator.core import conditions as cond
+from refit_operator.core.decision import Decision, Emit, JobView
+from refit_operator.core.failure import Failure
+from refit_operator.core.observe import Observed
+from refit_operator.core.refusal import failed_status
+from refit_operator.core.steps import deadlines
+from refit_operator.core.write_refusals import after_writes
+from refit_operator.core.writes import WriteError
+from refit_operator.models import Condition, Phase, RefitJobStatus, RolloutReplica
+
+SPEC: dict[str, Any] = {
+    "image": "img",
+    "policy": {"replicas": 1},
+    "rollout": {"replicas": 1, "failurePolicy": {"maxReplacements": 2}},
+    "failurePolicy": {"maxRestarts": 2, "backoffSeconds": 10},
+}
+JOB = Harness(SPEC)
+POLICY, ROLLOUT = "job-policy-0-e0", "job-rollout-0-g0"
+
+
+def _status(**kw: Any) -> RefitJobStatus:
+    """A job whose epoch-0 gang was created and ran once, its rollout slot recorded."""
+    base: dict[str, Any] = {
+        "phase": Phase.RUNNING,
+        "created_epoch": 0,
+        "ready_epoch": 0,
+        "epoch_start_time": NOW - timedelta(minutes=5),
+        "start_time": NOW - timedelta(minutes=5),
+        "rollout_replicas": [RolloutReplica(rank=0, pod=ROLLOUT)],
+    }
+    return RefitJobStatus(**{**base, **kw})
+
+
+def _stored_failed(message: str, condition_message: str) -> RefitJobStatus:
+    failed = Condition(
+        type=cond.FAILED,
+        status="True",
+        reason="RestartsExhausted",
+        message=condition_message,
+        last_transition_time=NOW - timedelta(minutes=1),
+    )
+    return _status(phase=Phase.FAILED, message=message, restarts=2, conditions=[failed])
+
+
+@dataclass(frozen=True)
+class Case:
+    """One way into Failed: the round's input, the Failed condition's reason, and the
+    words (pod name, exit code, limit) its message must hold."""
+
+    status: RefitJobStatus
+    pods: dict[str, Any]
+    reason: str
+    says: tuple[str, ...]
+    spec: dict[str, Any] = field(default_factory=dict)
+
+
+CASES = {
+    "restarts exhausted": Case(
+        _status(restarts=2),
+        {POLICY: exited(1, "RuntimeError: gloo connection reset"), ROLLOUT: RUNNING},
+        "RestartsExhausted",
+        (POLICY, "exit code 1", "gloo connection reset", "maxRestarts (2) used up"),
+    ),
+    "a gang that fell short, restarts exhausted": Case(
+        _status(restarts=2),
+        {POLICY: SUCCEEDED, ROLLOUT: SUCCEEDED},
+        "RestartsExhausted",
+        ("reported 0 of 3 refits", "maxRestarts (2) used up"),
+    ),
+    "replacements exhausted": Case(
+        _status(rollout_failures=2),
+        {POLICY: RUNNING, ROLLOUT: exited(1)},
+        "ReplacementsExhausted",
+        (ROLLOUT, "exit code 1", "maxReplacements (2) used up"),
+    ),
+    "not retryable": Case(
+        _status(),
+        {POLICY: exited(84, "unsupported dtype float8"), ROLLOUT: RUNNING},
+        "NotRetryable",
+        (POLICY, "exit code 84", "unsupported dtype float8", "not retryable"),
+    ),
+    "active deadline": Case(
+        _status(),
+        {POLICY: RUNNING, ROLLOUT: RUNNING},
+        "DeadlineExceeded",
+        ("activeDeadlineSeconds (60 s)",),
+        spec={"activeDeadlineSeconds": 60},
+    ),
+    "start deadline, restarts exhausted": Case(
+        _status(ready_epoch=None, restarts=2, epoch_start_time=NOW - timedelta(seconds=31)),
+        {POLICY: {"phase": "Pending"}, ROLLOUT: RUNNING},
+        "StartDeadlineExceeded",
+        (POLICY, "startDeadlineSeconds (30 s)", "maxRestarts (2) used up"),
+        spec={"startDeadlineSeconds": 30},
+    ),
+    "invalid spec": Case(
+        _status(),
+        {},
+        "InvalidSpec",
+        ("bucketSize '0' must be more than 0 bytes",),
+        spec={"transfer": {"bucketSize": "0"}},
+    ),
+    # A round of a Failed job after one whose status.message was lost: the Failed
+    # condition still says why, and the message says it again.
+    "stored Failed, message lost": Case(
+        _stored_failed("", f"pod {POLICY} failed: exit code 1; maxRestarts (2) used up"),
+        {POLICY: exited(1)},
+        "RestartsExhausted",
+        (POLICY, "exit code 1", "maxRestarts (2) used up"),
+    ),
+    # Neither says anything (written by an older operator, or by hand): the pods do.
+    "stored Failed, no words anywhere": Case(
+        _stored_failed("", ""),
+        {POLICY: exited(1)},
+        "RestartsExhausted",
+        (POLICY, "exit code 1", "restarts 2/2 used"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_every_failed_names_its_cause_in_message_and_condition(case: Case) -> None:
+    spec = {**SPEC, **case.spec}
+    pods = JOB.pods(0, **case.pods) if case.pods else []
+    _assert_says(JOB.run(case.status, pods, spec=spec), case.reason, case.says)
+
+
+def _assert_says(d: Decision, reason: str, says: tuple[str, ...]) -> None:
+    s = d.status
+    assert s.phase is Phase.FAILED
+    failed = condition(s, cond.FAILED)
+    assert (failed.status, failed.reason) == ("True", reason)
+    assert s.message and failed.message == s.message
+    for words in says:
+        assert words in s.message, (words, s.message)
+
+
+def test_a_step_that_fails_the_job_without_words_still_leaves_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The guarantee is the round's end, not each step's care: a failing finding with no
+    message (a step that forgot) is said from the round's facts."""
+    monkeypatch.setattr(deadlines, "active_deadline", lambda inp, draft: "deadline_exceeded")
+    pods = JOB.pods(0, **{POLICY: exited(3), ROLLOUT: RUNNING})
+    d = JOB.run(_status(restarts=1), pods)
+    _assert_says(d, "FailureUnrecorded", (POLICY, "exit code 3", "restarts 1/2 used"))
+    (event,) = [e for e in of(d, Emit) if e.reason == "Failed"]
+    assert POLICY in event.message
+
+
+def test_a_restart_message_of_an_earlier_round_is_not_taken_for_the_cause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    earlier = f"policy gang preempted (1): {POLICY}: DisruptionTarget: EvictionByEvictionAPI"
+    monkeypatch.setattr(deadlines, "active_deadline", lambda inp, draft: "deadline_exceeded")
+    d = JOB.run(_status(phase=Phase.RESTARTING, message=earlier), [])
+    assert d.status.phase is Phase.FAILED
+    assert "preempted" not in d.status.message
+    assert "restarts 0/2 used, rollout replacements 0/2 used" in d.status.message
+
+
+def test_a_child_refused_for_good_fails_the_job_with_the_apiservers_words() -> None:
+    job = JOB.run(_status(), JOB.pods(0, **{POLICY: RUNNING, ROLLOUT: RUNNING}))
+    refused = WriteError("create", "Pod", ROLLOUT, 422, "Invalid", "spec.containers: Required")
+    view = JobView(ref=REF, generation=1, raw_spec=SPEC, status=job.status)
+    d = after_writes(view, Observed(), job, [refused], NOW)
+    _assert_says(d, "ChildRejected", (ROLLOUT, "HTTP 422", "spec.containers: Required"))
+
+
+def test_a_job_failed_outside_a_round_is_said_as_every_failed() -> None:
+    """`refit run` fails a job whose pod cannot start with `refusal.failed_status`."""
+    failure = Failure("StartError", f"a pod could not start: pod {POLICY}: no command")
+    status = failed_status(_status(), failure, generation=1, now=NOW)
+    assert status.phase is Phase.FAILED and f"pod {POLICY}: no command" in status.message
+    failed = next(c for c in status.conditions if c.type == cond.FAILED)
+    assert (failed.reason, failed.message) == ("StartError", status.message)
+    assert status.completion_time is not None
