@@ -222,3 +222,24 @@ def test_the_tier_scan_sees_a_crossing(tmp_path: Path) -> None:
     planted = tmp_path / "bench_like.py"
     planted.write_text("from tests.integration.support import load_job\nimport tests.support.x\n")
     assert _tier_imports(planted) == {"integration"}
+
+
+def test_a_worker_that_holds_no_dtensor_never_loads_dtensor_or_sympy() -> None:
+    # ~1 s of CPU at every worker's start (torch.distributed.tensor pulls in sympy): only a
+    # trainer that made DTensors has the module loaded, and only then is it asked for.
+    code = (
+        "import sys\n"
+        "import refit_worker.__main__, refit_worker.session, refit_worker.integrations.staged\n"
+        "print(sorted(m for m in ('torch.distributed.tensor', 'sympy') if m in sys.modules))\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "worker")}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -23,16 +23,24 @@ Must not import: nixl, the transport modules of this package.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeGuard
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.placement_types import _StridedShard
 
 from .base import dtype_name
 from .boxes import Box, Placement, mesh_boxes
 from .shard_plan import Holding
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+
+#: Only a process that loaded this module can hold a DTensor (it defines the class), so
+#: ranks that never do (every rollout rank, plain trainers) skip its import: ~1 s of CPU
+#: per process start, most of it sympy, paid by every worker on a 2-core machine.
+_DTENSOR_MODULE = "torch.distributed.tensor"
 
 
 @dataclass(frozen=True)
@@ -49,10 +57,19 @@ class ShardedSource:
 
 def is_sharded(weights: Sequence[tuple[str, torch.Tensor]]) -> bool:
     """Whether any weight is a DTensor (the refit then goes by :mod:`.shard_plan`)."""
-    return any(isinstance(tensor, DTensor) for _, tensor in weights)
+    return any(_is_dtensor(tensor) for _, tensor in weights)
+
+
+def _is_dtensor(tensor: object) -> TypeGuard[DTensor]:
+    module = sys.modules.get(_DTENSOR_MODULE)
+    return module is not None and isinstance(tensor, module.DTensor)
 
 
 def _placements(name: str, tensor: DTensor) -> list[Placement]:
+    # Loaded already: ``tensor`` is a DTensor.
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
     found: list[Placement] = []
     for placement in tensor.placements:
         if isinstance(placement, _StridedShard):
@@ -124,7 +141,7 @@ def local_sources(
     for name, tensor in weights:
         if not isinstance(name, str) or not name:
             raise ValueError(f"weight names must be non-empty strings, got {name!r}")
-        if isinstance(tensor, DTensor):
+        if _is_dtensor(tensor):
             found.append(_dtensor_source(name, tensor, rank, world_size, device))
         elif isinstance(tensor, torch.Tensor):
             whole = Box.whole(tuple(tensor.shape))
