@@ -13,22 +13,32 @@ Two ways in, one mechanism (:class:`~refit_worker.integrations.staged.StagedRece
   vLLM's plugin loader through the ``vllm.general_plugins`` entry point when kube-refit
   is installed.
 
-What of vLLM this touches, and nothing else: ``Worker.reload_weights(weights_iterator=...)``
-(vLLM's in-place reload: the model's ``load_weights`` with HF names between
+What of vLLM this touches: ``Worker.reload_weights(weights_iterator=...)`` (vLLM's
+in-place reload: the model's ``load_weights`` with HF names between
 ``initialize_layerwise_reload`` and ``finalize_layerwise_reload``, so fusing qkv/gate_up,
-tensor-parallel slicing and the CPU/oneDNN repacking stay vLLM's); ``Worker.vllm_config``
-(``model_config.model``: the checkpoint directory whose tensor names and shapes a refit
-must match before it lands); ``WeightTransferEngineFactory.register_engine`` and the
-``WeightTransferEngine`` base class (the backend); ``LLM.collective_rpc`` (the driver).
-No private attribute of vLLM is read or written.
+tensor-parallel slicing and the CPU/oneDNN repacking stay vLLM's), then the one-time
+post-load steps that reload leaves stale, redone with vLLM's own methods
+(:func:`.vllm_served.redo_processing`: a tied ``lm_head``'s
+``quant_method.process_weights_after_loading``, the MoE kernel's
+``fused_experts.process_weights_after_loading``), then the read-back of every served layer
+(:func:`.vllm_served.check_served`: ``quant_method.apply`` / ``embedding`` on probe inputs,
+the model's ``hf_to_vllm_mapper``); ``Worker.model_runner.get_model()``;
+``Worker.vllm_config`` (``model_config.model``: the checkpoint directory whose tensor names
+and shapes a refit must match before it lands; ``parallel_config.tensor_parallel_size``);
+``WeightTransferEngineFactory.register_engine`` and the ``WeightTransferEngine`` base class
+(the backend); ``LLM.collective_rpc`` (the driver).  No private attribute of vLLM is read
+or written.
 
 Each refit: received in the background into the session's registered staging memory
-(generation goes on), checked whole (manifest, integrity hashes), its names and shapes
-checked against the served checkpoint, then landed in one ``reload_weights`` call while the
-driver holds generation (the landing is the only pause), optionally checked by the caller
-(e.g. greedy tokens against the trainer's), then committed and reported with the split
-into transfer, landing and verification seconds.  A refit that fails or is preempted
-before landing never touches the engine.
+(generation goes on), checked whole (manifest, integrity hashes), mapped onto the
+checkpoint's names (fused transformers-5 experts, :mod:`.hf_names`), its names and shapes
+checked against the served checkpoint, then landed in one ``reload_weights`` call while
+the driver holds generation (the landing is the only pause), read back from the served
+layers (a refit whose served weights differ is rejected: :class:`LandingError`, and the
+rank must exit, never serve the mixed model), optionally checked by the caller (e.g.
+greedy tokens against the trainer's), then committed and reported with the split into
+transfer, landing and verification seconds.  A refit that fails or is preempted before
+landing never touches the engine.
 
 Must not import: the operator; vLLM at module import time (only inside functions that run
 in a vLLM process).
@@ -131,7 +141,7 @@ class RefitLanding:
     ) -> None:
         self.receiver, self._land, self._served = receiver, land, served
         self._check, self._complete = check, complete and check is not None
-        self._landing_s = 0.0
+        self._landing_s = self._check_s = 0.0
 
     def begin(self, refit_id: int, verified_as: Verification | None = None) -> None:
         """Start receiving ``refit_id``; the claim is the stronger of the caller's check
@@ -159,6 +169,7 @@ class RefitLanding:
             self._fail(staged.refit_id, f"vLLM's loader failed part-way ({exc})", exc)
         self._landing_s = time.perf_counter() - started
         report = self._check(weights) if self._check is not None else None
+        self._check_s = time.perf_counter() - started - self._landing_s
         if report is not None and report.mismatches:
             self._fail(staged.refit_id, f"served weights differ: {describe(report)}")
         return staged, self._landing_s
@@ -171,6 +182,8 @@ class RefitLanding:
         ) from cause
 
     def commit(self, verify_s: float = 0.0) -> CommittedFigures:
+        # The read-back is verification too: the reported split counts it there.
+        verify_s += self._check_s
         return self.receiver.commit(landing_s=self._landing_s, verify_s=verify_s)
 
 
@@ -233,9 +246,14 @@ class RefitWorkerExtension:
             **vllm_landing(
                 worker.vllm_config,
                 worker.model_runner.get_model,
-                lambda weights: worker.reload_weights(weights_iterator=list(weights.items())),
+                self._refit_reload,
             ),
         )
+
+    def _refit_reload(self, weights: dict[str, torch.Tensor]) -> None:
+        """vLLM's in-place reload by HF names (a test-only subclass plants faults here)."""
+        worker: Any = self
+        worker.reload_weights(weights_iterator=list(weights.items()))
 
     def refit_pending(self) -> list[int]:
         """The refit ids this session still has to take (from where its gang resumes)."""
