@@ -102,11 +102,10 @@ def main() -> None:
     tiny_llama.vllm_env()
     register_backend()
     started = time.perf_counter()
-    llm = tiny_llama.start_llm(
-        model_dir,
-        worker_extension_cls=opts["extension"],
-        weight_transfer_config={"backend": BACKEND},
-    )
+    # The backend only where it is used: a multiprocess engine's workers find it only
+    # through the plugin entry point of an installed kube-refit (not this checkout's).
+    backend = {"weight_transfer_config": {"backend": BACKEND}} if opts["path"] == "backend" else {}
+    llm = tiny_llama.start_llm(model_dir, worker_extension_cls=opts["extension"], **backend)
     tokens, _ = archs.vllm_reference(llm)
     say("started", seconds=time.perf_counter() - started, tokens=tokens)
     try:

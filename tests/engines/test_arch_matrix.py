@@ -16,7 +16,10 @@ landing.  The cases:
   ``served-params``, the level the backend reaches on its own;
 - ``qwen2-moe`` (4 experts, top-2, a shared expert) through the extension; the trainer
   holds the experts fused as transformers 5 does and sends them so in refits 0 and 2, and
-  by the checkpoint's per-expert names in refit 1.
+  by the checkpoint's per-expert names in refit 1;
+- ``qwen2-tied-mp``: the tied model through the extension with vLLM's engine core in its
+  own process (``VLLM_ENABLE_V1_MULTIPROCESSING=1``): the landing, the redo and the
+  read-back run there, every ``refit_*`` call crosses vLLM's RPC as plain data.
 
 Real: vLLM, FSDP2 on gloo, NIXL (UCX), the file-backed rendezvous (the test opens the
 barrier, as the operator would).  Emulated: only the planted fault.
@@ -44,9 +47,11 @@ pytestmark = pytest.mark.timeout(1200)
 START_TIMEOUT_S = 600
 SKIPPED = "model.layers.1.mlp.down_proj.weight"
 CASES: dict[str, dict[str, Any]] = {
-    "llama": {"path": "extension", "refits": 4, "fault_at": 3},
-    "qwen2-tied": {"path": "backend", "refits": 3},
-    "qwen2-moe": {"path": "extension", "refits": 3, "per_expert_at": [1]},
+    "llama": {"arch": "llama", "path": "extension", "refits": 4, "fault_at": 3},
+    "qwen2-tied": {"arch": "qwen2-tied", "path": "backend", "refits": 3},
+    "qwen2-moe": {"arch": "qwen2-moe", "path": "extension", "refits": 3, "per_expert_at": [1]},
+    # vLLM's engine core in its own process: every refit_* call crosses its RPC.
+    "qwen2-tied-mp": {"arch": "qwen2-tied", "path": "extension", "refits": 3, "mp": True},
 }
 
 
@@ -92,6 +97,7 @@ def _run(arch: str, case: dict[str, Any], python: Path, tmp: Path) -> dict[str, 
             ),
             ENGINE_SKIP_AT=str(fault if fault is not None else -1),
             ENGINE_SKIP_TENSOR=SKIPPED,
+            VLLM_ENABLE_V1_MULTIPROCESSING="1" if case.get("mp") else "0",
         ),
         tmp / "rollout.log",
     )
@@ -143,9 +149,10 @@ def _run(arch: str, case: dict[str, Any], python: Path, tmp: Path) -> dict[str, 
             proc.stop(10)
 
 
-@pytest.mark.parametrize("arch", list(CASES))
-def test_vllm_serves_what_the_trainer_sent(arch: str, engine_python: Path, tmp_path: Path) -> None:
-    case = CASES[arch]
+@pytest.mark.parametrize("name", list(CASES))
+def test_vllm_serves_what_the_trainer_sent(name: str, engine_python: Path, tmp_path: Path) -> None:
+    case = CASES[name]
+    arch = case["arch"]
     found = _run(arch, case, engine_python, tmp_path)
     refits, truth = found["refits"], found["trained"]
     good = case.get("fault_at", case["refits"])

@@ -118,7 +118,8 @@ def _relative_error(live: torch.Tensor, expected: torch.Tensor) -> float:
     return float((live - expected).abs().max()) / max(scale, 1e-6) if live.numel() else 0.0
 
 
-def _differs(live: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> str | None:
+def differs(live: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> str | None:
+    """Why ``live`` is not ``expected`` within :data:`TOLERANCE` for ``dtype`` (None: it is)."""
     if tuple(live.shape) != tuple(expected.shape):
         return f"shape {tuple(live.shape)}, expected {tuple(expected.shape)}"
     error = _relative_error(live, expected)
@@ -155,7 +156,7 @@ def _check_linear(module: Any, want: Mapping[str, torch.Tensor | None]) -> str |
     reference = torch.nn.functional.linear(
         x.float(), weight.float(), None if bias is None else bias.float()
     )
-    return _differs(live[:, : weight.shape[0]], reference, dtype)
+    return differs(live[:, : weight.shape[0]], reference, dtype)
 
 
 def _check_embedding(module: Any, want: Mapping[str, torch.Tensor | None]) -> str | None:
@@ -164,14 +165,14 @@ def _check_embedding(module: Any, want: Mapping[str, torch.Tensor | None]) -> st
         return "no tensor was sent for it"
     ids = torch.arange(weight.shape[0], device=weight.device)
     live = module.quant_method.embedding(module, ids)
-    return _differs(live, weight, weight.dtype)
+    return differs(live, weight, weight.dtype)
 
 
 def _check_plain(module: Any, want: Mapping[str, torch.Tensor | None]) -> str | None:
     for attr, tensor in want.items():
         if tensor is None:
             return f"no tensor was sent for {attr!r}"
-        problem = _differs(getattr(module, attr), tensor, tensor.dtype)
+        problem = differs(getattr(module, attr), tensor, tensor.dtype)
         if problem is not None:
             return f"{attr}: {problem}"
     return None
