@@ -80,24 +80,36 @@ def expected_tokens(weights: list[tuple[str, torch.Tensor]], rank: int) -> torch
     return tokens
 
 
-def train_and_refit(config: WorkerConfig, session: RefitSession) -> None:
+def shard(model: torch.nn.Module, world: int) -> torch.optim.Optimizer:
+    """FSDP2 over ``world`` CPU ranks (each decoder layer, then the root); its AdamW."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    world, rank = config.policy_world_size, config.rank
-    model = tiny_llama.build_model(seed=0).train()  # the rollout's checkpoint, too
     mesh = init_device_mesh("cpu", (world,))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    return torch.optim.AdamW(model.parameters(), lr=LR)
+
+
+def train_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor
+) -> torch.Tensor:
+    """One optimizer step on ``batch`` (next-token loss); the loss."""
+    loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss
+
+
+def train_and_refit(config: WorkerConfig, session: RefitSession) -> None:
+    world, rank = config.policy_world_size, config.rank
+    model = tiny_llama.build_model(seed=0).train()  # the rollout's checkpoint, too
+    optimizer = shard(model, world)
     ids = tiny_llama.corpus_ids()
     for refit in session.pending_refits:
-        batch = batch_for(refit, rank, world, ids)
-        loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        loss = train_step(model, optimizer, batch_for(refit, rank, world, ids))
         tokens = expected_tokens(reference_weights(model), rank)
         # DTensors as they are: this rank sends its own shards only; the plain tokens
         # tensor goes from one rank.
@@ -113,9 +125,8 @@ def train_and_refit(config: WorkerConfig, session: RefitSession) -> None:
         )
 
 
-def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    config = WorkerConfig.from_env()
+def join_gang(config: WorkerConfig) -> None:
+    """Join the policy role's gloo group at the rank-0 address the operator set."""
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://{config.master_addr}:{config.master_port}",
@@ -123,6 +134,12 @@ def main() -> int:
         world_size=config.policy_world_size,
         timeout=timedelta(seconds=config.transfer.timeout_seconds),
     )
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config = WorkerConfig.from_env()
+    join_gang(config)
     try:
         with RefitSession(config, stop_requested=stop_flag(config)) as session:
             train_and_refit(config, session)

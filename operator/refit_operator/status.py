@@ -127,7 +127,7 @@ class RefitJobStatus(_Status):
     #: gang stopped are added until its rendezvous is cleared.
     previous_epoch_bytes: int = 0
     #: How every committed refit was checked, as the rollout ranks reported: "bit-exact",
-    #: "checksums", "manifest" or "none" (the weakest any rank applied).
+    #: "tokens", "served-params", "checksums", "manifest" or "none" (the weakest any rank applied).
     verification: str = "none"
     last_throughput_bytes_per_second: float | None = None
     #: When the job first started (reset by a suspend, as a Job's): activeDeadlineSeconds

@@ -158,5 +158,6 @@ def test_the_next_refit_lands_through_vllms_weight_transfer_registry(
     assert nxt["tokens"] != scenario["landed"]["tokens"]
     progress = scenario["progress1"]
     assert progress.refits_completed == REFITS and progress.state == "done"
-    assert progress.verification == "checksums"  # the backend claims only the engine's check
+    # The backend claims its own read-back of every served layer (none is unprobed here).
+    assert progress.verification == "served-params"
     assert scenario["rollout_exit"] == 0

@@ -177,6 +177,8 @@ _VERIFIED = {
     "bit-exact": "bit-exact: every tensor checked against independently regenerated weights",
     "tokens": "tokens: the engine's greedy tokens for fixed prompts equal the trainer's for"
     " the same weights",
+    "served-params": "served-params: every layer vLLM serves, read back through its own"
+    " kernels after the landing, computes with the sent tensors",
     "checksums": "checksums: every tensor's integrity hash matched the sender's",
     "manifest": "manifest only: every name, shape, dtype and byte accounted for, values unchecked",
     "none": "none reported: no rollout rank said it checked what it committed",

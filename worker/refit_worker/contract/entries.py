@@ -72,14 +72,18 @@ KeyKind: TypeAlias = Literal["meta", "progress", "barrier", "preempt"]
 ProgressState: TypeAlias = Literal["running", "done", "preempted", "failed", "left"]
 #: How a rollout rank checked each refit before committing it, weakest first: nothing,
 #: the manifest (every name, shape and dtype, every byte accounted for), integrity hashes
-#: of every tensor, the serving engine's greedy tokens for fixed prompts against the
-#: trainer's for the same weights (after the landing), or every bit against independently
-#: regenerated weights.
-Verification: TypeAlias = Literal["none", "manifest", "checksums", "tokens", "bit-exact"]
+#: of every tensor, the serving engine's live layers read back after the landing (each
+#: one's output through the engine's own kernels against the sent tensors), the serving
+#: engine's greedy tokens for fixed prompts against the trainer's for the same weights
+#: (after the landing), or every bit against independently regenerated weights.
+Verification: TypeAlias = Literal[
+    "none", "manifest", "checksums", "served-params", "tokens", "bit-exact"
+]
 VERIFICATION_ORDER: tuple[Verification, ...] = (
     "none",
     "manifest",
     "checksums",
+    "served-params",
     "tokens",
     "bit-exact",
 )

@@ -13,22 +13,32 @@ Two ways in, one mechanism (:class:`~refit_worker.integrations.staged.StagedRece
   vLLM's plugin loader through the ``vllm.general_plugins`` entry point when kube-refit
   is installed.
 
-What of vLLM this touches, and nothing else: ``Worker.reload_weights(weights_iterator=...)``
-(vLLM's in-place reload: the model's ``load_weights`` with HF names between
+What of vLLM this touches: ``Worker.reload_weights(weights_iterator=...)`` (vLLM's
+in-place reload: the model's ``load_weights`` with HF names between
 ``initialize_layerwise_reload`` and ``finalize_layerwise_reload``, so fusing qkv/gate_up,
-tensor-parallel slicing and the CPU/oneDNN repacking stay vLLM's); ``Worker.vllm_config``
-(``model_config.model``: the checkpoint directory whose tensor names and shapes a refit
-must match before it lands); ``WeightTransferEngineFactory.register_engine`` and the
-``WeightTransferEngine`` base class (the backend); ``LLM.collective_rpc`` (the driver).
-No private attribute of vLLM is read or written.
+tensor-parallel slicing and the CPU/oneDNN repacking stay vLLM's), then the one-time
+post-load steps that reload leaves stale, redone with vLLM's own methods
+(:func:`.vllm_served.redo_processing`: a tied ``lm_head``'s
+``quant_method.process_weights_after_loading``, the MoE kernel's
+``fused_experts.process_weights_after_loading``), then the read-back of every served layer
+(:func:`.vllm_served.check_served`: ``quant_method.apply`` / ``embedding`` on probe inputs,
+the model's ``hf_to_vllm_mapper``); ``Worker.model_runner.get_model()``;
+``Worker.vllm_config`` (``model_config.model``: the checkpoint directory whose tensor names
+and shapes a refit must match before it lands; ``parallel_config.tensor_parallel_size``);
+``WeightTransferEngineFactory.register_engine`` and the ``WeightTransferEngine`` base class
+(the backend); ``LLM.collective_rpc`` (the driver).  No private attribute of vLLM is read
+or written.
 
 Each refit: received in the background into the session's registered staging memory
-(generation goes on), checked whole (manifest, integrity hashes), its names and shapes
-checked against the served checkpoint, then landed in one ``reload_weights`` call while the
-driver holds generation (the landing is the only pause), optionally checked by the caller
-(e.g. greedy tokens against the trainer's), then committed and reported with the split
-into transfer, landing and verification seconds.  A refit that fails or is preempted
-before landing never touches the engine.
+(generation goes on), checked whole (manifest, integrity hashes), mapped onto the
+checkpoint's names (fused transformers-5 experts, :mod:`.hf_names`), its names and shapes
+checked against the served checkpoint, then landed in one ``reload_weights`` call while
+the driver holds generation (the landing is the only pause), read back from the served
+layers (a refit whose served weights differ is rejected: :class:`LandingError`, and the
+rank must exit, never serve the mixed model), optionally checked by the caller (e.g.
+greedy tokens against the trainer's), then committed and reported with the split into
+transfer, landing and verification seconds.  A refit that fails or is preempted before
+landing never touches the engine.
 
 Must not import: the operator; vLLM at module import time (only inside functions that run
 in a vLLM process).
@@ -47,13 +57,15 @@ from typing import Any
 import torch
 
 from refit_worker.contract.config import WorkerConfig
-from refit_worker.contract.entries import Verification
+from refit_worker.contract.entries import VERIFICATION_ORDER, Verification
+from refit_worker.integrations.hf_names import to_checkpoint_names
 from refit_worker.integrations.staged import (
     CommittedFigures,
     StagedReceiver,
     StagedRefit,
     stop_flag,
 )
+from refit_worker.integrations.vllm_served import ServedReport, describe
 from refit_worker.session import RefitSession
 
 #: The qualified name to pass as ``worker_extension_cls``.
@@ -102,43 +114,98 @@ def layout_problems(served: Layout | None, weights: Mapping[str, torch.Tensor]) 
     return problems
 
 
+#: Reads the served state back after a landing (:func:`.vllm_served.check_served`).
+ServedCheck = Callable[[Mapping[str, torch.Tensor]], ServedReport]
+
+
+def _stronger(a: Verification | None, b: Verification | None) -> Verification | None:
+    if a is None or b is None:
+        return a or b
+    return max(a, b, key=VERIFICATION_ORDER.index)
+
+
 class RefitLanding:
-    """One vLLM worker's refits: a :class:`StagedReceiver` plus landing through vLLM."""
+    """One vLLM worker's refits: a :class:`StagedReceiver`, landing through vLLM, and
+    the read-back of what vLLM then serves.
+
+    ``check`` (optional) reads the served state back after every landing; ``complete``:
+    it covers every layer, so a refit it passes is claimed as ``served-params``."""
 
     def __init__(
         self,
         receiver: StagedReceiver,
         land: Callable[[dict[str, torch.Tensor]], None],
         served: Layout | None,
+        check: ServedCheck | None = None,
+        complete: bool = False,
     ) -> None:
         self.receiver, self._land, self._served = receiver, land, served
-        self._landing_s = 0.0
+        self._check, self._complete = check, complete and check is not None
+        self._landing_s = self._check_s = 0.0
+
+    def begin(self, refit_id: int, verified_as: Verification | None = None) -> None:
+        """Start receiving ``refit_id``; the claim is the stronger of the caller's check
+        and this landing's own read-back (which rejects the refit when it fails)."""
+        own: Verification | None = "served-params" if self._complete else None
+        self.receiver.begin(refit_id, verified_as=_stronger(verified_as, own))
 
     def land(self, timeout_s: float | None = None) -> tuple[StagedRefit, float]:
-        """Wait for the begun refit to be staged, check its layout, land it; returns it
-        and the landing seconds.  Refused before landing: :class:`LandingError`, the
-        engine untouched.  A failure inside vLLM's loader: :class:`LandingError` saying
-        the served weights may be partial."""
+        """Wait for the begun refit to be staged, check its layout, land it, read the
+        served state back; returns it and the landing seconds.  Refused before landing:
+        :class:`LandingError`, the engine untouched.  A failure inside vLLM's loader, or
+        served weights that differ from those sent: :class:`LandingError` saying that
+        the engine serves a mixed model (the rank must exit so it is replaced)."""
         staged = self.receiver.staged(timeout_s)
-        problems = layout_problems(self._served, staged.weights)
+        weights = to_checkpoint_names(staged.weights, self._served)
+        problems = layout_problems(self._served, weights)
         if problems:
             reason = "does not match the served model: " + "; ".join(problems[:5])
             self.receiver.reject(reason)
             raise LandingError(f"refit {staged.refit_id} {reason}; nothing landed")
         started = time.perf_counter()
         try:
-            self._land(staged.weights)
+            self._land(weights)
         except Exception as exc:
-            self.receiver.reject(f"vLLM's loader failed: {exc}")
-            raise LandingError(
-                f"refit {staged.refit_id}: vLLM's loader failed part-way ({exc}); the "
-                "served weights may mix two refits: land a later refit before serving"
-            ) from exc
+            self._fail(staged.refit_id, f"vLLM's loader failed part-way ({exc})", exc)
         self._landing_s = time.perf_counter() - started
+        report = self._check(weights) if self._check is not None else None
+        self._check_s = time.perf_counter() - started - self._landing_s
+        if report is not None and report.mismatches:
+            self._fail(staged.refit_id, f"served weights differ: {describe(report)}")
         return staged, self._landing_s
 
+    def _fail(self, refit_id: int, why: str, cause: Exception | None = None) -> None:
+        self.receiver.reject(why)
+        raise LandingError(
+            f"refit {refit_id}: {why}; vLLM serves a mixed model: do not serve, exit so "
+            "that this replica is replaced and takes a whole refit"
+        ) from cause
+
     def commit(self, verify_s: float = 0.0) -> CommittedFigures:
+        # The read-back is verification too: the reported split counts it there.
+        verify_s += self._check_s
         return self.receiver.commit(landing_s=self._landing_s, verify_s=verify_s)
+
+
+def vllm_landing(
+    vllm_config: Any, get_model: Callable[[], Any], reload: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    """The ``land``, ``check`` and ``complete`` of a :class:`RefitLanding` inside vLLM:
+    ``reload`` (vLLM's in-place reload), then the one-time processing it leaves stale
+    redone; the check reads every layer of ``get_model()`` back."""
+    from refit_worker.integrations import vllm_served
+
+    tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
+
+    def land(weights: dict[str, torch.Tensor]) -> None:
+        reload(weights)
+        vllm_served.redo_processing(get_model())
+
+    def check(weights: Mapping[str, torch.Tensor]) -> ServedReport:
+        return vllm_served.check_served(get_model(), weights, tp_size)
+
+    complete = not vllm_served.unreadable(get_model(), tp_size)
+    return {"land": land, "check": check, "complete": complete}
 
 
 def _figures(figures: CommittedFigures) -> dict[str, Any]:
@@ -173,10 +240,20 @@ class RefitWorkerExtension:
         worker: Any = self
         served = checkpoint_layout(worker.vllm_config.model_config.model)
 
-        def land(weights: dict[str, torch.Tensor]) -> None:
-            worker.reload_weights(weights_iterator=list(weights.items()))
+        self._refit = RefitLanding(
+            StagedReceiver(session),
+            served=served,
+            **vllm_landing(
+                worker.vllm_config,
+                worker.model_runner.get_model,
+                self._refit_reload,
+            ),
+        )
 
-        self._refit = RefitLanding(StagedReceiver(session), land, served)
+    def _refit_reload(self, weights: dict[str, torch.Tensor]) -> None:
+        """vLLM's in-place reload by HF names (a test-only subclass plants faults here)."""
+        worker: Any = self
+        worker.reload_weights(weights_iterator=list(weights.items()))
 
     def refit_pending(self) -> list[int]:
         """The refit ids this session still has to take (from where its gang resumes)."""
@@ -184,7 +261,7 @@ class RefitWorkerExtension:
 
     def refit_begin(self, refit_id: int, verified_as: Verification | None = None) -> None:
         """Start receiving refit ``refit_id`` in the background; generation goes on."""
-        self._refit_require().receiver.begin(refit_id, verified_as=verified_as)
+        self._refit_require().begin(refit_id, verified_as=verified_as)
 
     def refit_ready(self) -> bool:
         """Whether :meth:`refit_land` would not wait (staged, or failed)."""

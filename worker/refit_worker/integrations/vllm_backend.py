@@ -35,7 +35,7 @@ from vllm.model_executor.model_loader.reload.inplace import reload_weights
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
 from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, stop_flag
-from refit_worker.integrations.vllm import RefitLanding, checkpoint_layout
+from refit_worker.integrations.vllm import RefitLanding, checkpoint_layout, vllm_landing
 from refit_worker.session import RefitSession
 
 
@@ -72,7 +72,7 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         config = WorkerConfig.from_env(init_info.env if init_info.env else os.environ)
         session = RefitSession(config, stop_requested=stop_flag(config))
 
-        def land(weights: dict[str, torch.Tensor]) -> None:
+        def reload(weights: dict[str, torch.Tensor]) -> None:
             reload_weights(
                 self.vllm_config,
                 self.model,
@@ -82,7 +82,8 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
             )
 
         served = checkpoint_layout(self.model_config.model)
-        self._landing = RefitLanding(StagedReceiver(session), land, served)
+        parts = vllm_landing(self.vllm_config, lambda: self.model, reload)
+        self._landing = RefitLanding(StagedReceiver(session), served=served, **parts)
         self._info = init_info
         self._prefetch()
 
@@ -101,7 +102,7 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         if receiver.in_flight != update_info.refit_id:
             if receiver.in_flight is not None:
                 receiver.reject(f"the trainer asked for refit {update_info.refit_id} instead")
-            receiver.begin(update_info.refit_id, verified_as=self._info.verified_as)
+            landing.begin(update_info.refit_id, verified_as=self._info.verified_as)
         staged, _ = landing.land()
         self._landed = staged.refit_id
 
@@ -124,7 +125,7 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
             return
         pending = landing.receiver.session.pending_refits
         if len(pending) and landing.receiver.in_flight is None:
-            landing.receiver.begin(pending[0], verified_as=self._info.verified_as)
+            landing.begin(pending[0], verified_as=self._info.verified_as)
 
     def _require(self) -> RefitLanding:
         if self._landing is None:

@@ -1,0 +1,243 @@
+"""What a vLLM worker serves after a landing: redo its one-time processing, then prove it.
+
+vLLM 0.32's in-place reload (``initialize_layerwise_reload`` / ``model.load_weights`` /
+``finalize_layerwise_reload``) re-runs each layer's ``quant_method.
+process_weights_after_loading`` only for layers that received a tensor, and the CPU MoE
+method skips its expert prepacking on every call after the first.  Two derived states go
+stale on the CPU build (read from its source): a tied ``lm_head`` (it shares
+``embed_tokens.weight``, never receives a tensor of its own, and keeps the oneDNN handle
+packed from the *initial* embedding), and the fused experts (the reload leaves the raw
+``w13``/``w2`` layout where the kernel reads a prepacked one).  :func:`redo_processing`
+redoes exactly those steps with vLLM's own methods after every landing.
+
+:func:`check_served` then reads the served state back through the engine's own kernels:
+for every layer that holds parameters, the tensors it should hold are built from the
+received HF tensors with the model's own name mapping (``hf_to_vllm_mapper``: renames and
+the stacking of q/k/v and gate/up, in shard order; tied weights by parameter identity),
+and
+
+- a linear layer (``LinearBase``) and an LM head: ``quant_method.apply`` on a fixed
+  probe input (what the engine computes with, prepacked or not) against ``x @ W.T + b``;
+- an embedding: ``quant_method.embedding`` of probe ids against the expected rows;
+- any other layer whose parameters are plain (norms): the parameter itself;
+- a layer it cannot read back (the fused experts: their prepacked layout is opaque) is
+  named in ``unprobed``: the level stays below ``served-params`` unless nothing is.
+
+Tensor-parallel ranks hold slices: the check covers ``tp_size == 1`` only (callers pass
+the size; above 1 every layer is ``unprobed``).
+
+Runs inside a vLLM process.  Must not import: the operator; vLLM at module import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+#: Largest relative error (max |live - expected| / max |expected|) accepted per dtype:
+#: oneDNN and torch accumulate in different orders; a stale or skipped tensor is off by
+#: the order of the weights themselves.
+TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 5e-2, torch.float16: 2e-2}
+PROBE_ROWS = 4
+_SHARD_ORDER = {"q": 0, "k": 1, "v": 2}
+
+
+@dataclass
+class ServedReport:
+    """The outcome of :func:`check_served`."""
+
+    probed: list[str] = field(default_factory=list)
+    #: ``"<tensor>: <why>"`` for every served tensor that differs from what was sent.
+    mismatches: list[str] = field(default_factory=list)
+    #: Layers whose served state could not be read back (so not proven).
+    unprobed: list[str] = field(default_factory=list)
+
+
+@torch.no_grad()
+def redo_processing(model: torch.nn.Module) -> list[str]:
+    """Redo the one-time post-load steps vLLM's reload leaves stale; the layers redone."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    loaded = {
+        id(p)
+        for m in model.modules()
+        if not isinstance(m, ParallelLMHead)
+        for p in m.parameters(recurse=False)
+    }
+    done = []
+    for name, module in model.named_modules():
+        method: Any = getattr(module, "quant_method", None)
+        own = list(module.parameters(recurse=False))
+        if isinstance(module, ParallelLMHead) and own and all(id(p) in loaded for p in own):
+            # Tied: its weight is another layer's, reloaded there; its kernel's handle is not.
+            method.process_weights_after_loading(module)
+            done.append(name)
+        kernel = getattr(method, "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is not None and hasattr(module, "w13_weight"):
+            # What `_setup_kernel` does only at first load (the CPU prepack, for one).
+            experts.process_weights_after_loading(module)
+            done.append(name)
+    return done
+
+
+def _shard_key(hf_name: str, stacked: Mapping[str, tuple[str, Any]]) -> int:
+    shard = None
+    for substr, (_, shard_id) in stacked.items():
+        if substr in hf_name:
+            shard = shard_id
+    if isinstance(shard, int):
+        return shard
+    return _SHARD_ORDER.get(str(shard), 0)
+
+
+def expected_params(
+    model: torch.nn.Module, weights: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """vLLM parameter name -> the tensor it should hold (full, unpadded), built from the
+    HF tensors with the model's own mapping; stacked parts concatenated in shard order."""
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    stacked: Mapping[str, tuple[str, Any]] = getattr(mapper, "orig_to_new_stacked", {})
+    parts: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    for hf_name, tensor in weights.items():
+        name = mapper.map_name(hf_name) if mapper is not None else hf_name
+        if name is not None:
+            parts.setdefault(name, []).append((_shard_key(hf_name, stacked), tensor))
+    return {
+        name: torch.cat([t for _, t in sorted(got, key=lambda kt: kt[0])], dim=0)
+        for name, got in parts.items()
+    }
+
+
+def _relative_error(live: torch.Tensor, expected: torch.Tensor) -> float:
+    live, expected = live.float(), expected.float()
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    return float((live - expected).abs().max()) / max(scale, 1e-6) if live.numel() else 0.0
+
+
+def differs(live: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> str | None:
+    """Why ``live`` is not ``expected`` within :data:`TOLERANCE` for ``dtype`` (None: it is)."""
+    if tuple(live.shape) != tuple(expected.shape):
+        return f"shape {tuple(live.shape)}, expected {tuple(expected.shape)}"
+    error = _relative_error(live, expected)
+    limit = TOLERANCE.get(dtype, 5e-2)
+    return None if error <= limit else f"relative error {error:.3g} > {limit:g}"
+
+
+def _probe(rows: int, columns: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(rows * 7919 + columns)
+    return torch.randn(rows, columns, generator=generator).to(dtype=dtype, device=device)
+
+
+def _own_expected(
+    module_name: str,
+    module: torch.nn.Module,
+    expected: Mapping[str, torch.Tensor],
+    owner: Mapping[int, str],
+) -> dict[str, torch.Tensor | None]:
+    """Each direct parameter's expected tensor (tied ones through their owner's name)."""
+    out: dict[str, torch.Tensor | None] = {}
+    for attr, param in module.named_parameters(recurse=False):
+        full = f"{module_name}.{attr}" if module_name else attr
+        out[attr] = expected.get(full, expected.get(owner.get(id(param), full)))
+    return out
+
+
+def _check_linear(module: Any, want: Mapping[str, torch.Tensor | None]) -> str | None:
+    weight, bias = want.get("weight"), want.get("bias")
+    if weight is None or ("bias" in want and bias is None):
+        return "no tensor was sent for it"
+    dtype = weight.dtype
+    x = _probe(PROBE_ROWS, weight.shape[1], dtype, weight.device)
+    live = module.quant_method.apply(module, x, getattr(module, "bias", None))
+    reference = torch.nn.functional.linear(
+        x.float(), weight.float(), None if bias is None else bias.float()
+    )
+    return differs(live[:, : weight.shape[0]], reference, dtype)
+
+
+def _check_embedding(module: Any, want: Mapping[str, torch.Tensor | None]) -> str | None:
+    weight = want.get("weight")
+    if weight is None:
+        return "no tensor was sent for it"
+    ids = torch.arange(weight.shape[0], device=weight.device)
+    live = module.quant_method.embedding(module, ids)
+    return differs(live, weight, weight.dtype)
+
+
+def _check_plain(module: Any, want: Mapping[str, torch.Tensor | None]) -> str | None:
+    for attr, tensor in want.items():
+        if tensor is None:
+            return f"no tensor was sent for {attr!r}"
+        problem = differs(getattr(module, attr), tensor, tensor.dtype)
+        if problem is not None:
+            return f"{attr}: {problem}"
+    return None
+
+
+def _kind(module: torch.nn.Module) -> str | None:
+    """How :func:`check_served` reads ``module`` back; None: it cannot."""
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        VocabParallelEmbedding,
+    )
+
+    if isinstance(module, LinearBase | ParallelLMHead):
+        return "linear"
+    if isinstance(module, VocabParallelEmbedding):
+        return "embedding"
+    return "plain" if getattr(module, "quant_method", None) is None else None
+
+
+def _layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The layers that hold parameters of their own."""
+    return [
+        (n, m)
+        for n, m in model.named_modules()
+        if next(m.parameters(recurse=False), None) is not None
+    ]
+
+
+def unreadable(model: torch.nn.Module, tp_size: int = 1) -> list[str]:
+    """The layers :func:`check_served` cannot read back (known before any refit)."""
+    layers = _layers(model)
+    if tp_size != 1:
+        return [n for n, _ in layers]
+    return [n for n, m in layers if _kind(m) is None]
+
+
+_CHECKS = {"linear": _check_linear, "embedding": _check_embedding, "plain": _check_plain}
+
+
+@torch.no_grad()
+def check_served(
+    model: torch.nn.Module, weights: Mapping[str, torch.Tensor], tp_size: int = 1
+) -> ServedReport:
+    """Read every served layer back against ``weights`` (HF names, as landed)."""
+    report = ServedReport()
+    if tp_size != 1:
+        report.unprobed = unreadable(model, tp_size)
+        return report
+    expected = expected_params(model, weights)
+    owner = {id(p): n for n, p in model.named_parameters()}
+    for name, module in _layers(model):
+        kind = _kind(module)
+        if kind is None:
+            report.unprobed.append(name)
+            continue
+        problem = _CHECKS[kind](module, _own_expected(name, module, expected, owner))
+        report.probed.append(name)
+        if problem is not None:
+            report.mismatches.append(f"{name}: {problem}")
+    return report
+
+
+def describe(report: ServedReport, limit: int = 3) -> str:
+    """A short reason naming the first tensors that differ (for the rank's report)."""
+    shown = "; ".join(report.mismatches[:limit])
+    more = len(report.mismatches) - limit
+    return shown + (f" (and {more} more)" if more > 0 else "")
