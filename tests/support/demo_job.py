@@ -13,14 +13,11 @@ around, as on a cluster.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,20 +152,6 @@ class DemoJob:
             if self.pods.get((pod.role, pod.rank)) is pod:
                 del self.pods[(pod.role, pod.rank)]
                 self.gone.append(pod)
-
-    @contextmanager
-    def paused(self, pods: list[Pod]) -> Iterator[None]:
-        """Hold ``pods`` stopped (SIGSTOP) for the block, wherever they are in a refit, and
-        let them go on (SIGCONT) after it: a long training step, within which what the
-        block does (a scale, pods starting) happens between two refits or in one."""
-        for pod in pods:
-            os.kill(pod.proc.pid, signal.SIGSTOP)
-        try:
-            yield
-        finally:
-            for pod in pods:
-                if pod.proc.poll() is None:
-                    os.kill(pod.proc.pid, signal.SIGCONT)
 
     def new_policy_epoch(self, first_refit: int) -> list[Pod]:
         """Recreate the policy gang in the next epoch (after its pods are gone)."""
