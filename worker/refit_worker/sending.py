@@ -53,8 +53,8 @@ class PolicySide(SessionBase):
         one).  ``stats.delivered`` names who confirmed to this rank.
 
         DTensor weights (FSDP2, tensor parallel) are sent shard by shard: this rank writes
-        only its own blocks (no ``full_tensor()``, no collective on the trainer's group), and
-        the stats count only those bytes; see docs/trainers.md.
+        only its own blocks (no ``full_tensor()``, no collective over the weights: the plan's
+        two small ones only), and the stats count only those bytes; see docs/trainers.md.
         """
         engine = self._require("policy")
         items = [(name, tensor.detach()) for name, tensor in weights]
