@@ -215,9 +215,10 @@ REMAP_EVERY = 15
 REMAP_RUN = REMAP_EVERY * (len(SCALES) + 6)
 
 
-def _alive(job: DemoJob, rank: int) -> bool:
+def _holds(job: DemoJob, rank: int) -> bool:
+    """Whether ``rank`` has a pod that still runs or finished the job (not one that left)."""
     pod = job.pods.get(("rollout", rank))
-    return pod is not None and pod.proc.poll() is None
+    return pod is not None and (pod.proc.poll() is None or _done(job, pod))
 
 
 def _scale_to(job: DemoJob, replicas: int, generations: dict[int, int]) -> list[Pod]:
@@ -230,7 +231,7 @@ def _scale_to(job: DemoJob, replicas: int, generations: dict[int, int]) -> list[
     resume = min(progress[("policy", r)].refits_completed for r in range(2))  # type: ignore[attr-defined]
     added = []
     for rank in range(replicas):
-        if not _alive(job, rank):
+        if not _holds(job, rank):
             generations[rank] = generations.get(rank, -1) + 1
             added.append(
                 job.start("rollout", rank, generation=generations[rank], first_refit=resume)
@@ -244,8 +245,9 @@ def _listed(job: DemoJob, pod: Pod) -> bool:
 
 
 def _settle(job: DemoJob, replicas: int, generations: dict[int, int]) -> list[Pod]:
-    """After the last scale: every rank of it gets a member (a pod that left after an
-    earlier removal is replaced), so the lingering policy has someone to finish with."""
+    """After the last scale: every rank of it gets a member or is done (a pod that left
+    after an earlier removal is replaced), so the lingering policy has someone to finish
+    with and no slot waits for a pod that already left."""
     added: list[Pod] = []
     while True:
         added += _scale_to(job, replicas, generations)
@@ -256,7 +258,8 @@ def _settle(job: DemoJob, replicas: int, generations: dict[int, int]) -> list[Po
                 _listed(job, p) or p.proc.poll() is not None for p in current
             ),
         )
-        if all(_listed(job, p) for p in current):
+        # A pod that finished (done: it had the last refit) needs no member after it.
+        if all(_listed(job, p) or _done(job, p) for p in current):
             return added
 
 
