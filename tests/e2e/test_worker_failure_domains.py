@@ -13,9 +13,11 @@ pod holds each rank, and writes the barrier the contract's ``membership()`` deci
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 from pathlib import Path
 
 from tests.support.demo_job import DemoJob, Pod
+from tests.support.fault_runs import committed_refits
 
 from refit_worker.contract.exits import EXIT_PREEMPTED
 
@@ -202,3 +204,99 @@ def test_a_stale_pod_goes_quietly_when_its_replacement_holds_the_rank(tmp_path: 
         report = _report(job, replacement)
         assert report is not None, job.progress()
         assert (report.state, report.refits_completed, report.generation) == ("done", LONG_RUN, 1)  # type: ignore[attr-defined]
+
+
+# R at each change: every change of R with 2 policy ranks changes some member's sources
+# (R = 1: rank 0 has both, striped; R = 2: one each; R = 3: rank 0 and 2 have policy 0).
+SCALES = (1, 3, 2, 1, 2, 3, 1, 3, 2, 3)
+#: Refits of rank 0 between two changes, and the run's length: the last change comes
+#: well before the end, so the policy is still sending refits when it lands.
+REMAP_EVERY = 15
+REMAP_RUN = REMAP_EVERY * (len(SCALES) + 6)
+
+
+def _holds(job: DemoJob, rank: int) -> bool:
+    """Whether ``rank`` has a pod that still runs or finished the job (not one that left)."""
+    pod = job.pods.get(("rollout", rank))
+    return pod is not None and (pod.proc.poll() is None or _done(job, pod))
+
+
+def _scale_to(job: DemoJob, replicas: int, generations: dict[int, int]) -> list[Pod]:
+    """``kubectl scale`` to ``replicas``, as the operator follows it: ranks past it leave
+    at a refit boundary on their own (not waited for), and each rank in it whose pod is
+    gone gets a pod of the rank's next generation, resuming where the policy is (not
+    waited for either: a pod still starting when its rank is removed again leaves)."""
+    job.scale(replicas)
+    progress = job.progress()
+    resume = min(progress[("policy", r)].refits_completed for r in range(2))  # type: ignore[attr-defined]
+    added = []
+    for rank in range(replicas):
+        if not _holds(job, rank):
+            generations[rank] = generations.get(rank, -1) + 1
+            added.append(
+                job.start("rollout", rank, generation=generations[rank], first_refit=resume)
+            )
+    return added
+
+
+def _listed(job: DemoJob, pod: Pod) -> bool:
+    barrier = job.store.barrier()
+    return barrier is not None and barrier.is_member("rollout", pod.rank, pod.uid, pod.generation)
+
+
+def _settle(job: DemoJob, replicas: int, generations: dict[int, int]) -> list[Pod]:
+    """After the last scale: every rank of it gets a member or is done (a pod that left
+    after an earlier removal is replaced), so the lingering policy has someone to finish
+    with and no slot waits for a pod that already left."""
+    added: list[Pod] = []
+    while True:
+        added += _scale_to(job, replicas, generations)
+        current = [job.pods[("rollout", rank)] for rank in range(replicas)]
+        job.wait_for(
+            f"rollout ranks 0..{replicas - 1} to be members or gone",
+            lambda current=current: all(  # type: ignore[misc]
+                _listed(job, p) or p.proc.poll() is not None for p in current
+            ),
+        )
+        # A pod that finished (done: it had the last refit) needs no member after it.
+        if all(_listed(job, p) or _done(job, p) for p in current):
+            return added
+
+
+def test_two_policy_ranks_send_each_refit_by_one_plan_while_r_keeps_changing(
+    tmp_path: Path,
+) -> None:
+    # Each change lands at no particular point of a refit: with each
+    # rank reading the membership on its own, one of them sooner or later planned a refit
+    # by the old R while the other's receivers waited for its share, and the gang met its
+    # group's timeout.  By one plan, no refit waits for a share and none restarts.
+    with DemoJob(tmp_path, policy=2, rollout=3, refits=REMAP_RUN) as job:
+        policy = [job.start("policy", r) for r in range(2)]
+        pods = [job.start("rollout", r) for r in range(3)]
+        first, generations = pods[0], {0: 0, 1: 0, 2: 0}
+        mark = 0
+        for replicas in SCALES:
+            mark += REMAP_EVERY  # spread over the run, at no particular point of a refit
+            job.wait_for(
+                f"rollout rank 0 to commit {mark} refits before the scale to {replicas}",
+                lambda mark=mark: _committed_at_least(job, first, mark),  # type: ignore[misc]
+            )
+            pods += _scale_to(job, replicas, generations)
+        pods += _settle(job, SCALES[-1], generations)
+        # No policy restart; every rollout pod left at a refit boundary or finished.
+        assert set(_finish(job, [*policy, *pods])) == {0}, job.logs()
+        assert [p for p in job.gone if p.role == "policy"] == [] and job.epoch == 0
+        final = [job.pods[("rollout", rank)] for rank in range(SCALES[-1])]
+        assert all(_done(job, p) for p in final), job.logs()
+        # Rank 0 is a member throughout: every refit, in order, each bit-exact.
+        assert committed_refits(first.log.read_text()) == list(range(REMAP_RUN)), job.logs()
+        assert _report(job, first).verification == "bit-exact"  # type: ignore[union-attr]
+        for pod in pods[1:]:  # each joined at a refit boundary, then missed none
+            got = committed_refits(pod.log.read_text())
+            assert not got or got == list(range(got[0], got[0] + len(got))), (pod, got)
+        sizes = [b.rollout_world_size for b in job.barriers]
+        changes = sum(1 for a, b in pairwise(sizes) if a != b)
+        assert changes >= len(SCALES), sizes
+        for pod in policy:
+            text = pod.log.read_text()
+            assert "reached no rollout member" not in text and "reached no member" not in text

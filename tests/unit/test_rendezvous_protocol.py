@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from refit_worker.contract.membership import slot_member
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     MAX_GENERATION,
@@ -596,6 +597,41 @@ def test_membership_stale_pods_are_not_members() -> None:
         barrier = decide(data, live_pods(2, 2, rollout_1=stale), first)
         assert barrier is not None and barrier.rollout[1] is None
         assert not barrier.is_member("rollout", 1, "uid-rollout-1", 0)
+
+
+@pytest.mark.parametrize(
+    ("entry", "pod", "member"),
+    [
+        ("own", LivePod("u", 1), RolloutMember(uid="u", generation=1)),
+        ("own", LivePod("u", 1, running=False), None),  # left / finished: not a member
+        ("own", None, None),  # no pod holds the rank
+        (None, LivePod("u", 1), None),  # not published (for this epoch)
+        ("own", LivePod("u", 2), None),  # the same uid of another generation
+        ("own", LivePod("other", 1), None),  # another pod's rank now
+    ],
+)
+def test_a_slot_is_held_by_its_running_pod_when_the_meta_is_its_own(
+    entry: str | None, pod: LivePod | None, member: RolloutMember | None
+) -> None:
+    written = None if entry is None else meta("rollout", 0, uid="u", generation=1)
+    assert slot_member(written, pod) == member
+
+
+def test_a_scale_back_up_does_not_list_a_pod_that_left() -> None:
+    data = published(2, 3)
+    first = decide(data, live_pods(2, 3), world=(2, 3))
+    down = decide(data, live_pods(2, 3), first, world=(2, 1))
+    assert down is not None and down.rollout == slots("uid-rollout-0")
+    # Ranks 1 and 2 reported "left" and exited; their pods (Succeeded) are still listed
+    # when the scale back up comes, their meta of the epoch still in the map.
+    exited = live_pods(
+        2,
+        3,
+        rollout_1=LivePod("uid-rollout-1", running=False),
+        rollout_2=LivePod("uid-rollout-2", running=False),
+    )
+    up = decide(data, exited, down, world=(2, 3))
+    assert up is not None and up.rollout == slots("uid-rollout-0", None, None)
 
 
 def test_membership_of_a_new_epoch_needs_the_rollout_meta_rewritten() -> None:

@@ -16,7 +16,6 @@ from refit_worker.membership import (
     lacking,
     members,
     peer_metadata,
-    remapped,
     standing,
 )
 from refit_worker.rendezvous import Member
@@ -139,36 +138,3 @@ def test_all_have_counts_only_the_reports_of_the_pods_now_in_the_slots() -> None
     assert not all_have({0: ("a", 0)}, progress, refit_id=5)
     assert not all_have({0: ("a", 0), 1: ("b", 1)}, progress, refit_id=4)
     assert not all_have({}, progress, refit_id=0)
-
-
-def test_after_a_scale_down_the_members_of_both_plans_still_without_the_refit_are_owed() -> None:
-    # Planned by R = 3; the scale to R = 1 came during the send (version 4 -> 5).
-    planned = _barrier(("a", 0), ("b", 0), ("c", 0), version=4)
-    newer = _barrier(("a", 0), version=5)
-    progress = {
-        ("rollout", 0): _progress(0, "a", 7, "running"),  # refits 0..6: lacks refit 7
-        ("rollout", 1): _progress(1, "b", 8, "running"),
-    }
-    assert remapped(planned, newer, progress, 7, confirmed=set()) == {0}
-    # Confirmed to this rank, or already committed (by another source): nothing owed.
-    assert remapped(planned, newer, progress, 7, confirmed={(0, "a")}) == set()
-    committed = {("rollout", 0): _progress(0, "a", 8, "running")}
-    assert remapped(planned, newer, committed, 7, confirmed=set()) == set()
-
-
-def test_remapped_owes_nothing_unless_r_changed_and_the_pod_held_its_slot_in_both() -> None:
-    planned = _barrier(("a", 0), None, version=4)
-    progress = {("rollout", 0): _progress(0, "a", 3, "running")}
-    assert remapped(planned, planned, progress, 3, confirmed=set()) == set()
-    # The same R at a new version (rank 1 joined): the sources of rank 0 did not change.
-    assert remapped(planned, _barrier(("a", 0), ("b", 0), version=5), progress, 3, set()) == set()
-    # A scale-up to R = 3 in which rank 0's slot now holds its replacement: it, and the
-    # ranks that joined, get the next refit.
-    newer = _barrier(("a2", 1), ("b", 0), ("c", 0), version=5)
-    assert remapped(planned, newer, progress, 3, confirmed=set()) == set()
-    # A member that is leaving (its last report is not "running") is not owed either.
-    leaving = {("rollout", 0): _progress(0, "a", 3, "left")}
-    assert remapped(planned, _barrier(("a", 0), version=5), leaving, 3, confirmed=set()) == set()
-    # The same member in a scale-up, still running without refit 3: owed.
-    up = _barrier(("a", 0), ("b", 0), ("c", 0), version=5)
-    assert remapped(planned, up, progress, 3, confirmed=set()) == {0}

@@ -11,15 +11,14 @@ where no pod is a member now), the entries of a snapshot and the ranks' progress
   absent);
 - :func:`lacking` and :func:`all_done`: what a policy rank that lingers after the last
   refit still owes, and when it may stop;
-- :func:`remapped`: after a send, the members a newer membership may have left without
-  this rank's share of the refit (the policy ranks planned it a moment apart).
+- :func:`all_have`: whether a send's targets already committed the refit.
 
 Must not import: torch, nixl, the operator; nothing that does I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Literal, TypeAlias
 
 from refit_worker.contract.entries import BarrierEntry, MetadataEntry, ProgressEntry
@@ -109,35 +108,6 @@ def all_have(targets: Mapping[int, tuple[str, int]], progress: Progress, refit_i
     )
 
 
-def remapped(
-    planned: BarrierEntry,
-    newer: BarrierEntry,
-    progress: Progress,
-    refit_id: int,
-    confirmed: Collection[tuple[int, str]],
-) -> set[int]:
-    """Members of ``newer`` that may still need refit ``refit_id`` from this policy rank,
-    which sent it by ``planned``: the same pod held the slot in both (one that joined since
-    gets the next refit), it has not committed the refit, and it did not confirm it to this
-    rank (``confirmed``: (rank, uid)).  Which of them this rank serves is the mapping's
-    call.
-
-    Nothing unless R changed: with the same R every member keeps its sources, and sources
-    that planned by two versions are both declined (the manifests disagree), so each of
-    them sends again by the newer one.  A change of R can instead give one rank's old plan
-    receivers that take it whole (ranks about to leave) while the new plan's receivers
-    wait for that rank's share."""
-    if newer.rollout_world_size == planned.rollout_world_size:
-        return set()
-    before = members(planned)
-    owed = lacking(newer, progress, refit_id + 1)
-    return {
-        rank
-        for rank, who in members(newer).items()
-        if rank in owed and before.get(rank) == who and (rank, who[0]) not in confirmed
-    }
-
-
 def all_done(barrier: BarrierEntry, progress: Progress) -> bool:
     """Every rollout slot is done: its member's pod reported ``done``, or (an empty slot)
     the rank's last report, by the pod that held it, says ``done`` (a coordinator may
@@ -159,12 +129,12 @@ def all_done(barrier: BarrierEntry, progress: Progress) -> bool:
 
 
 __all__ = [
+    "Progress",
     "Standing",
     "all_done",
     "all_have",
     "lacking",
     "members",
     "peer_metadata",
-    "remapped",
     "standing",
 ]

@@ -17,12 +17,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Self, TypeVar
 
+import torch.distributed as dist
+
 from refit_worker.checkpoint_engines import (
     NIXLCheckpointEngine,
 )
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry
 from refit_worker.contract.failures import RefusedConfigError
+from refit_worker.gang import PolicyGang
 from refit_worker.peers import PeerSet
 from refit_worker.refits import (
     CommittedRefit,
@@ -77,6 +80,7 @@ class SessionBase:
         *,
         store: RendezvousStore | None = None,
         stop_requested: Callable[[], bool] = lambda: False,
+        group: dist.ProcessGroup | None = None,
     ) -> None:
         if config.transfer.release_after_refit:
             raise RefusedConfigError(
@@ -89,6 +93,10 @@ class SessionBase:
         self._stop_requested = stop_requested
         self._engine: NIXLCheckpointEngine | None = None
         self._peers: PeerSet | None = None
+        #: A policy rank's group (None: the default one), where rank 0 hands out each
+        #: refit's membership (:mod:`refit_worker.gang`).
+        self._group = group
+        self._gang: PolicyGang | None = None
         self._agent_json = ""  # this rank's NIXL agent metadata, as published
         #: A policy rank: the last refit it sent, and the (rank, uid) that confirmed it.
         self._last_sent: tuple[int, set[tuple[int, str]]] | None = None
@@ -127,6 +135,9 @@ class SessionBase:
                 transfer.refits,
             )
             return
+        if cfg.role == "policy":
+            # Before anything is published: a gang that cannot agree must not start.
+            self._gang = PolicyGang(self._group, world_size=cfg.policy_world_size)
         engine = NIXLCheckpointEngine(
             transfer.bucket_size,
             device=transfer.device,
@@ -277,6 +288,11 @@ class SessionBase:
         if self._peers is None:
             raise RuntimeError("RefitSession is not connected: call connect() first")
         return self._peers
+
+    def _require_gang(self) -> PolicyGang:
+        if self._gang is None:
+            raise RuntimeError("RefitSession is not connected: call connect() first")
+        return self._gang
 
     def _require(self, role: str) -> NIXLCheckpointEngine:
         if self._engine is None:

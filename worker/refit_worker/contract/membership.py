@@ -137,18 +137,27 @@ def _policy_uids(
     return tuple(uids)
 
 
+def slot_member(entry: MetadataEntry | None, pod: LivePod | None) -> RolloutMember | None:
+    """Who holds a rollout slot, from the rank's meta of the epoch and its live pod: the
+    pod, when the meta is its own and it is running.
+
+    A pod that is not running holds no slot, whatever it published: one that reported
+    ``left`` after a scale-down (its pod Succeeded, still listed until deleted) would
+    otherwise be listed again by a scale back up, and the policy would send to a process
+    that is gone."""
+    if pod is None or not pod.running or not _matches(entry, pod):
+        return None
+    return RolloutMember(uid=pod.uid, generation=pod.generation)
+
+
 def _rollout_slots(
     snap: Snapshot, rollout_world_size: int, live: Mapping[tuple[Role, int], LivePod]
 ) -> tuple[RolloutMember | None, ...]:
-    """One slot per rollout rank < R: the live pod when its meta of the epoch is its own."""
-    slots: list[RolloutMember | None] = []
-    for rank in range(rollout_world_size):
-        entry, pod = snap.meta.get(("rollout", rank)), live.get(("rollout", rank))
-        if pod is not None and _matches(entry, pod):
-            slots.append(RolloutMember(uid=pod.uid, generation=pod.generation))
-        else:
-            slots.append(None)
-    return tuple(slots)
+    """One slot per rollout rank < R, by :func:`slot_member`."""
+    return tuple(
+        slot_member(snap.meta.get(("rollout", rank)), live.get(("rollout", rank)))
+        for rank in range(rollout_world_size)
+    )
 
 
 def membership(
