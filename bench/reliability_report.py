@@ -385,7 +385,9 @@ def main() -> None:
         f"({'--quick, ' if args.quick else ''}{runs} drain run(s) per topology, "
         f"{cases} kills) in {time.monotonic() - started:.0f} s on "
         f"{os.cpu_count()} CPU cores; do not edit by hand.  The same scenarios run in CI "
-        "as `tests/reliability/` (smaller: one run per topology, 20 kills).",
+        "as `tests/reliability/`, sampled (drains: topology (2,2); SIGKILL: 2 jobs of 5 "
+        "kills, (2,2) and (1,3)); `REFIT_FULL_MATRIX=1 python -m pytest tests/reliability` "
+        "runs every topology and kill job there too.",
         "",
     ]
     args.out.write_text("\n".join(head + body).rstrip() + "\n")

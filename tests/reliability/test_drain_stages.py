@@ -23,6 +23,7 @@ from tests.support.fault_runs import (
     manifest,
     rollout_logs,
     run_with,
+    sampled,
     stage_plan,
     stop_point,
     stop_points,
@@ -39,8 +40,14 @@ REFITS = 40
 REPLACING = len(STAGES) - 1
 
 
+#: CI's sample: two policy ranks striping to two rollout ranks meets every stage with both
+#: roles plural.  (1,1) and (1,3) run in bench/reliability_report.py (REFIT_FULL_MATRIX=1
+#: runs them here too); each is ~70-100 s of a loaded 2-core machine.
+CI_TOPOLOGIES = (Topology(2, 2),)
+
+
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("topo", TOPOLOGIES, ids=str)
+@pytest.mark.parametrize("topo", sampled(TOPOLOGIES, CI_TOPOLOGIES), ids=str)
 def test_drain_at_every_stage(tmp_path: Path, topo: Topology) -> None:
     # A ~27 MiB model in 16 KiB buckets: a refit outlasts the session's watch interval
     # (0.2 s), so a drain aimed inside one is seen there, at a bucket boundary; with the

@@ -21,6 +21,7 @@ from tests.support.fault_runs import (
     manifest,
     rank_of,
     run_with,
+    sampled,
     seeded_kills,
 )
 from tests.support.processes import processes_under
@@ -32,7 +33,11 @@ KILLS = 5
 #: created: start-up, publishing, joining) or of its settling (that replacement taking
 #: part: connecting, refits), half and half.
 WINDOW_S = 3.0
-CASES = [(Topology(1, 1), 11), (Topology(2, 2), 22), (Topology(1, 3), 13), (Topology(2, 1), 21)]
+ALL_CASES = [(Topology(1, 1), 11), (Topology(2, 2), 22), (Topology(1, 3), 13), (Topology(2, 1), 21)]
+#: CI's sample: plural policy ranks (a policy kill restarts a gang of two) and a fan-out
+#: to three rollout ranks; the other cases run in bench/reliability_report.py's 20 kills
+#: (and here with REFIT_FULL_MATRIX=1).
+CASES = sampled(ALL_CASES, [(Topology(2, 2), 22), (Topology(1, 3), 13)])
 
 
 @pytest.mark.timeout(300)

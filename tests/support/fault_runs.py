@@ -22,11 +22,11 @@ import random
 import re
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from refit_operator import names
 from refit_operator.core.coordinate import merged
@@ -46,6 +46,20 @@ class Topology:
 
 
 TOPOLOGIES = (Topology(1, 1), Topology(2, 2), Topology(1, 3))
+
+_Case = TypeVar("_Case")
+#: Set to 1 to run every case of the reliability matrices under pytest, not CI's sample.
+FULL_MATRIX_ENV = "REFIT_FULL_MATRIX"
+
+
+def sampled(cases: Sequence[_Case], keep: Sequence[_Case]) -> list[_Case]:
+    """The cases a test runs: ``keep`` (CI's fixed sample, a few minutes of a 2-core
+    machine), or all of ``cases`` with ``REFIT_FULL_MATRIX=1``.  The whole matrix always
+    runs in ``bench/reliability_report.py``, which regenerates docs/reliability.md."""
+    missing = [case for case in keep if case not in cases]
+    if missing:
+        raise ValueError(f"sampled cases {missing} are not among the cases {list(cases)}")
+    return list(cases) if os.environ.get(FULL_MATRIX_ENV) == "1" else list(keep)
 
 
 class Stage(StrEnum):

@@ -6,7 +6,13 @@ The log lines are those real ranks wrote in a drain-stage run on a loaded machin
 from __future__ import annotations
 
 import pytest
-from tests.support.fault_runs import StopPoint, preempted_reason, stop_point
+from tests.support.fault_runs import (
+    FULL_MATRIX_ENV,
+    StopPoint,
+    preempted_reason,
+    sampled,
+    stop_point,
+)
 
 _ABANDONED = (
     "05 refit_worker.receiving WARNING rollout rank 0: refit in flight abandoned (the "
@@ -50,3 +56,17 @@ def test_where_a_rank_stopped_follows_its_log(log: str, where: StopPoint) -> Non
 
 def test_a_log_that_never_says_preempted_has_no_reason() -> None:
     assert preempted_reason("01 rollout rank 0: refit 3 committed\n") is None
+
+
+def test_ci_runs_its_sample_and_the_full_matrix_on_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(FULL_MATRIX_ENV, raising=False)
+    assert sampled([1, 2, 3], [2]) == [2]
+    monkeypatch.setenv(FULL_MATRIX_ENV, "1")
+    assert sampled([1, 2, 3], [2]) == [1, 2, 3]
+
+
+def test_a_sample_outside_the_matrix_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"\[4\]"):
+        sampled([1, 2, 3], [2, 4])
