@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import queue
 import resource
+import socket
 import statistics
 import time
 import uuid
@@ -155,6 +156,13 @@ def bench_raw_nixl(size: int, runs: int, device: str) -> list[float]:
     return list(json.loads(out[0]))
 
 
+def _free_port() -> int:
+    """A TCP port on loopback no one listens on now (the OS's pick)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def bench_gloo(size: int, runs: int) -> list[float]:
     res, port = CTX.Queue(), 29000 + os.getpid() % 1000
     out = _run([(_gloo, (r, size, runs, port, res)) for r in (0, 1)], res, 1)
@@ -229,6 +237,8 @@ def _session_rank(role: str, rank: int, cfg: dict[str, Any], res: Any) -> None:
             checksum=cfg["case"] != "session-no-integrity",
         ),
         rendezvous=RendezvousConfig(store="file", location=cfg["store"]),
+        # The policy ranks' own group (the session joins it to agree on each refit's plan).
+        master_port=cfg["dist_port"],
     )
     session = RefitSession(config)
     session.connect()
@@ -285,6 +295,7 @@ def bench_engine(cfg: dict[str, Any]) -> dict[str, Any]:
         from refit_worker.rendezvous import FileStore, Layout
 
         store = FileStore(Path(cfg["store"]), Layout(cfg["train"], cfg["rollout"], 1))
+        cfg = {**cfg, "dist_port": _free_port()}
         targets = [(_session_rank, (role, r, cfg, res)) for role, r in ranks]
         out = _run(targets, res, len(ranks), barrier=store)
     reports = [json.loads(x) for x in out]

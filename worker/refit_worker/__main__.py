@@ -36,7 +36,6 @@ import os
 import signal
 import sys
 import threading
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -52,6 +51,7 @@ from refit_worker.contract.exits import (
 )
 from refit_worker.contract.failures import exit_code_for, is_retryable, one_line
 from refit_worker.contract.progress import ProgressLog
+from refit_worker.gang import join_policy_group
 from refit_worker.metrics import RankLabels, RankMetrics, serve
 from refit_worker.refits import Removed, Superseded
 from refit_worker.session import Preempted, RefitSession, RefitStats, StateDict, Verifier
@@ -173,7 +173,7 @@ def run(config: WorkerConfig, metrics_port: int | None = None) -> int:
     who = f"{config.role} rank {config.rank} (epoch {config.epoch})"
     try:
         if config.role == "policy":
-            _join_group(config)
+            join_policy_group(config)
         # Everything, clean-up included, stays inside the handler: a preemption signal that
         # arrives while this rank is already stopping must not kill it half-way.
         with DistributedSignalHandler(
@@ -268,17 +268,6 @@ def _preemption_follows(session: RefitSession, seconds: float) -> bool:
         return False  # nothing announced in time: a failure of its own
     except Exception:  # the store is unreachable: it cannot tell us
         return False
-
-
-def _join_group(config: WorkerConfig) -> None:
-    backend = "nccl" if config.transfer.device == "cuda" else "gloo"
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{config.master_addr}:{config.master_port}",
-        rank=config.rank,
-        world_size=config.world_size,
-        timeout=timedelta(seconds=config.transfer.timeout_seconds),
-    )
 
 
 def _initial_state(config: WorkerConfig) -> StateDict:

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Literal
 
 import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry
 from refit_worker.contract.failures import RefusedConfigError
 from refit_worker.signal_handler import all_gather_item, get_device
@@ -83,6 +85,20 @@ class Verdict:
 def fold_verdict(flags: Sequence[int]) -> Verdict:
     """The verdict from each rank's ``1 * settled + 2 * past`` (see :meth:`PolicyGang.verdict`)."""
     return Verdict(any(f & 1 for f in flags), any(f & 2 for f in flags))
+
+
+def join_policy_group(config: WorkerConfig) -> None:
+    """Join the policy ranks' torch.distributed group as the default group, at the role's
+    rendezvous address (``REFIT_MASTER_ADDR``/``PORT``: the role's rank 0), the way the
+    pod's own entrypoint does; nccl on CUDA, gloo otherwise."""
+    backend = "nccl" if config.transfer.device == "cuda" else "gloo"
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{config.master_addr}:{config.master_port}",
+        rank=config.rank,
+        world_size=config.world_size,
+        timeout=timedelta(seconds=config.transfer.timeout_seconds),
+    )
 
 
 class PolicyGang:

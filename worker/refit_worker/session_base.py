@@ -25,7 +25,7 @@ from refit_worker.checkpoint_engines import (
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry
 from refit_worker.contract.failures import RefusedConfigError
-from refit_worker.gang import PolicyGang
+from refit_worker.gang import PolicyGang, join_policy_group
 from refit_worker.peers import PeerSet
 from refit_worker.refits import (
     CommittedRefit,
@@ -136,6 +136,17 @@ class SessionBase:
             )
             return
         if cfg.role == "policy":
+            if self._group is None and cfg.policy_world_size > 1 and not dist.is_initialized():
+                # Code of the user's own that has no torch.distributed group (the README's
+                # trainer): the ranks still need one to agree on each refit's plan.
+                join_policy_group(cfg)
+                log.info(
+                    "policy rank %d: joined the policy ranks' torch.distributed group at "
+                    "%s:%d as the default group (no group was given or initialized)",
+                    cfg.rank,
+                    cfg.master_addr,
+                    cfg.master_port,
+                )
             # Before anything is published: a gang that cannot agree must not start.
             self._gang = PolicyGang(self._group, world_size=cfg.policy_world_size)
         engine = NIXLCheckpointEngine(
