@@ -104,6 +104,10 @@ async def test_barrier_opens_when_every_pod_published(
     kube_emulator.create(JOBS, NS, load_job())
     pods = await _all_pods(kube_emulator, 0)
     for pod in pods:  # what each worker does: a merge patch of its own key
+        # A worker publishes from a running container: its kubelet reports Running first
+        # (a pod not running holds no rollout slot, whatever it published).
+        running = {"status": {"phase": "Running"}}
+        kube_emulator.patch("v1/pods", NS, pod["metadata"]["name"], running, status=True)
         labels, uid = pod["metadata"]["labels"], pod["metadata"]["uid"]
         role, rank = labels["refit.dev/role"], int(labels["refit.dev/rank"])
         key = meta_key(role, rank)
