@@ -91,7 +91,22 @@ def deliver(
             file=out,
         )
         reg.path.unlink(missing_ok=True)
-    by_pid = {reg.pid: reg for reg in registrations}
+    waiting, refused = _send_all(plan, out=out, err=err)
+    started = time.monotonic()
+    if not _wait_exited(waiting, {reg.pid: reg for reg in registrations}, timeout, probe, err):
+        return 1
+    if refused:
+        return 1
+    print(
+        f"refit-signal: {len({pid for pid, _ in plan.send})} process(es) signalled, all exited in"
+        f" {time.monotonic() - started:.2f}s",
+        file=out,
+    )
+    return 0
+
+
+def _send_all(plan: Plan, *, out: TextIO, err: TextIO) -> tuple[dict[int, signal.Signals], int]:
+    """Send the plan's signals: the processes to wait for, and how many refused one."""
     waiting: dict[int, signal.Signals] = {}
     refused = 0
     for pid, sig in plan.send:
@@ -105,7 +120,18 @@ def deliver(
             continue
         waiting[pid] = sig
         print(f"refit-signal: sent {sig.name} to pid {pid}", file=out)
-    started = time.monotonic()
+    return waiting, refused
+
+
+def _wait_exited(
+    waiting: dict[int, signal.Signals],
+    by_pid: dict[int, Registration],
+    timeout: float,
+    probe: Callable[[int], ProcState | None],
+    err: TextIO,
+) -> bool:
+    """Wait up to ``timeout`` for every signalled process to exit (a reused pid counts as
+    exited); False, with the ones still running named on ``err``, if some did not."""
 
     def all_exited() -> bool:
         for pid in [p for p in waiting if not is_same_live_process(by_pid[p], probe(p))]:
@@ -126,15 +152,8 @@ def deliver(
             f" signal: {left}",
             file=err,
         )
-        return 1
-    if refused:
-        return 1
-    print(
-        f"refit-signal: {len({pid for pid, _ in plan.send})} process(es) signalled, all exited in"
-        f" {time.monotonic() - started:.2f}s",
-        file=out,
-    )
-    return 0
+        return False
+    return True
 
 
 def _parser() -> argparse.ArgumentParser:

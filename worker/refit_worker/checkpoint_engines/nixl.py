@@ -73,7 +73,7 @@ from .planning import TensorSpec, check_bucket_size
 from .receiver import RefitReceiver, Shared, TargetResolver
 from .registry import MemoryRegistry
 from .routes import Routes, Target
-from .sender import RefitSender
+from .sender import RefitSender, TargetStream
 from .shards import is_sharded, local_sources
 from .sources import prepare_sources, sources_ready
 from .staging import Staging
@@ -348,15 +348,35 @@ class NIXLCheckpointEngine(CheckpointEngine):
         self._require("policy")
         given = list(weights)
         sharded = is_sharded(given)
+        refit = self._next_refit(refit_id)
+        registered = self.registry.registered
+        sender = self._sender(refit)
+        targets = self._peers.targets(self._rank, stripe=self.stripe, sharded=sharded)
         if sharded:
             local = local_sources(
                 given, rank=self._rank, world_size=self._peers.train_world_size, device=self.device
             )
+            streams = sender.plan_sharded(
+                [s.held for s in local], {s.held.name: s.local for s in local}, targets
+            )
         else:
-            items = prepare_sources(given, self.device)
-        refit = self._next_refit(refit_id)
-        registered = self.registry.registered
-        sender = RefitSender(
+            streams = sender.plan(prepare_sources(given, self.device), targets)
+        # After the per-target slices: the NIC must not read a copy still in flight.
+        ready = sources_ready(self.device)
+        self._sending = sender
+        try:
+            await sender.run(streams, ready)
+        finally:
+            self._sending = None
+        timing = self._timing(sender, streams, registered)
+        if self.release_after_refit:
+            self._disconnect_peers()
+            self.registry.clear()
+        return timing
+
+    def _sender(self, refit: int) -> RefitSender:
+        """The sender of refit ``refit``, by this engine's settings and membership."""
+        return RefitSender(
             self.agent,
             rank=self._rank,
             refit=refit,
@@ -370,24 +390,15 @@ class NIXLCheckpointEngine(CheckpointEngine):
             version=self._peers.version,
             rollout_world_size=self._peers.rollout_world_size,
         )
-        targets = self._peers.targets(self._rank, stripe=self.stripe, sharded=sharded)
-        if sharded:
-            streams = sender.plan_sharded(
-                [s.held for s in local], {s.held.name: s.local for s in local}, targets
-            )
-        else:
-            streams = sender.plan(items, targets)
-        # After the per-target slices: the NIC must not read a copy still in flight.
-        ready = sources_ready(self.device)
-        self._sending = sender
-        try:
-            await sender.run(streams, ready)
-        finally:
-            self._sending = None
+
+    def _timing(
+        self, sender: RefitSender, streams: Sequence[TargetStream], registered: int
+    ) -> RefitTiming:
+        """What the send did: bytes count only the targets that confirmed."""
         built = sum(r.built for r in self._routes.values())
         delivered = sender.delivery.delivered(s.target.rank for s in streams)
         timing = RefitTiming(
-            refit_id=refit,
+            refit_id=sender.refit,
             role="policy",
             bytes=sum(s.nbytes for s in streams if s.target.rank in delivered),
             seconds=sender.ended_at - sender.started_at,
@@ -398,9 +409,6 @@ class NIXLCheckpointEngine(CheckpointEngine):
             dropped=dict(sender.delivery.dropped),
         )
         self._routes_built = built
-        if self.release_after_refit:
-            self._disconnect_peers()
-            self.registry.clear()
         return timing
 
     def drop_target(self, rank: int, reason: str) -> bool:

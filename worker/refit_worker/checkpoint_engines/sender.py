@@ -73,7 +73,9 @@ Region = tuple[int, int, int]
 
 
 @dataclass
-class _Stream:
+class TargetStream:
+    """What one refit sends one target: its tensors, their bucket plan, this rank's buckets."""
+
     target: Target
     routes: Routes
     tensors: dict[str, torch.Tensor]
@@ -133,11 +135,11 @@ class RefitSender:
         self.control_s = 0.0
         #: When every target was ready, and when every target confirmed (monotonic).
         self.started_at = self.ended_at = 0.0
-        self._streams: list[_Stream] = []
+        self._streams: list[TargetStream] = []
 
     def plan(
         self, items: Sequence[tuple[str, torch.Tensor]], targets: Sequence[Target]
-    ) -> list[_Stream]:
+    ) -> list[TargetStream]:
         """Per target: its tensors and (cached) plan; registers the sources."""
         t0 = time.perf_counter()
         streams = []
@@ -151,7 +153,7 @@ class RefitSender:
                 if plan.sender(seq, target.sources) == self.rank
             ]
             routes = self.routes.setdefault(target.agent, Routes())
-            streams.append(_Stream(target, routes, tensors, plan, seqs))
+            streams.append(TargetStream(target, routes, tensors, plan, seqs))
         self._register(streams, t0)
         return streams
 
@@ -160,7 +162,7 @@ class RefitSender:
         held: Sequence[Holding],
         local: Mapping[str, torch.Tensor],
         targets: Sequence[Target],
-    ) -> list[_Stream]:
+    ) -> list[TargetStream]:
         """Per target: the global plan of the sharded refit and this rank's buckets of it
         (``local``: this rank's block of each weight).
 
@@ -177,17 +179,17 @@ class RefitSender:
             names = {piece.name for seq in seqs for piece in plan.buckets[seq]}
             tensors = {name: local[name] for name in local if name in names}
             routes = self.routes.setdefault(target.agent, Routes())
-            streams.append(_Stream(target, routes, tensors, plan, seqs))
+            streams.append(TargetStream(target, routes, tensors, plan, seqs))
         self._register(streams, t0)
         return streams
 
-    def _register(self, streams: list[_Stream], t0: float) -> None:
+    def _register(self, streams: list[TargetStream], t0: float) -> None:
         self.registry.next_refit()
         self.registry.ensure(t for s in streams for t in s.tensors.values())
         self.registry.sweep(keep=1)
         self.control_s += time.perf_counter() - t0
 
-    async def run(self, streams: list[_Stream], ready: torch.cuda.Event | None) -> None:
+    async def run(self, streams: list[TargetStream], ready: torch.cuda.Event | None) -> None:
         self.agent.forget_before(self.refit)
         self._streams = streams
         try:
@@ -207,7 +209,7 @@ class RefitSender:
         """Stop waiting for target ``rank`` in this refit (it no longer counts)."""
         self.delivery.drop(rank, reason)
 
-    def _live(self, streams: Sequence[_Stream]) -> list[_Stream]:
+    def _live(self, streams: Sequence[TargetStream]) -> list[TargetStream]:
         self._settle()
         return [s for s in streams if self.delivery.live(s.target.rank)]
 
@@ -239,7 +241,7 @@ class RefitSender:
                 f"policy rank {self.rank} dropped it: {self.delivery.dropped[rank]}",
             )
 
-    def _start_hashes(self, streams: list[_Stream], ready: torch.cuda.Event | None) -> None:
+    def _start_hashes(self, streams: list[TargetStream], ready: torch.cuda.Event | None) -> None:
         if self.hasher is None or self.integrity is None:
             return
         # Fan-out sends the same bytes to several targets: hash each bucket once.
@@ -257,7 +259,7 @@ class RefitSender:
                     shared[key] = self.hasher.submit(views, self.integrity, ready)
                 stream.hashes[seq] = shared[key]
 
-    async def _stream_all(self, streams: list[_Stream]) -> None:
+    async def _stream_all(self, streams: list[TargetStream]) -> None:
         d = self.delivery
         for stream in streams:  # every source sends one: the receiver compares them
             d.attempt_now(stream.target.rank, partial(self._send_manifest, stream))
@@ -285,7 +287,7 @@ class RefitSender:
         self._settle()
         self.ended_at = time.monotonic()
 
-    async def _writes_done(self, streams: list[_Stream]) -> None:
+    async def _writes_done(self, streams: list[TargetStream]) -> None:
         """Wait for every posted WRITE; a target whose WRITEs do not finish is dropped."""
         try:
             await apoll_until(
@@ -302,7 +304,7 @@ class RefitSender:
                     self.delivery.drop(stream.target.rank, f"RefitTimeoutError: {exc}")
             self._settle()
 
-    def _send_manifest(self, stream: _Stream) -> None:
+    def _send_manifest(self, stream: TargetStream) -> None:
         self.agent.send_control(
             stream.target.agent, self._manifest(stream), who=self._who(stream.target)
         )
@@ -310,7 +312,7 @@ class RefitSender:
     def _who(self, target: Target) -> str:
         return f"policy rank {self.rank}: rollout rank {target.rank}"
 
-    def _manifest(self, stream: _Stream) -> Manifest:
+    def _manifest(self, stream: TargetStream) -> Manifest:
         """The manifest: built once per (plan, integrity), restamped with the refit id."""
         key = (stream.plan.digest, self.integrity)
         cached = stream.routes.manifests.get(key)
@@ -334,7 +336,7 @@ class RefitSender:
             }
         )
 
-    async def _wait(self, stream: _Stream, kind: str, seq: int, what: str) -> Any:
+    async def _wait(self, stream: TargetStream, kind: str, seq: int, what: str) -> Any:
         """Wait for a control message, driving this refit's WRITEs meanwhile.
 
         Without NIXL's progress thread a posted WRITE advances only when someone asks for
@@ -387,7 +389,7 @@ class RefitSender:
             stream.inflight for stream in self._streams if self.delivery.live(stream.target.rank)
         )
 
-    async def _ready(self, stream: _Stream) -> None:
+    async def _ready(self, stream: TargetStream) -> None:
         """Wait for the target's ``ready``; load its landing memory; prepare the WRITEs."""
         found = await self._wait(stream, "ready", 0, f"readiness for refit {self.refit}")
         if not isinstance(found, Ready):
@@ -411,7 +413,7 @@ class RefitSender:
             stream.routes.put(key, stream.prepared)
         self.control_s += time.perf_counter() - t0
 
-    def _landing(self, stream: _Stream, ready: Ready) -> LandingSet | None:
+    def _landing(self, stream: TargetStream, ready: Ready) -> LandingSet | None:
         routes, target = stream.routes, stream.target
         if ready.landing is not None:
             if ready.landing.id not in routes.landing:
@@ -433,7 +435,7 @@ class RefitSender:
         return known
 
     def _prepare(
-        self, stream: _Stream, landing: LandingSet | None, sizes: dict[str, int]
+        self, stream: TargetStream, landing: LandingSet | None, sizes: dict[str, int]
     ) -> PreparedWrites:
         where = {t.name: t for t in landing.tensors} if landing else {}
         local: list[Region] = []
@@ -459,7 +461,7 @@ class RefitSender:
             groups.append(group)
         return self.agent.prepare_writes(stream.target.agent, local, remote, self.mem_type, groups)
 
-    async def _send_bucket(self, stream: _Stream, seq: int) -> None:
+    async def _send_bucket(self, stream: TargetStream, seq: int) -> None:
         self.delivery.check(stream.target.rank)  # dropped meanwhile: its handles are gone
         target, slot = stream.target, stream.slots[seq]
         if slot >= 0:
@@ -483,7 +485,7 @@ class RefitSender:
             raise PeerError(f"{self._who(target)}: bucket {seq}: {exc}") from exc
         stream.inflight.append(seq)
 
-    def _send_digests(self, stream: _Stream, *, block: bool) -> None:
+    def _send_digests(self, stream: TargetStream, *, block: bool) -> None:
         """Send the digests of finished hashes, in bucket order."""
         self.delivery.check(stream.target.rank)
         for seq in sorted(stream.hashes):
