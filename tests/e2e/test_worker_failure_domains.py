@@ -215,10 +215,18 @@ REMAP_EVERY = 15
 REMAP_RUN = REMAP_EVERY * (len(SCALES) + 6)
 
 
+def _left(job: DemoJob, pod: Pod) -> bool:
+    report = _report(job, pod)
+    return report is not None and report.state == "left"  # type: ignore[attr-defined]
+
+
 def _holds(job: DemoJob, rank: int) -> bool:
-    """Whether ``rank`` has a pod that still runs or finished the job (not one that left)."""
+    """Whether ``rank`` has a pod that still runs or finished the job: not one that left,
+    even while its process is still exiting (the membership no longer lists it)."""
     pod = job.pods.get(("rollout", rank))
-    return pod is not None and (pod.proc.poll() is None or _done(job, pod))
+    if pod is None or _left(job, pod):
+        return False
+    return pod.proc.poll() is None or _done(job, pod)
 
 
 def _scale_to(job: DemoJob, replicas: int, generations: dict[int, int]) -> list[Pod]:

@@ -617,6 +617,30 @@ def test_a_slot_is_held_by_its_running_pod_when_the_meta_is_its_own(
     assert slot_member(written, pod) == member
 
 
+@pytest.mark.parametrize(
+    ("state", "uid", "generation", "member"),
+    [
+        ("left", "u", 1, None),  # left, still exiting: takes no more refits
+        ("running", "u", 1, RolloutMember(uid="u", generation=1)),
+        ("left", "u", 0, RolloutMember(uid="u", generation=1)),  # an older generation left
+        ("left", "other", 1, RolloutMember(uid="u", generation=1)),  # another pod left
+    ],
+)
+def test_a_running_pod_that_reported_left_holds_no_slot(
+    state: str, uid: str, generation: int, member: RolloutMember | None
+) -> None:
+    written = meta("rollout", 0, uid="u", generation=1)
+    report = ProgressEntry(
+        epoch=0,
+        uid=uid,
+        generation=generation,
+        role="rollout",
+        rank=0,
+        state=state,  # type: ignore[arg-type]
+    )
+    assert slot_member(written, LivePod("u", 1), report) == member
+
+
 def test_a_scale_back_up_does_not_list_a_pod_that_left() -> None:
     data = published(2, 3)
     first = decide(data, live_pods(2, 3), world=(2, 3))
@@ -632,6 +656,29 @@ def test_a_scale_back_up_does_not_list_a_pod_that_left() -> None:
     )
     up = decide(data, exited, down, world=(2, 3))
     assert up is not None and up.rollout == slots("uid-rollout-0", None, None)
+
+
+def test_a_scale_back_up_does_not_list_a_pod_that_left_and_is_still_exiting() -> None:
+    data = published(2, 3)
+    first = decide(data, live_pods(2, 3), world=(2, 3))
+    down = decide(data, live_pods(2, 3), first, world=(2, 1))
+    # Ranks 1 and 2 reported "left" but their processes are still exiting (pods Running).
+    for rank in (1, 2):
+        key = progress_key("rollout", rank)
+        left = ProgressEntry(
+            epoch=0, uid=f"uid-rollout-{rank}", role="rollout", rank=rank, state="left"
+        )
+        data[key] = encode_entry(key, left)
+    up = decide(data, live_pods(2, 3), down, world=(2, 3))
+    assert up is not None and up.rollout == slots("uid-rollout-0", None, None)
+    # Their replacements (new uids, next generation) publish and are listed.
+    for rank in (1, 2):
+        key = meta_key("rollout", rank)
+        data[key] = encode_entry(key, meta("rollout", rank, uid=f"uid-new-{rank}", generation=1))
+    replaced = live_pods(2, 3, rollout_1=LivePod("uid-new-1", 1), rollout_2=LivePod("uid-new-2", 1))
+    again = decide(data, replaced, up, world=(2, 3))
+    assert again is not None
+    assert [m and m.uid for m in again.rollout] == ["uid-rollout-0", "uid-new-1", "uid-new-2"]
 
 
 def test_membership_of_a_new_epoch_needs_the_rollout_meta_rewritten() -> None:

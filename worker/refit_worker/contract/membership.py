@@ -137,15 +137,22 @@ def _policy_uids(
     return tuple(uids)
 
 
-def slot_member(entry: MetadataEntry | None, pod: LivePod | None) -> RolloutMember | None:
-    """Who holds a rollout slot, from the rank's meta of the epoch and its live pod: the
-    pod, when the meta is its own and it is running.
+def slot_member(
+    entry: MetadataEntry | None, pod: LivePod | None, progress: ProgressEntry | None = None
+) -> RolloutMember | None:
+    """Who holds a rollout slot, from the rank's meta of the epoch, its live pod and its
+    progress: the pod, when the meta is its own, it is running and it has not reported
+    ``left``.
 
     A pod that is not running holds no slot, whatever it published: one that reported
     ``left`` after a scale-down (its pod Succeeded, still listed until deleted) would
     otherwise be listed again by a scale back up, and the policy would send to a process
-    that is gone."""
+    that is gone.  Nor does one that reported ``left`` and is still exiting (its pod still
+    Running for a moment): it takes no more refits, so a scale back up in that moment
+    would have the policy wait on it for a whole timeout."""
     if pod is None or not pod.running or not _matches(entry, pod):
+        return None
+    if progress is not None and progress.state == "left" and _matches(progress, pod):
         return None
     return RolloutMember(uid=pod.uid, generation=pod.generation)
 
@@ -155,7 +162,11 @@ def _rollout_slots(
 ) -> tuple[RolloutMember | None, ...]:
     """One slot per rollout rank < R, by :func:`slot_member`."""
     return tuple(
-        slot_member(snap.meta.get(("rollout", rank)), live.get(("rollout", rank)))
+        slot_member(
+            snap.meta.get(("rollout", rank)),
+            live.get(("rollout", rank)),
+            snap.progress.get(("rollout", rank)),
+        )
         for rank in range(rollout_world_size)
     )
 
@@ -172,7 +183,8 @@ def membership(
     ``live``: the pods now holding each rank; ``previous``: the barrier written so far
     (of any epoch).  The first opening of an epoch waits until every policy rank
     published for the epoch, and every rollout rank whose pod runs did, with at least one
-    rollout member; None until then.  Once open, the members are the rollout ranks whose
+    rollout member (a running pod that reported ``left`` holds it back until it exits,
+    moments later); None until then.  Once open, the members are the rollout ranks whose
     meta of the epoch is the live pod's, and the result is ``previous`` itself while
     neither they nor R changed, else a rewrite with ``version`` + 1.
     """
