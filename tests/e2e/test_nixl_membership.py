@@ -128,3 +128,32 @@ def test_sources_that_disagree_on_the_membership_are_declined_then_the_next_refi
     got = r0.reply()
     assert "error" not in got, got["error"]
     assert got["refit_id"] == 1 and got["digests"] == expected_digests(1)
+
+
+def test_a_target_dropped_and_relisted_before_it_noticed_gets_its_landing_sets_again(
+    started,
+) -> None:
+    # Under load a rank can be removed from the membership and listed again (same pod)
+    # before it reads either barrier: the policy forgot it, and the landing sets it was
+    # sent, while the rank still thinks they are known.  Its next Ready then named a
+    # landing set the policy never had, and the refit failed on both sides.
+    policy, r0 = start(started, "policy", 0), start(started, "rollout", 0)
+    listing = [policy.prepare(), r0.prepare()]
+    set_peers([policy, r0], listing, T=1, R=1, versions={0: 1})
+    for refit in (0, 1):  # the second refit reuses the landing set sent with the first
+        r0.ask("receive", min_refit=refit)
+        policy.ask("send", refit=refit)
+        assert policy.reply()["delivered"] == [0]
+        assert r0.reply()["digests"] == expected_digests(refit)
+    gone = set_peers([policy], [listing[0], None], T=1, R=1, versions={0: 2})
+    assert gone[0]["removed"] == [["rollout", 0]]
+    back = set_peers([policy], listing, T=1, R=1, versions={0: 3})
+    assert back[0]["added"] == [["rollout", 0]]
+    r0.ask("receive", min_refit=2)
+    policy.ask("send", refit=2)
+    sent = policy.reply()
+    assert "error" not in sent, sent["error"]
+    assert sent["delivered"] == [0] and sent["dropped"] == {}, sent
+    got = r0.reply()
+    assert "error" not in got, got["error"]
+    assert got["refit_id"] == 2 and got["digests"] == expected_digests(2)

@@ -169,6 +169,8 @@ class Manifest(_Control):
     version: int = Field(0, ge=0)
     #: The rollout world size it planned with; None: the receiver's own.
     rollout_world_size: int | None = Field(None, ge=1)
+    #: The sender's connection to this receiver (see ``Routes.connection``); None: unnamed.
+    connection: str | None = Field(None, min_length=1, max_length=64)
 
 
 class BucketReady(_Control):

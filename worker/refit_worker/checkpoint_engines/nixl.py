@@ -147,6 +147,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         self._declined: set[tuple[str, int]] = set()  # (source agent, refit) declined
         self._routes: dict[str, Routes] = {}  # per target agent, this connection
         self._sent: dict[str, set[str]] = {}  # landing sets sent per source agent
+        self._connections: dict[str, str] = {}  # the connection each source last named
         self._hash_threads = hash_threads
         self._routes_built = 0
         self._hasher: Hasher | None = None
@@ -283,6 +284,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         if routes is not None:
             routes.clear()  # prepared handles name the peer: release them first
         self._sent.pop(agent_name, None)
+        self._connections.pop(agent_name, None)
 
     @property
     def members(self) -> tuple[int, ...]:
@@ -433,7 +435,9 @@ class NIXLCheckpointEngine(CheckpointEngine):
             world=(self._peers.train_world_size, self._peers.rollout_world_size, self.stripe),
             timeout_s=self.timeout_s,
             device=self.device,
-            shared=Shared(self.registry, self._hash_pool, self._sent, self._staging),
+            shared=Shared(
+                self.registry, self._hash_pool, self._sent, self._staging, self._connections
+            ),
             decline=Decliner(self.agent, self._rank, self._declined),
         )
 
@@ -551,6 +555,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         for routes in self._routes.values():
             routes.clear()  # prepared handles name the peer: release them first
         self._routes, self._sent, self._routes_built = {}, {}, 0
+        self._connections = {}
         self._peers.clear(self._agent)
         self._role = None
 

@@ -41,7 +41,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -104,6 +104,8 @@ class Shared:
     #: Per source agent: landing set ids already sent in full on this connection.
     sent: dict[str, set[str]]
     staging: Staging | None = None
+    #: Per source agent: the connection its last manifest named (``Manifest.connection``).
+    connections: dict[str, str] = field(default_factory=dict)
 
 
 class RefitReceiver:
@@ -261,8 +263,20 @@ class RefitReceiver:
             self._declined(ranks, reason)
         self.sources = [Source(rank, peers[rank]) for rank in ranks]
         self._by_rank = {source.rank: source for source in self.sources}
+        self._follow_connections({first: manifest, **others})
         self.manifest = manifest
         self.control_s += time.perf_counter() - t0
+
+    def _follow_connections(self, manifests: Mapping[int, Manifest | None]) -> None:
+        """A source on a new connection (it forgot this rank and found it again before this
+        rank saw it go) knows none of the landing sets sent before: send them in full."""
+        for rank, manifest in manifests.items():
+            if manifest is None or manifest.connection is None:
+                continue
+            agent = self._by_rank[rank].agent
+            if self.shared.connections.get(agent) != manifest.connection:
+                self.shared.sent.pop(agent, None)
+                self.shared.connections[agent] = manifest.connection
 
     def _declined(self, ranks: Sequence[int], reason: str) -> None:
         peers = self.peers()

@@ -7,6 +7,7 @@ Must not import: torch, torch.distributed, the engine module (``nixl.py``), the 
 
 from __future__ import annotations
 
+import secrets
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -31,9 +32,15 @@ class Target:
 
 
 class Routes:
-    """Per target: landing sets received on this connection, and prepared WRITEs by route."""
+    """Per target: landing sets received on this connection, and prepared WRITEs by route.
+
+    ``connection`` names this connection in every manifest: a target this rank forgot and
+    found again (removed from the membership and relisted before the target noticed) sees
+    a new one and sends its landing sets in full again, since none of them is known here.
+    """
 
     def __init__(self) -> None:
+        self.connection = secrets.token_hex(8)
         self.landing: dict[str, LandingSet] = {}
         self.manifests: dict[tuple[str, str | None], Manifest] = {}
         self._prepared: OrderedDict[tuple[Any, ...], PreparedWrites] = OrderedDict()

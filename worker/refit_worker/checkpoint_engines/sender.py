@@ -333,6 +333,7 @@ class RefitSender:
                 "refit": self.refit,
                 "version": self.version,
                 "rollout_world_size": self.rollout_world_size,
+                "connection": stream.routes.connection,
             }
         )
 
