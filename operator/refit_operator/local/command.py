@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from refit_operator import names
-from refit_operator.core.coordinate import merged
 from refit_operator.core.decision import Emit
 from refit_operator.local import (
     faults,
@@ -39,7 +38,6 @@ from refit_operator.local import (
     view,
     workdir,
 )
-from refit_operator.local.ledger import RefitLedger
 from refit_operator.local.manifest import ManifestError, load_manifest
 from refit_operator.local.runner import LocalCluster, RunOptions, RunResult, run_job
 from refit_operator.models import RefitJobSpec, parse_spec
@@ -315,22 +313,17 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         _clear(printer, drawn)
         printer.line(view.event_line(event, time.monotonic() - started))
 
-    ledger = RefitLedger()
-
     def on_tick(status: Any, cluster: LocalCluster) -> None:
         elapsed = time.monotonic() - started
-        # The view's own read of the reports: bytes that go with the refits committed.
-        ledger.ingest(merged(cluster.observed_rendezvous()))
-        committed = ledger.committed_bytes(spec.rollout.replicas)
         if live:
             _clear(printer, drawn)
             width = shutil.get_terminal_size().columns
-            lines = view.fit(view.live_lines(job, spec, status, elapsed, committed), width)
+            lines = view.fit(view.live_lines(job, spec, status, elapsed), width)
             printer.write("\n".join(lines) + "\n")
             drawn[0] = len(lines)
         elif view.status_key(status) != last_key[0]:
             last_key[0] = view.status_key(status)
-            printer.line(view.status_line(job, spec, status, elapsed, committed))
+            printer.line(view.status_line(job, spec, status, elapsed))
 
     try:
         result = run_job(

@@ -29,7 +29,7 @@ from typing import Any
 
 from refit_operator import names
 from refit_operator.apply import Applier
-from refit_operator.core.coordinate import PatchData, merged
+from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Delete, Emit, JobView, LiftGate
 from refit_operator.core.failure import Failure
 from refit_operator.core.observe import Observed, observe
@@ -326,8 +326,9 @@ def _round(
     observed = observe(
         cluster.kubelet.pods(), list(cluster.others.values()), cluster.observed_rendezvous()
     )
-    # Before the decision is applied: a new epoch clears what the old one reported.
-    result.ledger.ingest(merged(observed.rendezvous))
+    # Before the decision is applied (a new epoch clears what the old one reported), and
+    # the very entries the reconcile counts: the rows add up to the status's bytes.
+    result.ledger.ingest_entries(observed.entries.progress())
     _keep_failed_logs(result, cluster, observed)
     decision = reconcile(view, observed, datetime.now(UTC), RenderOptions())
     try:
