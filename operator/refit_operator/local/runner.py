@@ -83,6 +83,9 @@ class RunOptions:
 @dataclass
 class RunResult:
     status: RefitJobStatus
+    #: The job as the last round saw it (its uid, generation and spec: a scale changes
+    #: them); None before the first round.
+    job: JobView | None = None
     #: Every refit the rollout ranks reported, itemised where they did (see ledger.py).
     ledger: RefitLedger = field(default_factory=RefitLedger)
     #: Pod name -> the last lines of its log, for each pod that failed (kept past clean-up).
@@ -323,6 +326,7 @@ def _round(
 ) -> RefitJobStatus | None:
     """Observe, reconcile, apply: the job's status after the round (kept in ``result``),
     or None when a pod could not start (the job then failed)."""
+    result.job = view
     observed = observe(
         cluster.kubelet.pods(), list(cluster.others.values()), cluster.observed_rendezvous()
     )
