@@ -35,6 +35,7 @@ from refit_operator.roles import (
 from refit_operator.status import (
     Condition,
     Phase,
+    PodBytes,
     RefitJobStatus,
     RoleStatus,
     RolloutReplica,
@@ -73,6 +74,7 @@ __all__ = [
     "GangSpec",
     "InvalidSpecError",
     "Phase",
+    "PodBytes",
     "RefitJobSpec",
     "RefitJobStatus",
     "RoleSpec",

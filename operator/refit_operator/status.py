@@ -75,10 +75,13 @@ class RolloutReplica(_Status):
     failures: int = Field(0, ge=0)
     #: Not before this time is the replacement's pod created.
     replace_at: datetime | None = None
-    #: The pod this generation replaced, and the bytes of its reports counted so far: a
-    #: report it writes after the replacement still counts, once.
-    replaced_uid: str = ""
-    replaced_bytes: int = Field(0, ge=0)
+
+
+class PodBytes(_Status):
+    """The bytes one rollout pod (by uid) reported receiving, the most it ever reported."""
+
+    uid: str = Field(min_length=1, max_length=128)
+    bytes: int = Field(0, ge=0)
 
 
 #: ``conditions`` is a list-map keyed by type, as in every built-in status.
@@ -119,13 +122,15 @@ class RefitJobStatus(_Status):
     restarts: int = 0
     preemptions: int = 0
     refits_completed: int = 0
-    #: Bytes rollout ranks received, over all epochs.
+    #: Bytes the rollout ranks reported receiving, over every pod the job ever had: the
+    #: sum of ``bytesCounted`` (so it never goes down when a pod or its report goes away).
     bytes_transferred: int = 0
-    #: Bytes of the epochs before the current one (the epoch's own bytes come on top).
-    bytes_before_epoch: int = 0
-    #: Of those, the bytes the previous epoch's ranks reported: reports that land after the
-    #: gang stopped are added until its rendezvous is cleared.
-    previous_epoch_bytes: int = 0
+    #: Each rollout pod's own count (``core/progress.py:count_bytes``): a replaced, retired
+    #: or restarted pod's bytes stay counted, and a pod seen twice counts once.
+    bytes_counted: list[PodBytes] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["uid"]},
+    )
     #: How every committed refit was checked, as the rollout ranks reported: "bit-exact",
     #: "tokens", "served-params", "checksums", "manifest" or "none" (the weakest any rank applied).
     verification: str = "none"

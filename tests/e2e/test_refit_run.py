@@ -4,6 +4,7 @@ NIXL, real signals, the file-backed rendezvous.  Nothing is emulated.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -115,10 +116,14 @@ def test_a_drained_rollout_pod_is_replaced_alone_and_the_job_completes(tmp_path:
 
 def test_drain_at_refit_replaces_the_rollout_replica_without_a_new_epoch(tmp_path: Path) -> None:
     """The README's drain command: the drain lands once a refit is committed; the drained
-    rollout replica is replaced alone, so every refit is committed in epoch 0."""
-    done = _run([str(ROOT / "examples" / "local.yaml"), "--drain-at-refit", "1", "--plain"])
+    rollout replica is replaced alone, so every refit is committed in epoch 0; the bytes
+    add up across the drained pod and its replacement."""
+    status = tmp_path / "job.json"
+    args = ["--drain-at-refit", "1", "--plain", "--status-file", str(status)]
+    done = _run([str(ROOT / "examples" / "local.yaml"), *args])
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
+    _one_byte_figure(out, status)
     assert "reason=Drain draining local-demo-rollout-0-g0" in out
     assert "rollout replacements 1 (drained local-demo-rollout-0-g0)" in out
     assert "preemptions 0" in out and "refits 3/3" in out
@@ -269,6 +274,22 @@ def _rows_and_total(out: str) -> tuple[list[int], int]:
             total = round(float(number) * units[unit])
     assert total is not None, out
     return rows, total
+
+
+def _one_byte_figure(out: str, status_file: Path) -> int:
+    """Issue #30: the summary's rows, its total line, the plain lines' ``bytes=`` and the
+    final status (``--status-file``) say the same number; the live figure never goes down.
+    The summary prints MiB to one decimal: it agrees within that rounding."""
+    rows, total = _rows_and_total(out)
+    live = [int(n) for n in re.findall(r" bytes=(\d+) ", out)]
+    status = json.loads(status_file.read_text())["status"]
+    counted = sum(pod["bytes"] for pod in status["bytesCounted"])
+    assert live and live == sorted(live), out
+    assert status["bytesTransferred"] == live[-1] == counted > 0, (status, out)
+    rounding = 0.05 * (1 << 20)
+    assert abs(total - counted) <= rounding, out
+    assert rows and abs(sum(rows) - counted) <= rounding * len(rows), out
+    return counted
 
 
 @pytest.mark.parametrize("run", range(2))
@@ -425,9 +446,14 @@ def test_kill_rollout_at_refit_replaces_that_replica_alone(tmp_path: Path) -> No
     """Issue #20: a SIGKILLed rollout pod is replaced alone; the policy pods run on, the
     replacement joins at a refit boundary and checks what it commits bit for bit."""
     path = _manifest(tmp_path, **{"transfer.refits": 6})
-    done = _run([str(path), "--kill-rollout-at-refit", "2", "--plain"], timeout=300)
+    status = tmp_path / "job.json"
+    args = ["--kill-rollout-at-refit", "2", "--plain", "--status-file", str(status)]
+    done = _run([str(path), *args], timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
+    # The killed pod's bytes stay counted beside its replacement's.
+    assert len(json.loads(status.read_text())["status"]["bytesCounted"]) == 3, out
+    _one_byte_figure(out, status)
     assert re.search(r"reason=Fault SIGKILL rollout pod e2e-run-rollout-0\S* at refit 2", out)
     assert "the policy pods ran on untouched (same 2 uid(s))" in out, out
     assert re.search(r"its replacement committed its first refit [\d.]+ s after the kill", out)
@@ -438,9 +464,14 @@ def test_kill_rollout_at_refit_replaces_that_replica_alone(tmp_path: Path) -> No
 
 def test_kill_policy_at_refit_restarts_the_policy_gang_only(tmp_path: Path) -> None:
     path = _manifest(tmp_path, **{"transfer.refits": 6})
-    done = _run([str(path), "--kill-policy-at-refit", "2", "--plain"], timeout=300)
+    status = tmp_path / "job.json"
+    args = ["--kill-policy-at-refit", "2", "--plain", "--status-file", str(status)]
+    done = _run([str(path), *args], timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
+    # The rollout pods outlived the policy restart: two pods, each counted once.
+    assert len(json.loads(status.read_text())["status"]["bytesCounted"]) == 2, out
+    _one_byte_figure(out, status)
     assert re.search(r"reason=Fault SIGKILL policy pod e2e-run-policy-0\S* at refit 2", out)
     assert "the rollout pods ran on untouched (same 2 uid(s))" in out, out
     assert "refits 6/6" in out and "restarts 1" in out and "replacements 0" in out, out
@@ -450,9 +481,16 @@ def test_kill_policy_at_refit_restarts_the_policy_gang_only(tmp_path: Path) -> N
 @pytest.mark.parametrize("replicas", [3, 1])
 def test_scale_rollout_at_refit_leaves_the_policy_pods(tmp_path: Path, replicas: int) -> None:
     path = _manifest(tmp_path, **{"transfer.refits": 6})
-    done = _run([str(path), "--scale-rollout-at-refit", f"1:{replicas}", "--plain"], timeout=300)
+    status = tmp_path / "job.json"
+    args = ["--scale-rollout-at-refit", f"1:{replicas}", "--plain", "--status-file", str(status)]
+    done = _run([str(path), *args], timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
+    job = json.loads(status.read_text())
+    assert job["spec"]["rollout"]["replicas"] == replicas, job["spec"]
+    # Every pod the job had stays counted: a scale-down's left pod too.
+    assert len(job["status"]["bytesCounted"]) == max(replicas, 2), out
+    _one_byte_figure(out, status)
     assert f"reason=Fault scaling e2e-run: spec.rollout.replicas -> {replicas} at refit 1" in out
     assert f"scaled to {replicas} rollout replica(s) at refit 1" in out
     assert "the policy pods ran on untouched (same 2 uid(s))" in out, out

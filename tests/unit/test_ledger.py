@@ -3,17 +3,20 @@ to the bytes the ranks reported, whatever the sampler missed.  Pure; entries as 
 
 from __future__ import annotations
 
-from refit_operator.local.ledger import RefitLedger
+from refit_operator.core.progress import bytes_received, count_bytes
+from refit_operator.local.ledger import RefitLedger, rollout_entries
 from refit_worker.contract.entries import ProgressState
 from refit_worker.contract.progress import ProgressLog
 from refit_worker.contract.rendezvous import ProgressEntry, encode_entry, progress_key
 
 
 class Rank:
-    """A rollout rank's progress log, encoded as the store would hold it."""
+    """A rollout pod's progress log, encoded as the store would hold it; ``uid`` names
+    the pod (default: one pod per rank and epoch)."""
 
-    def __init__(self, rank: int, epoch: int = 0, first: int = 0) -> None:
+    def __init__(self, rank: int, epoch: int = 0, first: int = 0, uid: str = "") -> None:
         self.rank, self.epoch = rank, epoch
+        self.uid = uid or f"u{rank}-{epoch}"
         self.log = ProgressLog(first, verification="checksums")
 
     def refit(self, nbytes: int, seconds: float = 0.1) -> None:
@@ -23,7 +26,7 @@ class Rank:
         key = progress_key("rollout", self.rank)
         entry = ProgressEntry(
             epoch=self.epoch,
-            uid=f"u{self.rank}-{self.epoch}",
+            uid=self.uid,
             role="rollout",
             rank=self.rank,
             **self.log.fields(state),
@@ -66,7 +69,8 @@ def test_refits_finished_between_reads_still_add_up() -> None:
 
 
 def test_a_refit_only_some_ranks_committed_is_not_itemised() -> None:
-    """Preempted mid-refit: rank 0 committed refit 2, rank 1 did not."""
+    """Preempted mid-refit: rank 0 committed refit 2, rank 1 did not (its row holds
+    one pod's bytes)."""
     ledger = RefitLedger()
     a, b = Rank(0), Rank(1)
     for _ in range(2):
@@ -75,7 +79,11 @@ def test_a_refit_only_some_ranks_committed_is_not_itemised() -> None:
     a.refit(100)
     ledger.ingest({**a.data("preempted"), **b.data("preempted")})
     rows = ledger.rows()
-    assert [(r.label, r.bytes) for r in rows] == [("0", 200), ("1", 200), ("2*", 100)]
+    assert [(r.label, r.bytes, r.pods) for r in rows] == [
+        ("0", 200, 2),
+        ("1", 200, 2),
+        ("2", 100, 1),
+    ]
     # The next epoch resumes at refit 2 and moves it again.
     a2, b2 = Rank(0, epoch=1, first=2), Rank(1, epoch=1, first=2)
     a2.refit(100)
@@ -105,38 +113,46 @@ def test_policy_entries_and_garbage_are_ignored() -> None:
     assert ledger.rows() == [] and ledger.total_bytes == 0
 
 
-def test_committed_bytes_go_with_the_refits_every_rank_committed() -> None:
-    """The live view's bytes: a rank one refit ahead (27 MiB = 1.5 refits of 18 MiB
-    before) does not count that refit until every rollout rank committed it."""
+def test_a_pod_that_outlives_a_policy_restart_is_counted_once() -> None:
+    """A rollout pod joins the next policy epoch and its totals carry on: keyed by pod,
+    its epoch-0 report and its epoch-1 report are one pod's (the 18 + 18 + 9 MiB rows
+    beside a 27 MiB total of issue #30 counted it once per epoch)."""
     ledger = RefitLedger()
-    a, b = Rank(0), Rank(1)
-    a.refit(100)
-    ledger.ingest(a.data())
-    assert ledger.committed_bytes(rollout_ranks=2) == 0  # rank 1 has not reported at all
-    b.refit(100)
-    a.refit(100)
-    ledger.ingest({**a.data(), **b.data()})
-    assert ledger.total_bytes == 300
-    assert ledger.committed_bytes(rollout_ranks=2) == 200  # refit 0 on both ranks
-    # Preempted there: the next epoch resumes at refit 1 and moves it again on both.
-    a2, b2 = Rank(0, epoch=1, first=1), Rank(1, epoch=1, first=1)
-    for rank in (a2, b2):
-        rank.refit(100)
-        rank.refit(100)
-    ledger.ingest({**a2.data("done"), **b2.data("done")})
-    assert ledger.committed_bytes(rollout_ranks=2) == 200 + 400
+    pod = Rank(0, uid="pod-a")
+    pod.refit(100)
+    ledger.ingest(pod.data())
+    pod.epoch = 1  # the policy gang restarted; the same pod rejoins
+    pod.refit(100)
+    ledger.ingest(pod.data("done"))
+    rows = ledger.rows()
+    assert [(r.epoch, r.label, r.bytes) for r in rows] == [(0, "0", 100), (1, "1", 100)]
+    assert _total(ledger) == ledger.total_bytes == 200
 
 
-def test_committed_bytes_of_a_rank_further_ahead_than_its_ring_itemises() -> None:
+def test_a_replaced_or_retired_pod_stays_counted() -> None:
+    """Its key is taken by the replacement (or cleared): its bytes remain in the rows."""
     ledger = RefitLedger()
+    old, other = Rank(0, uid="old"), Rank(1, uid="other")
+    old.refit(100)
+    other.refit(100)
+    ledger.ingest({**old.data(), **other.data()})
+    new = Rank(0, first=1, uid="new")
+    new.refit(100)
+    other.refit(100)
+    ledger.ingest({**new.data("done"), **other.data("done")})  # old's key is new's now
+    assert [(r.label, r.bytes, r.pods) for r in ledger.rows()] == [("0", 200, 2), ("1", 200, 2)]
+    assert _total(ledger) == ledger.total_bytes == 400
+
+
+def test_the_ledgers_total_is_the_status_count() -> None:
+    """The rows, the total and ``status.bytesTransferred`` come from one function."""
     a, b = Rank(0), Rank(1)
-    for _ in range(12):
-        a.refit(10)
-    for _ in range(2):
-        b.refit(10)
-    ledger.ingest({**a.data(), **b.data()})
-    # Refits 2-11 of rank 0 are not all in its ring of 8: each refit moves the same bytes.
-    assert ledger.committed_bytes(rollout_ranks=2) == 20 + 20
+    a.refit(100)
+    b.refit(70)
+    data = {**a.data(), **b.data()}
+    ledger = RefitLedger()
+    ledger.ingest(data)
+    assert ledger.total_bytes == bytes_received(count_bytes(rollout_entries(data), [])) == 170
 
 
 def test_most_committed_is_the_first_rank_to_report_a_refit() -> None:

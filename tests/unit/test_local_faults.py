@@ -97,10 +97,10 @@ def test_the_view_shows_each_replica_and_the_replacements_from_the_status() -> N
     assert "committed 4" in lines[1] and "j-rollout-1-g0" in lines[1]
     assert view.replacements(status) == 1
     spec = parse_spec({"image": "x", "rollout": {"replicas": 2}})
-    block = view.live_lines("j", spec, status, 1.0, 0)
+    block = view.live_lines("j", spec, status, 1.0)
     assert "rollout  ready 1/3" in block[2] and "replacements 1" in block[3]
     assert view.status_key(status) != view.status_key(RefitJobStatus())
-    assert "gen0=1 gen1=0" in view.status_line("j", spec, status, 1.0, 0)
+    assert "gen0=1 gen1=0" in view.status_line("j", spec, status, 1.0)
 
 
 def test_a_scale_up_counts_new_policy_pods_only_not_its_new_rollout_pods() -> None:

@@ -25,7 +25,7 @@ from refit_operator.core.observe import observe, observe_pod
 from refit_operator.core.phases import PhaseFacts, next_phase
 from refit_operator.core.reconcile import reconcile
 from refit_operator.core.steps.restart import POLL_DELETING_S
-from refit_operator.models import Phase, RefitJobStatus
+from refit_operator.models import Phase, PodBytes, RefitJobStatus
 from refit_operator.render import JobRef, RenderOptions
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
@@ -371,12 +371,20 @@ def test_progress_of_the_rollout_ranks_shows_in_status() -> None:
         recent=(RefitReport(refit=1, bytes=1000, seconds=0.5),),
     )
     data = {key: encode_entry(key, entry)}
+    # A pod of an earlier epoch, gone with its report: its bytes stay counted.
+    earlier = [PodBytes(uid="uid-job-rollout-0-g0-0", bytes=500)]
     st = _status(
-        phase=Phase.RUNNING, epoch=1, created_epoch=1, refits_completed=1, bytes_before_epoch=500
+        phase=Phase.RUNNING,
+        epoch=1,
+        created_epoch=1,
+        refits_completed=1,
+        bytes_counted=earlier,
+        bytes_transferred=500,
     )
     d = _run(st, pods, rendezvous={"job-rendezvous": data})
     assert d.status.refits_completed == 2
     assert d.status.bytes_transferred == 3500
+    assert d.status.bytes_counted == [*earlier, PodBytes(uid=entry.uid, bytes=3000)]
     assert d.status.last_throughput_bytes_per_second == pytest.approx(2000.0)
 
 

@@ -25,7 +25,7 @@ from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Create, Emit, JobView
 from refit_operator.core.observe import observe
 from refit_operator.core.reconcile import reconcile
-from refit_operator.models import Phase, RefitJobStatus, RolloutReplica, parse_spec
+from refit_operator.models import Phase, PodBytes, RefitJobStatus, RolloutReplica, parse_spec
 from refit_operator.render import RenderOptions
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
@@ -230,8 +230,9 @@ def test_bytes_a_replaced_replica_received_stay_counted() -> None:
     )
     data = {key: encode_entry(key, entry)}
     d = JOB.run(_running(), JOB.pods(0, **{**ALL_UP, R1: FAILED}), data)
-    assert (d.status.bytes_transferred, d.status.bytes_before_epoch) == (700, 700)
-    # Next round: the replaced pod's report no longer counts, its bytes still do.
+    assert d.status.bytes_transferred == 700
+    assert d.status.bytes_counted == [PodBytes(uid=entry.uid, bytes=700)]
+    # Next round: the replaced pod's report is still there; counted once.
     later = JOB.run(d.status, JOB.pods(0, **{**ALL_UP, R1: FAILED}), data)
     assert later.status.bytes_transferred == 700
     # Its last refit's report landed after the replacement: counted once, not twice.
@@ -240,6 +241,11 @@ def test_bytes_a_replaced_replica_received_stay_counted() -> None:
     assert late.status.bytes_transferred == 900
     again = JOB.run(late.status, JOB.pods(0, **{**ALL_UP, R1: FAILED}), more)
     assert again.status.bytes_transferred == 900
+    # Its replacement's report takes the key: the old pod's bytes stay, the new one's add.
+    new = entry.model_copy(update={"uid": "uid-job-rollout-1-g1-0", "bytes_total": 50})
+    taken = {key: encode_entry(key, new)}
+    after = JOB.run(again.status, JOB.pods(0, **ALL_UP), taken)
+    assert after.status.bytes_transferred == 950
 
 
 def test_each_replica_reports_its_generation_pod_and_last_committed_refit() -> None:

@@ -12,7 +12,7 @@ from tests.support.reconcile_harness import uid as _uid
 
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Create, Delete, Emit
-from refit_operator.models import Phase, RefitJobStatus, RolloutReplica
+from refit_operator.models import Phase, PodBytes, RefitJobStatus, RolloutReplica
 from refit_operator.names import pod_name
 from refit_worker.contract.entries import ProgressState, Verification
 from refit_worker.contract.progress import ProgressLog
@@ -272,20 +272,22 @@ def test_a_forged_barrier_is_removed_until_every_rank_published() -> None:
 
 def test_reports_that_land_after_a_restart_are_still_counted() -> None:
     """The stopped gang's last report can arrive after the restart decision."""
+    uids = [_uid(pod_name("job", "rollout", rank, 0), 0) for rank in (0, 1)]
     restarting = RefitJobStatus(
         phase=Phase.RESTARTING,
         epoch=1,
         refits_completed=1,
         bytes_transferred=200,
-        bytes_before_epoch=200,
-        previous_epoch_bytes=200,
+        bytes_counted=[PodBytes(uid=uid, bytes=100) for uid in uids],
     )
     late = dict([_report(0, "rollout", 0, 2), _report(0, "rollout", 1, 2)])
     d = _run(restarting, [], late)
     assert (d.status.bytes_transferred, d.status.refits_completed) == (400, 2)
-    assert d.status.bytes_before_epoch == 400
+    assert d.status.bytes_counted == [PodBytes(uid=uid, bytes=200) for uid in uids]
     again = _run(d.status, [], late)  # read twice, counted once
     assert again.status.bytes_transferred == 400
+    cleared = _run(again.status, [], {})  # the old epoch's entries cleared: still counted
+    assert cleared.status.bytes_transferred == 400
 
 
 def test_a_lost_status_write_does_not_wipe_what_the_live_gang_published() -> None:

@@ -1,6 +1,10 @@
 """What the ranks reported, as the job's status: refits, bytes, verification, whether the
 gang's work is over and whether it succeeded (never from exit codes alone).
 
+Bytes are one figure everywhere (status, ``refit run``'s rows, total and live view): what
+the rollout ranks reported receiving, counted once per pod over every pod the job ever
+had (:func:`count_bytes`).
+
 Pure functions from a status to the next status; the reconcile's steps call them.
 
 Must not import: kopf, kubernetes, aiohttp.
@@ -8,14 +12,14 @@ Must not import: kopf, kubernetes, aiohttp.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from refit_operator.core import conditions as cond
 from refit_operator.core.coordinate import Coordination, progress_of
 from refit_operator.core.observe import Observed, ObservedPod
-from refit_operator.models import RefitJobSpec, RefitJobStatus
-from refit_worker.contract.rendezvous import ProgressSummary
+from refit_operator.models import PodBytes, RefitJobSpec, RefitJobStatus
+from refit_worker.contract.rendezvous import ProgressEntry, ProgressSummary
 from refit_worker.contract.roles import Role
 
 
@@ -81,7 +85,6 @@ def record(
     return status.model_copy(
         update={
             "refits_completed": max(status.refits_completed, p.refits_completed),
-            "bytes_transferred": status.bytes_before_epoch + p.bytes_total,
             "verification": p.verification if p.refits_completed else status.verification,
             "last_throughput_bytes_per_second": (
                 p.last_refit_gbps * 1e9
@@ -95,20 +98,35 @@ def record(
 def fold_previous_epoch(
     status: RefitJobStatus, spec: RefitJobSpec, observed: Observed
 ) -> RefitJobStatus:
-    """Add what the stopped gang reported after the restart decision (its last refit's
-    report can land after it), until its rendezvous entries are cleared."""
+    """Add the refits the stopped gang reported after the restart decision (its last
+    refit's report can land after it), until its rendezvous entries are cleared.  Its
+    bytes need nothing here: :func:`count_bytes` counts every pod's report, any epoch."""
     if status.epoch == 0:
         return status
     world = (spec.policy.replicas, spec.rollout.replicas)
     old = progress_of(observed.entries, epoch=status.epoch - 1, world=world)
-    if old is None or old.bytes_total <= status.previous_epoch_bytes:
+    if old is None or old.refits_completed <= status.refits_completed:
         return status
-    extra = old.bytes_total - status.previous_epoch_bytes
-    return status.model_copy(
-        update={
-            "bytes_before_epoch": status.bytes_before_epoch + extra,
-            "bytes_transferred": status.bytes_transferred + extra,
-            "previous_epoch_bytes": old.bytes_total,
-            "refits_completed": max(status.refits_completed, old.refits_completed),
-        }
-    )
+    return status.model_copy(update={"refits_completed": old.refits_completed})
+
+
+def count_bytes(entries: Iterable[ProgressEntry], counted: Sequence[PodBytes]) -> list[PodBytes]:
+    """Each rollout pod's bytes: the most it ever reported, by pod uid, over ``counted``
+    (what earlier rounds counted) and ``entries`` (the progress reports seen now).
+
+    A rollout pod's report carries its own running total (across policy epochs, which it
+    outlives), so the most it reported is what it received: a report read late, or the
+    same pod seen under two keys, counts once; a pod replaced, retired by a scale-down or
+    stopped with its gang keeps its count once its report is overwritten or cleared.
+    Policy ranks' reports are what they sent, not counted.  Order: first counted first.
+    """
+    most = {c.uid: c.bytes for c in counted}
+    for entry in entries:
+        if entry.role == "rollout":
+            most[entry.uid] = max(most.get(entry.uid, 0), entry.bytes_total)
+    return [PodBytes(uid=uid, bytes=n) for uid, n in most.items()]
+
+
+def bytes_received(counted: Sequence[PodBytes]) -> int:
+    """The job's one byte figure (``status.bytesTransferred``)."""
+    return sum(c.bytes for c in counted)

@@ -74,8 +74,10 @@ def reconcile(job: JobView, observed: Observed, now: datetime, options: RenderOp
 def decide(inp: RoundInput, draft: Draft) -> Finding:
     """The policy steps in order; the first that finds something ends the decision."""
     return (
+        # The bytes every rollout pod reported receiving, counted once per pod.
+        reports.count_bytes(inp, draft)
         # A finished job stays finished: stop what still runs of it.
-        settled.keep_finished(inp, draft)
+        or settled.keep_finished(inp, draft)
         # spec.suspend: stop the gang, create nothing.
         or suspend.suspend(inp, draft)
         # activeDeadlineSeconds ran out: fail.

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from refit_operator import names
-from refit_operator.core.coordinate import merged
 from refit_operator.core.decision import Emit
 from refit_operator.local import (
     faults,
@@ -36,10 +35,10 @@ from refit_operator.local import (
     paths,
     preflight,
     sizing,
+    status_file,
     view,
     workdir,
 )
-from refit_operator.local.ledger import RefitLedger
 from refit_operator.local.manifest import ManifestError, load_manifest
 from refit_operator.local.runner import LocalCluster, RunOptions, RunResult, run_job
 from refit_operator.models import RefitJobSpec, parse_spec
@@ -102,6 +101,15 @@ def add_parser(sub: Any) -> None:
     )
     run.add_argument(
         "--plain", action="store_true", help="log lines even on a terminal (no live view)"
+    )
+    run.add_argument(
+        "--status-file",
+        type=Path,
+        metavar="PATH",
+        help="at the end, whether the job succeeded or failed, write the final RefitJob "
+        "(apiVersion, kind, metadata, spec and status) to PATH as JSON, as `kubectl get -o "
+        "json` prints it; PATH's directory must exist and be writable (checked before "
+        "anything starts)",
     )
     run.add_argument(
         "--claim",
@@ -266,6 +274,8 @@ def _prepare(
         manifest = {**manifest, "spec": local_spec}
         spec = parse_spec(local_spec)
     problem = _check_args(args, str(manifest["metadata"]["name"]), spec)
+    if problem is None and args.status_file is not None:
+        problem = status_file.problem(args.status_file)
     if problem is not None:
         raise ManifestError(problem)
     cannot = preflight.unhonourable(manifest["spec"])
@@ -315,22 +325,17 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         _clear(printer, drawn)
         printer.line(view.event_line(event, time.monotonic() - started))
 
-    ledger = RefitLedger()
-
     def on_tick(status: Any, cluster: LocalCluster) -> None:
         elapsed = time.monotonic() - started
-        # The view's own read of the reports: bytes that go with the refits committed.
-        ledger.ingest(merged(cluster.observed_rendezvous()))
-        committed = ledger.committed_bytes(spec.rollout.replicas)
         if live:
             _clear(printer, drawn)
             width = shutil.get_terminal_size().columns
-            lines = view.fit(view.live_lines(job, spec, status, elapsed, committed), width)
+            lines = view.fit(view.live_lines(job, spec, status, elapsed), width)
             printer.write("\n".join(lines) + "\n")
             drawn[0] = len(lines)
         elif view.status_key(status) != last_key[0]:
             last_key[0] = view.status_key(status)
-            printer.line(view.status_line(job, spec, status, elapsed, committed))
+            printer.line(view.status_line(job, spec, status, elapsed))
 
     try:
         result = run_job(
@@ -345,9 +350,27 @@ def cmd_run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     _clear(printer, drawn)
-    return _summarise(
+    code = _summarise(
         printer, args, job=job, spec=spec, result=result, started=started, signum=stop.get("signal")
     )
+    return _write_status_file(args, manifest, result, code)
+
+
+def _write_status_file(
+    args: argparse.Namespace, manifest: Mapping[str, Any], result: RunResult, code: int
+) -> int:
+    """``--status-file``: the final RefitJob, whatever the outcome; a file that cannot be
+    written (its directory went away during the run) fails a run that would have passed."""
+    if args.status_file is None:
+        return code
+    try:
+        status_file.write(
+            args.status_file, status_file.job_object(manifest, result.job, result.status)
+        )
+    except OSError as exc:
+        print(f"refit run: --status-file {args.status_file}: {exc}", file=sys.stderr)
+        return code or EXIT_FAILED
+    return code
 
 
 def _announce(

@@ -1,19 +1,24 @@
 """``refit run``'s per-refit table, built from what the rollout ranks reported.
 
-Each rank's progress entry itemises its last few refits and carries its epoch's totals.
-The ledger keeps every itemised refit it has seen and each rank's latest totals, per epoch,
-so its rows always add up to the bytes the ranks reported: a refit every rollout rank
-itemised gets a row of its own; whatever a sampler missed (or a refit only some ranks
-committed before a preemption) goes into one row per epoch that says it is not itemised.
+Each rollout pod's progress entry carries its own running totals and itemises its last
+few refits.  The ledger keys everything by pod uid, as the job's status does
+(:func:`refit_operator.core.progress.count_bytes`): each pod's latest totals and every
+refit it itemised, so a pod is counted once however often it is read, and a pod that was
+replaced, retired by a scale-down or outlived a policy restart stays counted.  Its rows
+therefore always add up to the status's ``bytesTransferred``: a refit any pod itemised
+gets a row (with how many pods' bytes it holds); whatever a sampler missed goes into one
+row per epoch that says it is not itemised.
 
 Pure: fed the rendezvous data the runner reads anyway.  Must not import: kopf, kubernetes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from refit_operator.core.progress import bytes_received, count_bytes
+from refit_operator.models import PodBytes
 from refit_worker.contract.rendezvous import (
     EntryError,
     ProgressEntry,
@@ -30,11 +35,13 @@ class RefitRow:
     epoch: int
     first: int
     last: int
-    #: Bytes all rollout ranks received for it.
+    #: Bytes the rollout pods received for it, together.
     bytes: int
-    #: Transfer and commit time of the slowest rollout rank.
+    #: Transfer and commit time of the slowest of those pods.
     seconds: float
     itemised: bool = True
+    #: How many rollout pods' bytes the row holds.
+    pods: int = 0
 
     @property
     def label(self) -> str:
@@ -43,95 +50,108 @@ class RefitRow:
         return f"{self.first}-{self.last}*" if self.last > self.first else f"{self.first}*"
 
 
+def rollout_entries(data: Mapping[str, str]) -> list[ProgressEntry]:
+    """The rollout progress entries of ``data`` (any epoch; bad ones skipped, the
+    reconcile reports those)."""
+    out = []
+    for key, value in data.items():
+        parsed = parse_key(key)
+        if parsed is None or parsed.kind != "progress" or parsed.role != "rollout":
+            continue
+        try:
+            entry = decode_entry(key, value)
+        except EntryError:
+            continue
+        if isinstance(entry, ProgressEntry):  # the key's kind decides; for mypy
+            out.append(entry)
+    return out
+
+
 class RefitLedger:
-    """Accumulates rollout ranks' progress entries over a run; :meth:`rows` reads it out."""
+    """Accumulates rollout pods' progress entries over a run; :meth:`rows` reads it out."""
 
     def __init__(self) -> None:
-        self._latest: dict[tuple[int, int], ProgressEntry] = {}
-        self._items: dict[tuple[int, int], dict[int, RefitReport]] = {}
+        #: uid -> the pod's latest report (the one with the most bytes).
+        self._latest: dict[str, ProgressEntry] = {}
+        #: uid -> refit id -> (the epoch it was first seen in, its report).
+        self._items: dict[str, dict[int, tuple[int, RefitReport]]] = {}
+        self._counted: list[PodBytes] = []
 
     def ingest(self, data: Mapping[str, str]) -> None:
-        """Take in the rollout progress entries of ``data`` (any epoch; bad ones skipped,
-        the reconcile reports those)."""
-        for key, value in data.items():
-            parsed = parse_key(key)
-            if parsed is None or parsed.kind != "progress" or parsed.role != "rollout":
-                continue
-            try:
-                entry = decode_entry(key, value)
-            except EntryError:
-                continue
-            if not isinstance(entry, ProgressEntry):  # the key's kind decides; for mypy
-                continue
-            slot = (entry.epoch, entry.rank)
-            before = self._latest.get(slot)
-            # Reports of a rank only grow; an older one read late must not shrink totals.
-            if before is None or entry.refits_completed >= before.refits_completed:
-                self._latest[slot] = entry
-            self._items.setdefault(slot, {}).update((r.refit, r) for r in entry.recent)
+        """Take in the rollout progress entries of a rendezvous map's ``data``."""
+        self.ingest_entries(rollout_entries(data))
+
+    def ingest_entries(self, entries: Iterable[ProgressEntry]) -> None:
+        """Take in progress entries (policy ones are skipped), as the reconcile's
+        :func:`count_bytes` does."""
+        rollout = [e for e in entries if e.role == "rollout"]
+        self._counted = count_bytes(rollout, self._counted)
+        for entry in rollout:
+            before = self._latest.get(entry.uid)
+            # A pod's reports only grow; an older one read late must not shrink totals.
+            if before is None or _size(entry) >= _size(before):
+                self._latest[entry.uid] = entry
+            items = self._items.setdefault(entry.uid, {})
+            for report in entry.recent:
+                # The same refit id twice (moved again after a restart): the first one
+                # gets the row, the other's bytes go to the epoch's not-itemised row.
+                items.setdefault(report.refit, (entry.epoch, report))
 
     def most_committed(self) -> int:
-        """The most refits any one rollout rank has reported committed (0: none yet)."""
+        """The most refits any one rollout pod has reported committed (0: none yet)."""
         return max((e.refits_completed for e in self._latest.values()), default=0)
 
     @property
     def total_bytes(self) -> int:
-        return sum(e.bytes_total for e in self._latest.values())
-
-    def committed_bytes(self, rollout_ranks: int) -> int:
-        """Bytes of the refits every rollout rank of their epoch committed: what goes with
-        the job's refit count (the minimum over ranks), not a rank already one refit on."""
-        total = 0
-        for epoch in sorted({epoch for epoch, _ in self._latest}):
-            entries = [e for (ep, _), e in self._latest.items() if ep == epoch]
-            if len(entries) < rollout_ranks:
-                continue  # a silent rank committed nothing yet: no refit is everyone's
-            upto = min(e.refits_completed for e in entries)
-            for entry in entries:
-                total += self._bytes_before(epoch, entry, upto)
-        return total
-
-    def _bytes_before(self, epoch: int, entry: ProgressEntry, upto: int) -> int:
-        """Bytes ``entry``'s rank received for its refits before ``upto``."""
-        done = entry.refits_completed - entry.first_refit
-        if upto >= entry.refits_completed or done <= 0:
-            return entry.bytes_total if upto >= entry.refits_completed else 0
-        items = self._items.get((epoch, entry.rank), {})
-        beyond = range(upto, entry.refits_completed)
-        if all(r in items for r in beyond):
-            return entry.bytes_total - sum(items[r].bytes for r in beyond)
-        # Not itemised: every refit of a rank moves the same weights, so the same bytes.
-        return entry.bytes_total * (upto - entry.first_refit) // done
+        """What the rows add up to: the status's ``bytesTransferred`` for the same reads."""
+        return bytes_received(self._counted)
 
     def rows(self) -> list[RefitRow]:
-        out: list[RefitRow] = []
-        for epoch in sorted({epoch for epoch, _ in self._latest}):
-            out.extend(self._epoch_rows(epoch))
-        return out
+        rows = self._itemised_rows() + self._gap_rows()
+        return sorted(rows, key=lambda r: (r.epoch, not r.itemised, r.first))
 
-    def _epoch_rows(self, epoch: int) -> list[RefitRow]:
-        ranks = sorted(rank for e, rank in self._latest if e == epoch)
-        items = [self._items.get((epoch, rank), {}) for rank in ranks]
-        full = sorted(set.intersection(*(set(i) for i in items))) if items else []
-        rows = [
+    def _itemised_rows(self) -> list[RefitRow]:
+        by_refit: dict[tuple[int, int], list[RefitReport]] = {}
+        for items in self._items.values():
+            for refit, (epoch, report) in items.items():
+                by_refit.setdefault((epoch, refit), []).append(report)
+        return [
             RefitRow(
                 epoch,
                 refit,
                 refit,
-                sum(i[refit].bytes for i in items),
-                max(i[refit].seconds for i in items),
+                sum(r.bytes for r in reports),
+                max(r.seconds for r in reports),
+                pods=len(reports),
             )
-            for refit in full
+            for (epoch, refit), reports in by_refit.items()
         ]
-        gap_bytes, gap_seconds, lost = 0, 0.0, set()
-        for rank, rank_items in zip(ranks, items, strict=True):
-            entry = self._latest[(epoch, rank)]
-            gap_bytes += entry.bytes_total - sum(rank_items[r].bytes for r in full)
-            gap_seconds = max(
-                gap_seconds, entry.seconds_total - sum(rank_items[r].seconds for r in full)
+
+    def _gap_rows(self) -> list[RefitRow]:
+        """Per epoch (of each pod's latest report), the bytes its pods did not itemise."""
+        gaps: dict[int, tuple[int, float, set[int], int]] = {}
+        for uid, entry in self._latest.items():
+            items = self._items.get(uid, {})
+            rest = entry.bytes_total - sum(r.bytes for _, r in items.values())
+            if rest <= 0:
+                continue
+            seconds = entry.seconds_total - sum(r.seconds for _, r in items.values())
+            lost = set(range(entry.first_refit, entry.refits_completed)) - set(items)
+            total, slowest, refits, pods = gaps.get(entry.epoch, (0, 0.0, set(), 0))
+            gaps[entry.epoch] = (total + rest, max(slowest, seconds), refits | lost, pods + 1)
+        return [
+            RefitRow(
+                epoch,
+                min(lost, default=0),
+                max(lost, default=0),
+                total,
+                max(seconds, 0.0),
+                itemised=False,
+                pods=pods,
             )
-            lost |= set(range(entry.first_refit, entry.refits_completed)) - set(full)
-        if gap_bytes > 0 or lost:
-            first, last = (min(lost), max(lost)) if lost else (0, 0)
-            rows.append(RefitRow(epoch, first, last, gap_bytes, max(gap_seconds, 0.0), False))
-        return rows
+            for epoch, (total, seconds, lost, pods) in gaps.items()
+        ]
+
+
+def _size(entry: ProgressEntry) -> tuple[int, int]:
+    return entry.bytes_total, entry.refits_completed

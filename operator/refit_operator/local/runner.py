@@ -29,7 +29,7 @@ from typing import Any
 
 from refit_operator import names
 from refit_operator.apply import Applier
-from refit_operator.core.coordinate import PatchData, merged
+from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Delete, Emit, JobView, LiftGate
 from refit_operator.core.failure import Failure
 from refit_operator.core.observe import Observed, observe
@@ -83,6 +83,9 @@ class RunOptions:
 @dataclass
 class RunResult:
     status: RefitJobStatus
+    #: The job as the last round saw it (its uid, generation and spec: a scale changes
+    #: them); None before the first round.
+    job: JobView | None = None
     #: Every refit the rollout ranks reported, itemised where they did (see ledger.py).
     ledger: RefitLedger = field(default_factory=RefitLedger)
     #: Pod name -> the last lines of its log, for each pod that failed (kept past clean-up).
@@ -323,11 +326,13 @@ def _round(
 ) -> RefitJobStatus | None:
     """Observe, reconcile, apply: the job's status after the round (kept in ``result``),
     or None when a pod could not start (the job then failed)."""
+    result.job = view
     observed = observe(
         cluster.kubelet.pods(), list(cluster.others.values()), cluster.observed_rendezvous()
     )
-    # Before the decision is applied: a new epoch clears what the old one reported.
-    result.ledger.ingest(merged(observed.rendezvous))
+    # Before the decision is applied (a new epoch clears what the old one reported), and
+    # the very entries the reconcile counts: the rows add up to the status's bytes.
+    result.ledger.ingest_entries(observed.entries.progress())
     _keep_failed_logs(result, cluster, observed)
     decision = reconcile(view, observed, datetime.now(UTC), RenderOptions())
     try:

@@ -52,24 +52,16 @@ def connection(status: RefitJobStatus) -> str:
     return f"connecting ({cond.message})" if cond.status != "True" else "connecting"
 
 
-def moved(status: RefitJobStatus, committed: int) -> str:
-    """Bytes of the committed refits, and what ranks received beyond them."""
-    extra = status.bytes_transferred - committed
-    return human_bytes(committed) + (f" (+{human_bytes(extra)} partial)" if extra > 0 else "")
-
-
-def live_lines(
-    job: str, spec: RefitJobSpec, status: RefitJobStatus, elapsed: float, committed: int
-) -> list[str]:
-    """The block a terminal redraws every tick; ``committed``: bytes of the refits every
-    rollout rank committed (``RefitLedger.committed_bytes``)."""
+def live_lines(job: str, spec: RefitJobSpec, status: RefitJobStatus, elapsed: float) -> list[str]:
+    """The block a terminal redraws every tick.  ``moved``: the status's bytes, the one
+    figure the summary's rows and total also show."""
     refits = spec.transfer.refits
     return [
         f"RefitJob {job}  phase {status.phase.value}  epoch {status.epoch}  elapsed {elapsed:.1f}s",
         f"  policy   ready {status.policy.ready}/{spec.policy.replicas}",
         f"  rollout  ready {status.rollout.ready}/{rollout_desired(spec, status)}  "
         f"refit {min(status.refits_completed + 1, refits)}/{refits}  "
-        f"committed {status.refits_completed}  moved {moved(status, committed)}  "
+        f"committed {status.refits_completed}  moved {human_bytes(status.bytes_transferred)}  "
         f"last {gbps(status)}",
         f"  restarts {status.restarts}  preemptions {status.preemptions}  "
         f"replacements {replacements(status)}  ranks {connection(status)}",
@@ -148,18 +140,16 @@ def rollout_desired_key(status: RefitJobStatus) -> int:
     return status.rollout.desired
 
 
-def status_line(
-    job: str, spec: RefitJobSpec, status: RefitJobStatus, elapsed: float, committed: int
-) -> str:
+def status_line(job: str, spec: RefitJobSpec, status: RefitJobStatus, elapsed: float) -> str:
     """One grep-able line: ``key=value`` pairs.  ``refits`` counts what every rollout rank
-    committed, ``bytes`` the bytes of those refits (``committed``), ``connected`` the
-    current epoch's ranks."""
+    committed, ``bytes`` what the rollout pods reported receiving (the status's, as the
+    summary's rows and total), ``connected`` the current epoch's ranks."""
     return (
         f"t={elapsed:.1f}s job={job} phase={status.phase.value} epoch={status.epoch} "
         f"policy_ready={status.policy.ready}/{spec.policy.replicas} "
         f"rollout_ready={status.rollout.ready}/{rollout_desired(spec, status)} "
         f"refits={status.refits_completed}/{spec.transfer.refits} "
-        f"bytes={committed} "
+        f"bytes={status.bytes_transferred} "
         f"gbps={(status.last_throughput_bytes_per_second or 0) / 1e9:.4g} "
         f"restarts={status.restarts} preemptions={status.preemptions} "
         f"replacements={status.rollout.replacements} "
@@ -208,8 +198,8 @@ def _verdict(spec: RefitJobSpec, result: RunResult) -> str:
 
 
 def summary(job: str, spec: RefitJobSpec, result: RunResult, elapsed: float) -> list[str]:
-    """The final table: one row per refit the rollout ranks reported; rows add up to the
-    bytes line below them."""
+    """The final table: one row per refit the rollout pods reported; rows add up to the
+    bytes line below them, the status's ``bytesTransferred``."""
     status = result.status
     lines = [f"RefitJob {job}: {_verdict(spec, result)} in {elapsed:.1f}s"]
     if status.message:
@@ -217,16 +207,17 @@ def summary(job: str, spec: RefitJobSpec, result: RunResult, elapsed: float) -> 
     rows = result.ledger.rows()
     if rows:
         lines += [
-            f"  {'refit':>5}  {'epoch':>5}  {'bytes':>10}  {'seconds':>8}  {'rate':>11}",
-            f"  (bytes: what all {spec.rollout.replicas} rollout rank(s) received for the "
-            "refit together; seconds: transfer and commit of the slowest one; rate: those "
-            "bytes over those seconds, the gang's aggregate)",
+            f"  {'refit':>5}  {'epoch':>5}  {'bytes':>10}  {'seconds':>8}  {'rate':>11}  "
+            f"{'pods':>4}",
+            "  (bytes: what the rollout pods received for the refit together, each pod "
+            "counted once; seconds: transfer and commit of the slowest one; rate: those "
+            "bytes over those seconds, the gang's aggregate; pods: how many pods' bytes)",
         ]
     for row in rows:
         rate = human_rate(row.bytes / row.seconds) if row.seconds > 0 else "-"
         lines.append(
             f"  {row.label:>5}  {row.epoch:>5}  {human_bytes(row.bytes):>10}  "
-            f"{row.seconds:>8.3f}  {rate:>11}"
+            f"{row.seconds:>8.3f}  {rate:>11}  {row.pods:>4}"
         )
     if any(not row.itemised for row in rows):
         lines.append(

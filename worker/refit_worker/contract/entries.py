@@ -193,8 +193,9 @@ class ProgressEntry(_RankEntry):
     """A rank's progress in its epoch; rollout ranks count what they committed.
 
     ``refits_completed`` counts from the job's start (a recreated gang resumes there);
-    ``bytes_total`` and ``seconds_total`` cover this epoch's refits, of which ``recent``
-    itemises the last :data:`RECENT_REFITS`.
+    ``bytes_total`` and ``seconds_total`` cover the refits of this rank's pod (a rollout
+    pod outlives policy epochs, and its totals carry on: the operator counts bytes per pod
+    uid), of which ``recent`` itemises the last :data:`RECENT_REFITS`.
     """
 
     state: ProgressState = "running"

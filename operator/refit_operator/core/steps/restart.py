@@ -105,8 +105,6 @@ def restart_gang(
     status = draft.status
     draft.update(
         epoch=status.epoch + 1,
-        bytes_before_epoch=status.bytes_transferred,
-        previous_epoch_bytes=status.bytes_transferred - status.bytes_before_epoch,
         created_epoch=None,
         epoch_start_time=None,
         restart_at=inp.now + timedelta(seconds=delay),

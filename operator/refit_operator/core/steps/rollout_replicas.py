@@ -43,33 +43,11 @@ def sync_slots(inp: RoundInput, draft: Draft) -> Finding | None:
                 # A replica that came up Ready ends its rank's run of failures.
                 failures=0 if ready else rec.failures,
                 replace_at=rec.replace_at if same else None,
-                replaced_uid=rec.replaced_uid if same else "",
-                replaced_bytes=rec.replaced_bytes if same else 0,
             )
         )
     selector = names.rollout_selector(inp.job.ref.name)
     draft.update(rollout_replicas=replicas, rollout_selector=selector)
-    _late_reports(inp, draft)
     return None
-
-
-def _late_reports(inp: RoundInput, draft: Draft) -> None:
-    """Bytes a replaced pod reported after its replacement was decided (its last refit's
-    report can land after it) are added once."""
-    reported = {
-        e.uid: e.bytes_total
-        for e in inp.observed.entries.progress()
-        if e.role == "rollout" and e.epoch == inp.epoch
-    }
-    extra, replicas = 0, []
-    for rec in draft.status.rollout_replicas:
-        now = reported.get(rec.replaced_uid, 0) if rec.replaced_uid else 0
-        extra += max(0, now - rec.replaced_bytes)
-        replicas.append(rec.model_copy(update={"replaced_bytes": max(now, rec.replaced_bytes)}))
-    if extra:
-        draft.update(
-            rollout_replicas=replicas, bytes_before_epoch=draft.status.bytes_before_epoch + extra
-        )
 
 
 def _committed(inp: RoundInput) -> dict[int, int]:
@@ -121,7 +99,6 @@ def _replace(inp: RoundInput, draft: Draft, slot: Slot, why: str, *, failed: boo
     old = next(r for r in status.rollout_replicas if r.rank == slot.rank)
     failures = old.failures + 1 if failed else old.failures
     delay = _backoff(inp.spec, failures) if failed else 0.0
-    counted = _bytes_of(inp, slot)
     new = old.model_copy(
         update={
             "generation": slot.generation + 1,
@@ -129,8 +106,6 @@ def _replace(inp: RoundInput, draft: Draft, slot: Slot, why: str, *, failed: boo
             "ready": False,
             "failures": failures,
             "replace_at": inp.now + timedelta(seconds=delay),
-            "replaced_uid": slot.pod.uid if slot.pod is not None else "",
-            "replaced_bytes": counted,
         }
     )
     replicas = [new if r.rank == slot.rank else r for r in status.rollout_replicas]
@@ -139,8 +114,6 @@ def _replace(inp: RoundInput, draft: Draft, slot: Slot, why: str, *, failed: boo
         rollout_replicas=replicas,
         rollout=status.rollout.model_copy(update={"replacements": count}),
         rollout_failures=status.rollout_failures + (1 if failed else 0),
-        # What the replaced pod received stays counted once its report no longer is.
-        bytes_before_epoch=status.bytes_before_epoch + counted,
     )
     if slot.pod is not None:
         draft.delete_pods([slot.pod])
@@ -148,16 +121,6 @@ def _replace(inp: RoundInput, draft: Draft, slot: Slot, why: str, *, failed: boo
     message = f"rollout rank {slot.rank} replaced by {name} (replacement {count}): {why}"
     draft.actions.append(Emit("Warning" if failed else "Normal", "RolloutReplaced", message))
     draft.later(max(delay, POLL_DELETING_S))
-
-
-def _bytes_of(inp: RoundInput, slot: Slot) -> int:
-    """The bytes the slot's pod reported in this epoch (0 when it reported none)."""
-    uid = slot.pod.uid if slot.pod is not None else None
-    return sum(
-        e.bytes_total
-        for e in inp.observed.entries.progress()
-        if uid and e.uid == uid and e.role == "rollout" and e.epoch == inp.epoch
-    )
 
 
 def _backoff(spec: RefitJobSpec, failures: int) -> float:
