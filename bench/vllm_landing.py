@@ -9,11 +9,15 @@ kernels).  Per refit the rollout reports:
 
 * ``transfer``: the session's own figure (first byte possible to every byte arrived and
   verified, plus the commit), the baseline;
-* ``landing``: the one ``reload_weights`` call, during which generation is held.
+* ``landing``: the one ``reload_weights`` call plus the redo of the one-time post-load
+  processing it leaves stale (``vllm_served.redo_processing``);
+* ``check``: the read-back of every served layer through vLLM's kernels
+  (``vllm_served.check_served``, counted as verification in the rank's report).
 
-Printed: every timed refit, the medians of ``--runs`` refits (after ``--warmup``), and the
-ratio landing / transfer of the medians, all measured in this run (the load average is
-printed: other processes on the machine skew both alike).
+Generation is held during the landing and the check.  Printed: every timed refit, the
+medians of ``--runs`` refits (after ``--warmup``), and the ratios landing / transfer and
+check / transfer of the medians, all measured in this run (the load average is printed:
+other processes on the machine skew all three alike).
 
 Usage: ``python bench/vllm_landing.py [--runs 3] [--warmup 1] [--json]`` from any Python
 of the project; the engine sides run in the vLLM environment (``tests/engines/install.sh``,
@@ -158,16 +162,18 @@ def report(figures: list[dict[str, Any]], args: argparse.Namespace, elapsed: flo
         f"vLLM landing vs transfer: {mb:.0f} MB per refit, {args.runs} timed refits after "
         f"{args.warmup} warm-up; load average {os.getloadavg()[0]:.1f}; {elapsed:.0f} s in all"
     )
-    print(f"  {'refit':>5}  {'transfer s':>10}  {'landing s':>9}  {'landing/transfer':>16}")
-    for f in figures:
-        ratio = f["landing_s"] / f["transfer_s"]
-        row = f"  {f['refit_id']:>5}  {f['transfer_s']:>10.4f}  {f['landing_s']:>9.4f}"
-        print(f"{row}  {ratio:>16.2f}")
-    transfer = statistics.median(f["transfer_s"] for f in figures)
-    landing = statistics.median(f["landing_s"] for f in figures)
     print(
-        f"  median  {transfer:>10.4f}  {landing:>9.4f}  {landing / transfer:>16.2f}"
-        f"   (transfer {mb / transfer / 1e3:.2f} GB/s; landing {mb / landing / 1e3:.2f} GB/s)"
+        f"  {'refit':>6}  {'transfer s':>10}  {'landing s':>9}  {'check s':>8}"
+        f"  {'landing/transfer':>16}  {'check/transfer':>14}"
+    )
+    for f in figures:
+        print(_row(str(f["refit_id"]), f["transfer_s"], f["landing_s"], f["verify_s"]))
+    transfer, landing, check = (
+        statistics.median(f[k] for f in figures) for k in ("transfer_s", "landing_s", "verify_s")
+    )
+    print(
+        _row("median", transfer, landing, check)
+        + f"   (transfer {mb / transfer / 1e3:.2f} GB/s; landing {mb / landing / 1e3:.2f} GB/s)"
     )
     if args.json:
         print(
@@ -177,10 +183,19 @@ def report(figures: list[dict[str, Any]], args: argparse.Namespace, elapsed: flo
                     "bytes": figures[0]["bytes"],
                     "transfer_s": transfer,
                     "landing_s": landing,
+                    "check_s": check,
                     "landing_over_transfer": landing / transfer,
+                    "check_over_transfer": check / transfer,
                 }
             )
         )
+
+
+def _row(label: str, transfer: float, landing: float, check: float) -> str:
+    return (
+        f"  {label:>6}  {transfer:>10.4f}  {landing:>9.4f}  {check:>8.4f}"
+        f"  {landing / transfer:>16.2f}  {check / transfer:>14.2f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

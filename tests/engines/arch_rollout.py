@@ -2,13 +2,14 @@
 
 Run in the vLLM environment's Python with ``$ENGINE_ROLLOUT`` (JSON: ``arch``,
 ``model_dir``, ``env`` (the rank's ``REFIT_*``), ``path``: ``"extension"`` or
-``"backend"``, ``extension``: the worker extension's qualified name).  It saves the
-trainer's initial checkpoint (seed 0), starts vLLM (in-process, CPU) on it once, and
-takes every pending refit:
+``"backend"``, ``extension``: the worker extension's qualified name, ``claim``).  It
+saves the trainer's initial checkpoint (seed 0), starts vLLM (in-process, CPU) on it
+once, and takes every pending refit:
 
 - ``extension``: ``VllmRefit`` begin / land / commit; after the landing (where kube-refit
   reads every served layer back), vLLM's greedy tokens and their logprobs are compared
-  here with the trainer's ground truth (the refit's extras); committed as ``tokens``;
+  here with the trainer's ground truth (the refit's extras); committed claiming
+  ``claim`` (default ``tokens``; null: only what the landing's own read-back reached);
 - ``backend``: vLLM's own ``init_weight_transfer_engine`` / ``start_weight_update`` /
   ``update_weights`` / ``finish_weight_update`` (nothing but the backend's own read-back
   is claimed); the tokens and logprobs are reported for the test to compare with the
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "rl-vl
 
 import tiny_llama
 
+from refit_worker.contract.entries import Verification
 from refit_worker.integrations.vllm import BACKEND, LandingError, VllmRefit, register_backend
 
 LOGPROB_ATOL = 1e-3
@@ -57,11 +59,11 @@ def check(llm: Any, extras: dict[str, Any]) -> tuple[str | None, dict[str, Any]]
     return None, seen
 
 
-def by_extension(llm: Any, env: dict[str, str]) -> None:
+def by_extension(llm: Any, env: dict[str, str], claim: Verification | None) -> None:
     refit = VllmRefit(llm)
     refit.connect(env)
     for refit_id in refit.pending():
-        refit.begin(refit_id, verified_as="tokens")
+        refit.begin(refit_id, verified_as=claim)
         while not refit.ready():
             time.sleep(0.05)
         try:
@@ -76,7 +78,8 @@ def by_extension(llm: Any, env: dict[str, str]) -> None:
             say("rejected", refit=refit_id, error=problem, **seen)
             raise SystemExit(1)
         figures = refit.commit(time.perf_counter() - started)
-        say("refit", refit=refit_id, figures=figures, **seen)
+        read_back = {k: landing[k] for k in ("probed", "unprobed")}
+        say("refit", refit=refit_id, figures=figures, **read_back, **seen)
     refit.close()
 
 
@@ -110,7 +113,7 @@ def main() -> None:
     say("started", seconds=time.perf_counter() - started, tokens=tokens)
     try:
         if opts["path"] == "extension":
-            by_extension(llm, opts["env"])
+            by_extension(llm, opts["env"], opts.get("claim", "tokens"))
         else:
             by_backend(llm, opts["env"], opts["refits"])
     except Exception as exc:

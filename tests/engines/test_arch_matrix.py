@@ -16,7 +16,10 @@ landing.  The cases:
   ``served-params``, the level the backend reaches on its own;
 - ``qwen2-moe`` (4 experts, top-2, a shared expert) through the extension; the trainer
   holds the experts fused as transformers 5 does and sends them so in refits 0 and 2, and
-  by the checkpoint's per-expert names in refit 1;
+  by the checkpoint's per-expert names in refit 1; the rollout claims only the landing's
+  own read-back, which reaches every layer (the fused experts through their kernel), so
+  the status must say ``served-params``; a fault planted in the third landing (one
+  expert's ``down_proj`` left out) must be rejected naming that expert and no other;
 - ``qwen2-tied-mp``: the tied model through the extension with vLLM's engine core in its
   own process (``VLLM_ENABLE_V1_MULTIPROCESSING=1``): the landing, the redo and the
   read-back run there, every ``refit_*`` call crosses vLLM's RPC as plain data.
@@ -45,11 +48,31 @@ from refit_worker.rendezvous import FileStore, Layout
 
 pytestmark = pytest.mark.timeout(1200)
 START_TIMEOUT_S = 600
-SKIPPED = "model.layers.1.mlp.down_proj.weight"
 CASES: dict[str, dict[str, Any]] = {
-    "llama": {"arch": "llama", "path": "extension", "refits": 4, "fault_at": 3},
+    "llama": {
+        "arch": "llama",
+        "path": "extension",
+        "refits": 4,
+        "fault_at": 3,
+        "skip": "model.layers.1.mlp.down_proj.weight",
+        "named": ["model.layers.1.mlp.down_proj"],
+    },
     "qwen2-tied": {"arch": "qwen2-tied", "path": "backend", "refits": 3},
-    "qwen2-moe": {"arch": "qwen2-moe", "path": "extension", "refits": 3, "per_expert_at": [1]},
+    # Claims only what the landing's read-back reached (the tokens are checked all the
+    # same): with the experts read back, that is every layer.  The fault: one expert's
+    # down_proj left out of the 3rd landing (sent fused; the 2nd went per expert).
+    "qwen2-moe": {
+        "arch": "qwen2-moe",
+        "path": "extension",
+        "refits": 3,
+        "per_expert_at": [1],
+        "claim": None,
+        "fault_at": 2,
+        "skip": "model.layers.1.mlp.experts.2.down_proj.weight",
+        "named": ["model.layers.1.mlp.experts.2.{gate_proj,up_proj,down_proj}.weight"],
+        "not_named": [f"model.layers.1.mlp.experts.{e}." for e in (0, 1, 3)],
+        "experts": ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"],
+    },
     # vLLM's engine core in its own process: every refit_* call crosses its RPC.
     "qwen2-tied-mp": {"arch": "qwen2-tied", "path": "extension", "refits": 3, "mp": True},
 }
@@ -93,10 +116,11 @@ def _run(arch: str, case: dict[str, Any], python: Path, tmp: Path) -> dict[str, 
                     "refits": refits,
                     "env": _env(store_dir, "rollout", 0, refits, port),
                     "extension": FAULTY_EXTENSION if fault is not None else WORKER_EXTENSION,
+                    "claim": case.get("claim", "tokens"),
                 }
             ),
             ENGINE_SKIP_AT=str(fault if fault is not None else -1),
-            ENGINE_SKIP_TENSOR=SKIPPED,
+            ENGINE_SKIP_TENSOR=case.get("skip", ""),
             VLLM_ENABLE_V1_MULTIPROCESSING="1" if case.get("mp") else "0",
         ),
         tmp / "rollout.log",
@@ -170,16 +194,24 @@ def test_vllm_serves_what_the_trainer_sent(name: str, engine_python: Path, tmp_p
     assert len(losses) == case["refits"] and losses[-1] < losses[0], losses
     progress = found["progress"]
     assert progress.refits_completed == good
-    if case["path"] == "backend":
+    if case["path"] == "backend" or case.get("claim", "tokens") is None:
         assert progress.verification == "served-params", progress
     else:
         assert progress.verification == "tokens", progress
+    for got in refits if case["path"] == "extension" else []:
+        # The read-back reached every layer, the fused experts' kernels included.
+        assert got["unprobed"] == [], got
+        for layer in case.get("experts", []):
+            assert f"{layer}.routed_experts" in got["probed"], got
     if "fault_at" in case:
         (rejected,) = found["rejected"]
         assert rejected["refit"] == case["fault_at"]
-        assert "model.layers.1.mlp.down_proj" in rejected["error"], rejected
+        for name in case["named"]:
+            assert name in rejected["error"] and name in progress.message, (rejected, progress)
+        for name in case.get("not_named", []):
+            assert name not in rejected["error"], rejected
         assert found["exit"] != 0
-        assert progress.state == "failed" and "down_proj" in progress.message, progress
+        assert progress.state == "failed", progress
     else:
         assert found["end"]["step"] == "done" and found["exit"] == 0, found
         assert progress.state == "done", progress

@@ -22,7 +22,8 @@ post-load steps that reload leaves stale, redone with vLLM's own methods
 ``quant_method.process_weights_after_loading``, the MoE kernel's
 ``fused_experts.process_weights_after_loading``), then the read-back of every served layer
 (:func:`.vllm_served.check_served`: ``quant_method.apply`` / ``embedding`` on probe inputs,
-the model's ``hf_to_vllm_mapper``); ``Worker.model_runner.get_model()``;
+the fused experts' ``forward_modular`` on a probe routed to each expert, the model's
+``hf_to_vllm_mapper``); ``Worker.model_runner.get_model()``;
 ``Worker.vllm_config`` (``model_config.model``: the checkpoint directory whose tensor names
 and shapes a refit must match before it lands; ``parallel_config.tensor_parallel_size``);
 ``WeightTransferEngineFactory.register_engine`` and the ``WeightTransferEngine`` base class
@@ -142,6 +143,8 @@ class RefitLanding:
         self.receiver, self._land, self._served = receiver, land, served
         self._check, self._complete = check, complete and check is not None
         self._landing_s = self._check_s = 0.0
+        #: The last landing's read-back (None: no check, or none yet).
+        self.report: ServedReport | None = None
 
     def begin(self, refit_id: int, verified_as: Verification | None = None) -> None:
         """Start receiving ``refit_id``; the claim is the stronger of the caller's check
@@ -168,7 +171,7 @@ class RefitLanding:
         except Exception as exc:
             self._fail(staged.refit_id, f"vLLM's loader failed part-way ({exc})", exc)
         self._landing_s = time.perf_counter() - started
-        report = self._check(weights) if self._check is not None else None
+        self.report = report = self._check(weights) if self._check is not None else None
         self._check_s = time.perf_counter() - started - self._landing_s
         if report is not None and report.mismatches:
             self._fail(staged.refit_id, f"served weights differ: {describe(report)}")
@@ -270,15 +273,20 @@ class RefitWorkerExtension:
     def refit_land(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Land the begun refit once staged (the driver holds generation meanwhile).
 
-        Returns ``refit_id``, ``landing_s``, ``staged_after_s`` and ``extras`` (the
-        refit's extra tensors as lists).  Raises what stopped the refit (``Preempted``...)
-        or :class:`LandingError`; the engine's weights are then untouched."""
-        staged, landing_s = self._refit_require().land(timeout_s)
+        Returns ``refit_id``, ``landing_s``, ``staged_after_s``, ``extras`` (the refit's
+        extra tensors as lists), and the read-back's ``probed`` and ``unprobed`` layers.
+        Raises what stopped the refit (``Preempted``...) or :class:`LandingError`; the
+        engine's weights are then untouched."""
+        landing = self._refit_require()
+        staged, landing_s = landing.land(timeout_s)
+        report = landing.report or ServedReport()
         return {
             "refit_id": staged.refit_id,
             "landing_s": landing_s,
             "staged_after_s": staged.staged_after_s,
             "extras": {n: t.tolist() for n, t in staged.extras.items()},
+            "probed": list(report.probed),
+            "unprobed": list(report.unprobed),
         }
 
     def refit_commit(self, verify_s: float = 0.0) -> dict[str, Any]:

@@ -19,9 +19,15 @@ and
 - a linear layer (``LinearBase``) and an LM head: ``quant_method.apply`` on a fixed
   probe input (what the engine computes with, prepacked or not) against ``x @ W.T + b``;
 - an embedding: ``quant_method.embedding`` of probe ids against the expected rows;
+- the fused experts of an MoE layer (``RoutedExperts``, unquantized, gated SiLU, no
+  expert parallelism): ``forward_modular`` (what the layer's runner calls after routing:
+  the quant method's kernel on the prepacked ``w13`` / ``w2``) on a fixed probe routed to
+  each expert in turn, against the same computed in plain torch from the sent per-expert
+  tensors (:mod:`.served_experts`); a difference names the expert;
 - any other layer whose parameters are plain (norms): the parameter itself;
-- a layer it cannot read back (the fused experts: their prepacked layout is opaque) is
-  named in ``unprobed``: the level stays below ``served-params`` unless nothing is.
+- a layer it cannot read back (quantized or biased experts, a monolithic MoE kernel, any
+  other layer with a quant method) is named in ``unprobed``: the level stays below
+  ``served-params`` unless nothing is.
 
 Tensor-parallel ranks hold slices: the check covers ``tp_size == 1`` only (callers pass
 the size; above 1 every layer is ``unprobed``).
@@ -36,6 +42,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from refit_worker.integrations.served_experts import (
+    ExpertNames,
+    expert_problems,
+    expert_weights,
+    probe_routing,
+    reference_moe,
+)
 
 #: Largest relative error (max |live - expected| / max |expected|) accepted per dtype:
 #: oneDNN and torch accumulate in different orders; a stale or skipped tensor is off by
@@ -190,7 +204,59 @@ def _kind(module: torch.nn.Module) -> str | None:
         return "linear"
     if isinstance(module, VocabParallelEmbedding):
         return "embedding"
+    if _readable_experts(module):
+        return "experts"
     return "plain" if getattr(module, "quant_method", None) is None else None
+
+
+def _readable_experts(module: Any) -> bool:
+    """Whether ``module`` is a fused-experts layer that :func:`_check_experts` reproduces:
+    unquantized, modular kernel, gated SiLU, no biases, every expert local."""
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+        UnquantizedFusedMoEMethod,
+    )
+
+    if not isinstance(module, RoutedExperts):
+        return False
+    method, config = module.quant_method, module.moe_config
+    return (
+        isinstance(method, UnquantizedFusedMoEMethod)
+        and not method.is_monolithic
+        and module.expert_map is None
+        and config.is_act_and_mul
+        and module.activation.value == "silu"
+        and module.swiglu_limit is None
+        and not config.has_bias
+    )
+
+
+def _check_experts(module: Any, expected: Mapping[str, torch.Tensor]) -> list[str]:
+    """The experts' served kernel on a probe routed to each expert, against plain torch
+    on the sent tensors; one problem per expert that differs (named by its tensors)."""
+    names = ExpertNames(
+        module.layer_name,
+        module.ckpt_gate_proj_name,
+        module.ckpt_up_proj_name,
+        module.ckpt_down_proj_name,
+    )
+    sent = expert_weights(expected, names, module.global_num_experts)
+    if isinstance(sent, str):
+        return [f"{module.layer_name}: {sent}"]
+    w13, w2 = sent
+    dtype, hidden = module.params_dtype, w13.shape[-1]
+    device = module.w13_weight.device
+    routing = probe_routing(module.global_num_experts, PROBE_ROWS, device)
+    x = _probe(len(routing[1]), hidden, dtype, device)
+    # The kernel may run on a hidden size vLLM padded: zero columns beyond the model's.
+    padded = torch.nn.functional.pad(x, (0, int(module.hidden_size) - hidden))
+    live = module.forward_modular(padded, *routing)
+    if not isinstance(live, torch.Tensor):
+        return [f"{module.layer_name}: the kernel deferred its output ({type(live).__name__})"]
+    reference = reference_moe(x, w13, w2, routing, bool(module.apply_router_weight_on_input))
+    return expert_problems(
+        live[:, :hidden], reference, routing[1], names, differs=differs, dtype=dtype
+    )
 
 
 def _layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -229,8 +295,11 @@ def check_served(
         if kind is None:
             report.unprobed.append(name)
             continue
-        problem = _CHECKS[kind](module, _own_expected(name, module, expected, owner))
         report.probed.append(name)
+        if kind == "experts":  # named per expert, by the sent tensors
+            report.mismatches += _check_experts(module, expected)
+            continue
+        problem = _CHECKS[kind](module, _own_expected(name, module, expected, owner))
         if problem is not None:
             report.mismatches.append(f"{name}: {problem}")
     return report
