@@ -1,4 +1,4 @@
-"""The pure membership decisions of the checkpoint engine (:mod:`.membership`,
+"""The pure membership decisions of the checkpoint engine (:mod:`.peers`,
 :mod:`.delivery`) and the ``decline`` control message."""
 
 from __future__ import annotations
@@ -9,12 +9,6 @@ import pytest
 
 from refit_worker.checkpoint_engines import PeerError, RefitTimeoutError
 from refit_worker.checkpoint_engines.delivery import Delivery, TargetDropped
-from refit_worker.checkpoint_engines.membership import (
-    disagreement,
-    expected_sources,
-    plan_peer_update,
-    targets_for_policy,
-)
 from refit_worker.checkpoint_engines.messages import (
     BufferDesc,
     Decline,
@@ -25,6 +19,12 @@ from refit_worker.checkpoint_engines.messages import (
     decode,
     encode,
     parse_metadata,
+)
+from refit_worker.checkpoint_engines.peers import (
+    disagreement,
+    expected_sources,
+    plan_peer_update,
+    targets_for_policy,
 )
 
 

@@ -1,4 +1,4 @@
-"""What a rank decides from the membership (``refit_worker.membership``): its standing, the
+"""What a rank decides from the membership (``refit_worker.following``): its standing, the
 peer list for the engine, what a lingering policy still owes and when it may stop.  Pure:
 entries as data."""
 
@@ -11,7 +11,7 @@ from refit_worker.contract.entries import (
     ProgressState,
     RolloutMember,
 )
-from refit_worker.membership import (
+from refit_worker.following import (
     all_done,
     lacking,
     members,
@@ -128,7 +128,7 @@ def test_an_empty_slot_held_for_a_later_generation_is_owed_whatever_its_old_pod_
 
 
 def test_all_have_counts_only_the_reports_of_the_pods_now_in_the_slots() -> None:
-    from refit_worker.membership import all_have
+    from refit_worker.following import all_have
 
     progress = {
         ("rollout", 0): _progress(0, "a", 5, "running"),

@@ -23,7 +23,7 @@ from refit_worker.checkpoint_engines import (
 from refit_worker.checkpoint_engines.base import dtype_from_name
 from refit_worker.checkpoint_engines.planning import TensorSpec
 from refit_worker.contract.entries import BarrierEntry, Verification, decode_entry
-from refit_worker.membership import standing
+from refit_worker.following import standing
 from refit_worker.refits import (
     CommittedRefit,
     RefitStats,

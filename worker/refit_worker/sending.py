@@ -18,10 +18,10 @@ from refit_worker.checkpoint_engines import (
     NIXLCheckpointEngine,
     RefitTiming,
 )
-from refit_worker.checkpoint_engines.membership import targets_for_policy
+from refit_worker.checkpoint_engines.peers import targets_for_policy
 from refit_worker.checkpoint_engines.shards import is_sharded
 from refit_worker.contract.entries import BarrierEntry
-from refit_worker.membership import Progress, all_done, all_have, lacking
+from refit_worker.following import Progress, all_done, all_have, lacking
 from refit_worker.refits import (
     RefitStats,
     RefitUndelivered,

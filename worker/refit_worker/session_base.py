@@ -25,8 +25,8 @@ from refit_worker.checkpoint_engines import (
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry
 from refit_worker.contract.failures import RefusedConfigError
+from refit_worker.following import PeerSet
 from refit_worker.gang import PolicyGang, join_policy_group
-from refit_worker.peers import PeerSet
 from refit_worker.refits import (
     CommittedRefit,
     Removed,

@@ -5,7 +5,7 @@ Public names mirror upstream ``nemo_rl.utils.checkpoint_engines`` (``NIXLCheckpo
 mapping, layouts and messages are pure and importable without nixl; nixl itself is imported
 only when an agent is created.
 
-Membership (:mod:`.membership`, :mod:`.delivery`, :mod:`.admission`): peers follow the
+Membership (:mod:`.peers`, :mod:`.delivery`, :mod:`.admission`): peers follow the
 rendezvous's member list with ``update_peers``; a refit goes to the members present, a
 failing target is dropped from it alone, and a receiver declines a refit it should not
 take (an older one, or one its sources planned from different memberships).
@@ -36,9 +36,9 @@ from .mapping import (
     rollout_targets_for_policy,
     source_ranks_for_rollout,
 )
-from .membership import PeerUpdate, targets_for_policy
 from .messages import BufferDesc, NixlAgentMetadata, ProtocolError
 from .nixl import NIXLCheckpointEngine, ReceivedRefit
+from .peers import PeerUpdate, targets_for_policy
 from .planning import TensorSpec, plan_buckets
 from .receiver import IncompleteRefitError, LayoutMismatchError
 

@@ -3,9 +3,9 @@
 A receiver takes the first manifest of refit id ``>= k`` (or exactly ``k``) from any of its
 policy peers; with ``min_refit`` it declines manifests of older refits instead of letting
 their senders wait.  It then collects the manifests of the same refit from every source
-:func:`~.membership.expected_sources` names, for at most half the timeout (so that a
+:func:`~.peers.expected_sources` names, for at most half the timeout (so that a
 decline reaches the present senders before their own wait for ``ready`` runs out), and
-declines the refit when one is missing or they disagree (:func:`~.membership.disagreement`).
+declines the refit when one is missing or they disagree (:func:`~.peers.disagreement`).
 Nothing lands before a refit is admitted.
 
 Must not import: torch, the engine module (``nixl.py``), the receiver, the operator.

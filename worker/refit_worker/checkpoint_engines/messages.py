@@ -28,7 +28,7 @@ notification of refit ``k-1`` can never be taken for refit ``k``:
 
 A manifest carries the sender's membership ``version`` and rollout world size, so that a
 receiver with several sources takes a refit only when they all planned it from the same
-membership (:mod:`.membership`).
+membership (:mod:`.peers`).
 
 Must not import: torch, nixl, the transport modules of this package.
 """
@@ -165,7 +165,7 @@ class Manifest(_Control):
     #: Hash every piece is checked with before the refit is accepted; None: no check.
     integrity: Literal["xxh3_64", "wsum64"] | None = None
     tensors: tuple[ManifestEntry, ...]
-    #: The membership version the sender planned this refit from (see :mod:`.membership`).
+    #: The membership version the sender planned this refit from (see :mod:`.peers`).
     version: int = Field(0, ge=0)
     #: The rollout world size it planned with; None: the receiver's own.
     rollout_world_size: int | None = Field(None, ge=1)

@@ -66,9 +66,8 @@ from .base import CheckpointEngine, RefitTiming
 from .integrity import Hasher, algorithm_for
 from .layout import TargetWeightLayout
 from .mapping import check_world_sizes, source_ranks_for_rollout
-from .membership import PeerUpdate
 from .messages import BufferDesc, MetadataLike, NixlAgentMetadata, parse_metadata
-from .peers import Peers
+from .peers import Peers, PeerUpdate
 from .planning import TensorSpec, check_bucket_size
 from .receiver import RefitReceiver, Shared, TargetResolver
 from .registry import MemoryRegistry

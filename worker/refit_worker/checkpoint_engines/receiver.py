@@ -51,7 +51,6 @@ from .base import TensorMeta, dtype_from_name
 from .boxes import Box
 from .integrity import Hasher, algorithm_for, as_bytes
 from .layout_checks import layout_problems
-from .membership import disagreement, expected_sources
 from .messages import (
     BucketReady,
     Credit,
@@ -62,6 +61,7 @@ from .messages import (
     ManifestEntry,
     Ready,
 )
+from .peers import disagreement, expected_sources
 from .planning import (
     Plan,
     TensorSpec,
