@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from tests.support.engine_procs import expected
-from tests.support.session_procs import SessionJob, run_session_job
+from tests.support.session_procs import SessionJob, run_session_job, sent_digests
 
 
 @pytest.mark.parametrize("mode", ["receive", "double_buffer", "in_place"])
@@ -37,6 +37,21 @@ def test_refits_land_bit_exact_in_final_tensors(tmp_path: Path, mode: str) -> No
         assert pointers[0] != pointers[1] and pointers[0] == pointers[2]
         assert rollout["live"] == expected(2)
     assert rollout["live_weights_partial"] is False
+
+
+def test_landing_memory_reused_by_another_layout_keeps_refits_flowing(tmp_path: Path) -> None:
+    """The rollout lands two layouts (names) in the same memory, as a rollout whose layout
+    changes does once its allocator hands out memory an earlier landing set had: B's one
+    storage holds A's (live, then swept and registered again) before B's tensors.  The
+    policy's NIXL keeps every region it loaded of the rollout, so without reloading the
+    rollout's metadata an old region hid the new one: NIXL_ERR_NOT_FOUND preparing refit
+    1's WRITEs (the qwen2-moe engines case, docs/engines.md)."""
+    job = SessionJob(mode="pool", refits=5, layouts="ABAAB")
+    reports = run_session_job(job, tmp_path)
+    rollout, policy = reports["rollout"], reports["policy"]
+    assert "error" not in rollout and "error" not in policy, reports
+    assert rollout["refits"] == [sent_digests(job, k) for k in range(job.refits)]
+    assert "big.top" in rollout["refits"][1] and "big.weight" in rollout["refits"][2]
 
 
 def test_preemption_mid_in_place_refit_says_the_live_weights_are_partial(tmp_path: Path) -> None:

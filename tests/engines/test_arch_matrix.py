@@ -15,11 +15,13 @@ landing.  The cases:
   weight-transfer registry (backend ``kube-refit``): the status must say
   ``served-params``, the level the backend reaches on its own;
 - ``qwen2-moe`` (4 experts, top-2, a shared expert) through the extension; the trainer
-  holds the experts fused as transformers 5 does and sends them so in refits 0 and 2, and
-  by the checkpoint's per-expert names in refit 1; the rollout claims only the landing's
-  own read-back, which reaches every layer (the fused experts through their kernel), so
-  the status must say ``served-params``; a fault planted in the third landing (one
-  expert's ``down_proj`` left out) must be rejected naming that expert and no other;
+  holds the experts fused as transformers 5 does and sends them so in refits 0, 2 and 4,
+  and by the checkpoint's per-expert names in refits 1 and 3 (each change of names lands
+  in newly allocated memory, over memory an earlier landing used); the rollout claims
+  only the landing's own read-back, which reaches every layer (the fused experts through
+  their kernel), so the status must say ``served-params``; four refits must commit, and a
+  fault planted in the fifth landing (one expert's ``down_proj`` left out) must be
+  rejected naming that expert and no other;
 - ``qwen2-tied-mp``: the tied model through the extension with vLLM's engine core in its
   own process (``VLLM_ENABLE_V1_MULTIPROCESSING=1``): the landing, the redo and the
   read-back run there, every ``refit_*`` call crosses vLLM's RPC as plain data.
@@ -59,15 +61,18 @@ CASES: dict[str, dict[str, Any]] = {
     },
     "qwen2-tied": {"arch": "qwen2-tied", "path": "backend", "refits": 3},
     # Claims only what the landing's read-back reached (the tokens are checked all the
-    # same): with the experts read back, that is every layer.  The fault: one expert's
-    # down_proj left out of the 3rd landing (sent fused; the 2nd went per expert).
+    # same): with the experts read back, that is every layer.  The names alternate
+    # (fused, per expert, fused, per expert): a rollout whose landing memory moves under
+    # a sender that loaded the old memory's metadata (the 4th refit's NIXL_ERR_NOT_FOUND
+    # of docs/engines.md, fixed).  The fault: one expert's down_proj left out of the 5th
+    # landing (sent fused).
     "qwen2-moe": {
         "arch": "qwen2-moe",
         "path": "extension",
-        "refits": 3,
-        "per_expert_at": [1],
+        "refits": 5,
+        "per_expert_at": [1, 3],
         "claim": None,
-        "fault_at": 2,
+        "fault_at": 4,
         "skip": "model.layers.1.mlp.experts.2.down_proj.weight",
         "named": ["model.layers.1.mlp.experts.2.{gate_proj,up_proj,down_proj}.weight"],
         "not_named": [f"model.layers.1.mlp.experts.{e}." for e in (0, 1, 3)],

@@ -32,7 +32,7 @@ PATIENCE_S = 90.0
 
 @dataclass
 class SessionJob:
-    mode: str  # "receive", "double_buffer" or "in_place"
+    mode: str  # "receive", "double_buffer", "in_place" or "pool" (see ``_from_pool``)
     refits: int = 3
     bucket_size: int = 64 << 10
     timeout_s: float = 20.0
@@ -40,6 +40,10 @@ class SessionJob:
     wrong_shape: str = ""  # the rollout's target has this tensor with one more row
     store: str = ""
     device: str = "cpu"
+    #: Per refit, which names the policy sends: "A" the state dict as it is, "B" with
+    #: ``big.weight`` split by rows into two names (as per-expert names split a fused
+    #: tensor); "" sends "A" every refit.
+    layouts: str = ""
 
 
 def _config(job: SessionJob, role: str) -> Any:
@@ -87,6 +91,49 @@ def _live(refit: int, wrong_shape: str, device: str) -> dict[str, torch.Tensor]:
     return live
 
 
+def sent_digests(job: SessionJob, refit: int) -> dict[str, str]:
+    """What the rollout must hold after ``refit``: the digests of what was sent."""
+    return {n: digest(t) for n, t in _sent(job, refit).items()}
+
+
+def _sent(job: SessionJob, refit: int) -> dict[str, torch.Tensor]:
+    """What the policy sends in ``refit`` (see ``SessionJob.layouts``)."""
+    sent = {n: t.to(job.device) for n, t in state_dict(refit).items()}
+    if job.layouts and job.layouts[refit] == "B":
+        top, bottom = sent.pop("big.weight").chunk(2)
+        sent["big.top"], sent["big.bottom"] = top.contiguous(), bottom.contiguous()
+    return sent
+
+
+_POOL_BYTES = 1 << 20
+_ALIGN = 64
+
+
+def _from_pool(pool: bytearray, sent: dict[str, torch.Tensor], whole: bool) -> dict[str, Any]:
+    """Tensors shaped as ``sent``, carved out of ``pool`` (memory this process reuses, as an
+    allocator does): ``whole``: views, from the pool's second half on, of one storage over
+    the whole pool; else each its own storage in the first half, from offset 4096 on.  So
+    the storages of the one layout lie inside the other's, before its tensors."""
+    out: dict[str, torch.Tensor] = {}
+    base = len(pool) // 2 if whole else 4096
+    every = torch.frombuffer(pool, dtype=torch.uint8)
+    for name, t in sent.items():
+        nbytes = t.numel() * t.element_size()
+        if nbytes == 0:
+            out[name] = torch.empty_like(t)
+            continue
+        raw = (
+            every[base : base + nbytes]
+            if whole
+            else torch.frombuffer(pool, dtype=torch.uint8, count=nbytes, offset=base)
+        )
+        out[name] = raw.view(t.dtype).view(t.shape)
+        base += -(-nbytes // _ALIGN) * _ALIGN
+    if base > len(pool):
+        raise ValueError(f"the pool of {len(pool)} bytes cannot hold {base}")
+    return out
+
+
 def rank_main(job_json: str, role: str, out_q: Any) -> None:
     """Process entry point: run the job's refits as ``role``; report JSON."""
     from refit_worker.session import Preempted, RefitSession
@@ -99,18 +146,23 @@ def rank_main(job_json: str, role: str, out_q: Any) -> None:
     report: dict[str, Any] = {"role": role, "refits": [], "pointers": []}
     session = RefitSession(_config(job, role), stop_requested=lambda: stop["flag"])
     live = _live(0, job.wrong_shape, job.device)
+    pool = bytearray(_POOL_BYTES)
     try:
         session.connect()
         for refit in range(job.refits):
             if role == "policy":
                 if refit == job.pause_at:
                     _pause_after_first_bucket(out_q)
-                sent = {n: t.to(job.device) for n, t in state_dict(refit).items()}
+                sent = _sent(job, refit)
                 asyncio.run(session.send(sent.items(), refit_id=refit))
                 report["refits"].append({})
                 continue
             if job.mode == "receive":
                 asyncio.run(session.receive(refit_id=refit))
+            elif job.mode == "pool":
+                whole = bool(job.layouts) and job.layouts[refit] == "B"
+                live = _from_pool(pool, _sent(job, refit), whole)
+                asyncio.run(session.receive_into(live, refit_id=refit, mode="in_place"))
             else:
                 asyncio.run(session.receive_into(live, refit_id=refit, mode=job.mode))  # type: ignore[arg-type]
             committed = session.committed

@@ -128,6 +128,13 @@ class NixlAgent:
             )
         return name
 
+    def reload_remote_agent(self, metadata: NixlAgentMetadata) -> None:
+        """Forget what was loaded of a peer's memory and load its agent metadata again
+        (NIXL cannot drop one region of a peer); its notifications already here are kept."""
+        self.poll()
+        self._agent.remove_remote_agent(metadata.agent_name)
+        self.add_remote_agent(metadata)
+
     def remove_remote_agent(self, agent_name: str) -> None:
         """Forget a peer and disconnect from it."""
         self._agent.remove_remote_agent(agent_name)

@@ -190,6 +190,20 @@ class LandingTensor(_Model):
     dev_id: int = Field(0, ge=0)
 
 
+class LandingRegion(_Model):
+    """One registration behind a landing set: its memory and which registration it is.
+
+    A sender that loaded NIXL metadata of a region keeps it until it forgets the peer (NIXL
+    cannot drop one region of a peer), so it must know when the receiver deregistered that
+    memory and registered it (or memory around it) again: a new ``registration``, or a
+    region that overlaps an old one without being it."""
+
+    addr: int = Field(ge=0)
+    nbytes: int = Field(gt=0)
+    dev_id: int = Field(0, ge=0)
+    registration: int = Field(ge=0)
+
+
 class LandingSet(_Model):
     """Landing memory for a set of tensors, as plain data.
 
@@ -202,6 +216,8 @@ class LandingSet(_Model):
     id: str = Field(min_length=1)
     metadata: B64Bytes
     tensors: tuple[LandingTensor, ...]
+    #: The registrations ``metadata`` describes (empty from a receiver that does not say).
+    regions: tuple[LandingRegion, ...] = ()
 
 
 class Ready(_Control):

@@ -256,6 +256,7 @@ class Peers:
             ),
             layout=TargetWeightLayout.model_validate(peer.layout) if peer.layout else None,
             dev_id=peer.buffers[0].dev_id,
+            metadata=peer,
         )
 
     def targets(self, worker_rank: int, *, stripe: bool, sharded: bool) -> list[Target]:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .agent import NixlAgent
-from .messages import LandingSet, LandingTensor
+from .messages import LandingRegion, LandingSet, LandingTensor
 
 #: (storage address, storage bytes, device type, device index)
 StorageKey = tuple[int, int, str, int]
@@ -109,6 +109,10 @@ class MemoryRegistry:
                 tensors=tuple(
                     LandingTensor(name=name, nbytes=nbytes, addr=addr, dev_id=dev)
                     for name, addr, nbytes, dev in ident[0]
+                ),
+                regions=tuple(
+                    LandingRegion(addr=key[0], nbytes=key[1], dev_id=key[3], registration=serial)
+                    for key, serial in ident[1]
                 ),
             )
             cached = (landing, keys)

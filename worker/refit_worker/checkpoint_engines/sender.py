@@ -417,23 +417,35 @@ class RefitSender:
     def _landing(self, stream: TargetStream, ready: Ready) -> LandingSet | None:
         routes, target = stream.routes, stream.target
         if ready.landing is not None:
-            if ready.landing.id not in routes.landing:
-                if ready.landing.metadata:
-                    try:
-                        self.agent.add_remote_memory(target.agent, ready.landing.metadata)
-                    except PeerError as exc:
-                        raise PeerError(f"{self._who(target)}: landing memory: {exc}") from exc
-                routes.landing[ready.landing.id] = ready.landing
-            return ready.landing
-        if ready.landing_id is None:
+            landing = routes.landing.setdefault(ready.landing.id, ready.landing)
+        elif ready.landing_id is None:
             return None
-        known = routes.landing.get(ready.landing_id)
-        if known is None:
-            raise PeerError(
-                f"{self._who(target)}: ready names landing set {ready.landing_id!r}, "
-                "which it never sent on this connection"
-            )
-        return known
+        else:
+            known = routes.landing.get(ready.landing_id)
+            if known is None:
+                raise PeerError(
+                    f"{self._who(target)}: ready names landing set {ready.landing_id!r}, "
+                    "which it never sent on this connection"
+                )
+            landing = known
+        if landing.id not in routes.loaded:
+            self._load(stream, landing)
+        return landing
+
+    def _load(self, stream: TargetStream, landing: LandingSet) -> None:
+        """Load the NIXL metadata of ``landing``; first forget the peer's memory loaded so far
+        when some of it was deregistered since (see :meth:`Routes.stale`)."""
+        routes, target = stream.routes, stream.target
+        try:
+            if routes.stale(landing) and target.metadata is not None:
+                # Prepared WRITEs name the regions about to be dropped: release them first.
+                routes.forget_remote()
+                self.agent.reload_remote_agent(target.metadata)
+            if landing.metadata:
+                self.agent.add_remote_memory(target.agent, landing.metadata)
+        except PeerError as exc:
+            raise PeerError(f"{self._who(target)}: landing memory: {exc}") from exc
+        routes.loaded_now(landing)
 
     def _prepare(
         self, stream: TargetStream, landing: LandingSet | None, sizes: dict[str, int]
