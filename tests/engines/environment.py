@@ -9,8 +9,11 @@ cluster tier's RL example test.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
+import tempfile
+import tomllib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -35,10 +38,36 @@ def install() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
+def plugin_dir() -> Path:
+    """A directory holding only kube-refit's distribution metadata (its entry points, read
+    from pyproject.toml), for ``PYTHONPATH``.
+
+    vLLM loads ``vllm.general_plugins`` in every process it starts (the engine core, its
+    workers) from installed distributions' entry points; the sources on ``PYTHONPATH`` alone
+    have none, so a process vLLM spawned would not know the ``kube-refit`` backend.  This is
+    what ``pip install kube-refit`` would put there, without installing a copy of the code.
+    """
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    groups = project.get("entry-points", {})
+    metadata = f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
+    points = "".join(
+        f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in items.items())
+        for group, items in groups.items()
+    )
+    key = hashlib.sha256((str(ROOT) + points).encode()).hexdigest()[:12]
+    where = Path(tempfile.gettempdir()) / f"kube-refit-plugin-{key}"
+    info = where / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(metadata)
+    (info / "entry_points.txt").write_text(points)
+    return where
+
+
 def engine_env(**extra: str) -> dict[str, str]:
-    """The environment of an engine-side subprocess: this checkout's worker and tests."""
+    """The environment of an engine-side subprocess: this checkout's worker and tests, and
+    kube-refit's entry points (:func:`plugin_dir`)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "worker"), str(ROOT)])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "worker"), str(ROOT), str(plugin_dir())])
     env.update(
         VLLM_TARGET_DEVICE="cpu",
         VLLM_ENABLE_V1_MULTIPROCESSING="0",

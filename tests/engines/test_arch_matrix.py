@@ -24,7 +24,10 @@ landing.  The cases:
   rejected naming that expert and no other;
 - ``qwen2-tied-mp``: the tied model through the extension with vLLM's engine core in its
   own process (``VLLM_ENABLE_V1_MULTIPROCESSING=1``): the landing, the redo and the
-  read-back run there, every ``refit_*`` call crosses vLLM's RPC as plain data.
+  read-back run there, every ``refit_*`` call crosses vLLM's RPC as plain data;
+- ``qwen2-moe-backend-mp``: the MoE through the registry backend with the engine core in
+  its own process, the names changing between refits: ``served-params`` from the
+  backend's landing alone.
 
 Real: vLLM, FSDP2 on gloo, NIXL (UCX), the file-backed rendezvous (the test opens the
 barrier, as the operator would).  Emulated: only the planted fault.
@@ -80,6 +83,16 @@ CASES: dict[str, dict[str, Any]] = {
     },
     # vLLM's engine core in its own process: every refit_* call crosses its RPC.
     "qwen2-tied-mp": {"arch": "qwen2-tied", "path": "extension", "refits": 3, "mp": True},
+    # The MoE through the registry backend, engine core in its own process: the backend's
+    # own landing must redo the experts' prepack and read them back (served-params), with
+    # the names changing between refits (fused, per expert, fused).
+    "qwen2-moe-backend-mp": {
+        "arch": "qwen2-moe",
+        "path": "backend",
+        "refits": 3,
+        "per_expert_at": [1],
+        "mp": True,
+    },
 }
 
 
