@@ -349,19 +349,23 @@ class NIXLCheckpointEngine(CheckpointEngine):
         self._require("policy")
         given = list(weights)
         sharded = is_sharded(given)
+        # The weights are checked before the refit id moves on: bad input changes nothing.
+        if sharded:
+            local = local_sources(
+                given, rank=self._rank, world_size=self._peers.train_world_size, device=self.device
+            )
+        else:
+            items = prepare_sources(given, self.device)
         refit = self._next_refit(refit_id)
         registered = self.registry.registered
         sender = self._sender(refit)
         targets = self._peers.targets(self._rank, stripe=self.stripe, sharded=sharded)
         if sharded:
-            local = local_sources(
-                given, rank=self._rank, world_size=self._peers.train_world_size, device=self.device
-            )
             streams = sender.plan_sharded(
                 [s.held for s in local], {s.held.name: s.local for s in local}, targets
             )
         else:
-            streams = sender.plan(prepare_sources(given, self.device), targets)
+            streams = sender.plan(items, targets)
         # After the per-target slices: the NIC must not read a copy still in flight.
         ready = sources_ready(self.device)
         self._sending = sender
