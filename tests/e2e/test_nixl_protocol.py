@@ -322,12 +322,12 @@ async def test_big_tensors_land_in_kept_memory_from_the_first_refit(pair) -> Non
         await asyncio.gather(policy.send_weights(iter(sd.items())), receive())
     for sd, got in zip(refits, seen, strict=True):
         assert got.keys() == sd.keys() and all(torch.equal(got[k][1], sd[k]) for k in sd)
-    staged = rollout._staging
+    staged = rollout._kept.staging
     assert staged is not None and staged.names() == {"big"}
     assert seen[0]["big"][0] == seen[1]["big"][0], "refit 1 must reassemble in refit 0's memory"
     assert seen[2]["big"][0] == seen[3]["big"][0] == staged.tensors()["big"].data_ptr()
     rollout.finalize()
-    assert rollout._staging is None
+    assert rollout._kept.staging is None
 
 
 async def test_receive_into_lands_in_the_targets_and_registers_once(pair) -> None:

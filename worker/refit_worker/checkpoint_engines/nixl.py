@@ -43,6 +43,12 @@ A policy rank may pass DTensor weights (FSDP2, tensor parallel, both): it then s
 own local shards, and the rollout ranks receive whole tensors (:mod:`.shards`,
 :mod:`.shard_plan`); each policy rank connects to every rollout rank it holds blocks for.
 
+The engine is a front: what both roles use is an :class:`~.engine_common.EngineCommon`;
+``init_policy_process_group`` creates a :class:`~.policy_side.PolicySide`,
+``init_rollout_process_group`` a :class:`~.rollout_side.RolloutSide`, and the role's
+methods delegate to it until the peers are disconnected.  The engine's role is which part
+it has.
+
 Must not import: torch.distributed's collectives (only DTensor types, through
 :mod:`.shards`), the operator.
 """
@@ -50,47 +56,24 @@ Must not import: torch.distributed's collectives (only DTensor types, through
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from contextlib import aclosing
 from typing import Any
 
 import torch
 
-from .admission import Decliner, RefitDeclinedError
-from .agent import (
-    NIXL_DEFAULT_BACKEND_NAME,
-    NIXL_TRANSFER_BUFFER_COUNT,
-    NixlAgent,
-    take_preinit_agent,
-)
+from .agent import NIXL_DEFAULT_BACKEND_NAME, NIXL_TRANSFER_BUFFER_COUNT, NixlAgent
 from .base import CheckpointEngine, RefitTiming
-from .integrity import Hasher, algorithm_for
+from .engine_common import EngineCommon
 from .layout import TargetWeightLayout
 from .mapping import check_world_sizes, source_ranks_for_rollout
 from .messages import BufferDesc, MetadataLike, NixlAgentMetadata, parse_metadata
-from .peers import Peers, PeerUpdate
-from .planning import TensorSpec, check_bucket_size
-from .receiver import RefitReceiver, Shared, TargetResolver
+from .peers import PeerUpdate, Role
+from .planning import check_bucket_size
+from .policy_side import PolicySide
+from .receiver import TargetResolver
 from .registry import MemoryRegistry
-from .routes import Routes, Target
-from .sender import RefitSender, TargetStream
-from .shards import is_sharded, local_sources
-from .sources import prepare_sources, sources_ready
-from .staging import Staging
-
-
-@dataclass(frozen=True)
-class ReceivedRefit:
-    """What :meth:`NIXLCheckpointEngine.receive_into` landed, and what that cost."""
-
-    #: The filled targets, by name (the caller's own tensors, or what its resolver gave).
-    tensors: Mapping[str, torch.Tensor]
-    timing: RefitTiming
-
-
-def _sync_device(device: torch.device) -> None:
-    """Finish queued work on the current stream before memory is exposed to NIXL or a peer."""
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
+from .rollout_side import ReceivedRefit, RolloutKept, RolloutSide
+from .routes import Target
 
 
 class NIXLCheckpointEngine(CheckpointEngine):
@@ -112,11 +95,10 @@ class NIXLCheckpointEngine(CheckpointEngine):
         buffer_count: int = NIXL_TRANSFER_BUFFER_COUNT,
         hash_threads: int | None = None,
     ) -> None:
-        self.bucket_size = check_bucket_size(bucket_size)
-        self.device = torch.device(device)
-        if self.device.type not in ("cpu", "cuda"):
+        size, where = check_bucket_size(bucket_size), torch.device(device)
+        if where.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-        if self.device.type == "cuda" and not torch.cuda.is_available():
+        if where.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {device!r} requested but CUDA is not available")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
@@ -130,44 +112,75 @@ class NIXLCheckpointEngine(CheckpointEngine):
         self.backend_init_params = backend_init_params
         self.shard_expert_weights = shard_expert_weights
         self.release_after_refit = release_after_refit
-        self.timeout_s, self.checksum, self.stripe = float(timeout_s), checksum, stripe
         self.buffer_count = buffer_count
-        self.refit_id = 0
         self._layout = target_layout
-        self._agent: NixlAgent | None = None
-        self._buffers: list[torch.Tensor] = []
-        self._staging: Staging | None = None  # reassembly memory kept across refits
-        self._registry: MemoryRegistry | None = None
-        self._registration: Any = None
-        self._role: str | None = None
-        self._rank = -1
-        self._peers = Peers()  # of the other role, following the membership (update_peers)
-        self._sending: RefitSender | None = None
-        self._declined: set[tuple[str, int]] = set()  # (source agent, refit) declined
-        self._routes: dict[str, Routes] = {}  # per target agent, this connection
-        self._sent: dict[str, set[str]] = {}  # landing sets sent per source agent
-        self._connections: dict[str, str] = {}  # the connection each source last named
-        self._hash_threads = hash_threads
-        self._routes_built = 0
-        self._hasher: Hasher | None = None
-        #: Whether the last :meth:`receive_into` let senders write into its targets (after
-        #: a failure: whether they may hold a mix of old and new bytes).
-        self.targets_exposed = False
+        self._common = EngineCommon(
+            bucket_size=size,
+            device=where,
+            timeout_s=float(timeout_s),
+            checksum=checksum,
+            stripe=stripe,
+            hash_threads=hash_threads,
+        )
+        self._kept = RolloutKept()  # the receive side's memory, from prepare() on
+        # The role is which part exists: set by init_*, dropped when the peers go.
+        self._policy: PolicySide | None = None
+        self._rollout: RolloutSide | None = None
+
+    # -- settings (held by the shared part, which both roles read) -----------------------
+    @property
+    def bucket_size(self) -> int:
+        return self._common.bucket_size
+
+    @property
+    def device(self) -> torch.device:
+        return self._common.device
+
+    @property
+    def timeout_s(self) -> float:
+        return self._common.timeout_s
+
+    @property
+    def checksum(self) -> bool:
+        return self._common.checksum
+
+    @property
+    def stripe(self) -> bool:
+        return self._common.stripe
+
+    @property
+    def refit_id(self) -> int:
+        """The id of the next refit (see the module docstring)."""
+        return self._common.refit_id
+
+    @refit_id.setter
+    def refit_id(self, value: int) -> None:
+        self._common.refit_id = value
+
+    @property
+    def targets_exposed(self) -> bool:
+        """Whether the last :meth:`receive_into` let senders write into its targets (after
+        a failure: whether they may hold a mix of old and new bytes)."""
+        return self._kept.targets_exposed
 
     # -- set-up -------------------------------------------------------------------------
     @property
     def mem_type(self) -> str:
-        return "VRAM" if self.device.type == "cuda" else "DRAM"
+        return self._common.mem_type
 
     @property
     def agent(self) -> NixlAgent:
-        if self._agent is None:
-            raise RuntimeError("call prepare() first: the engine has no NIXL agent yet")
-        return self._agent
+        return self._common.agent
 
-    def _allocate_transfer_buffer(self) -> torch.Tensor:
-        pin = self.device.type == "cpu" and torch.cuda.is_available()
-        return torch.empty(self.bucket_size, dtype=torch.uint8, device=self.device, pin_memory=pin)
+    @property
+    def registry(self) -> MemoryRegistry:
+        return self._common.registry
+
+    @property
+    def _role(self) -> Role | None:
+        if self._policy is not None:
+            return "policy"
+        return None if self._rollout is None else "rollout"
 
     def set_target_weight_layout(self, layout: TargetWeightLayout | None) -> None:
         """Declare the experts / tensor-parallel slice this rollout rank holds."""
@@ -180,28 +193,18 @@ class NIXLCheckpointEngine(CheckpointEngine):
 
     def prepare(self) -> NixlAgentMetadata:
         """Create the agent (once) and register fresh receive buffers; return the metadata."""
-        if self._agent is None:
-            self._agent = take_preinit_agent(self.backend_name, self.backend_init_params) or (
-                NixlAgent(self.backend_name, self.backend_init_params)
-            )
-        if self._registry is None:
-            self._registry = MemoryRegistry(self.agent, self.mem_type)
-        if not self._buffers:
-            self._buffers = [self._allocate_transfer_buffer() for _ in range(self.buffer_count)]
-            _sync_device(self.device)
-            self._registration = self.agent.register(self._regions(), self.mem_type)
+        self._common.start(self.backend_name, self.backend_init_params)
+        # Offered before the role is known; a policy rank frees them at its init.
+        self._kept.offer(self._common, self.buffer_count)
         return self.agent.get_agent_metadata().model_copy(
             update={
                 "mem_type": self.mem_type,
                 "buffers": tuple(
-                    BufferDesc(addr=a, length=n, dev_id=d) for a, n, d in self._regions()
+                    BufferDesc(addr=a, length=n, dev_id=d) for a, n, d in self._kept.regions()
                 ),
                 "layout": self.get_target_weight_layout(),
             }
         )
-
-    def _regions(self) -> list[tuple[int, int, int]]:
-        return [(b.data_ptr(), b.numel(), b.device.index or 0) for b in self._buffers]
 
     def init_policy_process_group(
         self,
@@ -220,7 +223,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         self._disconnect_peers()
         # A policy rank only sends from its own tensors; its receive buffers are not needed.
         self._release_transfer_buffers()
-        self._role, self._rank = "policy", worker_rank
+        self._policy = PolicySide(self._common, rank=worker_rank, after=self._after_send)
         self.update_peers(
             metadata, train_world_size=train_world_size, rollout_world_size=rollout_world_size
         )
@@ -238,10 +241,12 @@ class NIXLCheckpointEngine(CheckpointEngine):
         source_ranks_for_rollout(
             rollout_rank, train_world_size=train_world_size, rollout_world_size=rollout_world_size
         )  # names a bad rank
-        if not self._buffers:
+        if not self._kept.buffers:
             raise RuntimeError("call prepare() before init_rollout_process_group()")
         self._disconnect_peers()
-        self._role, self._rank = "rollout", rollout_rank
+        self._rollout = RolloutSide(
+            self._common, rank=rollout_rank, kept=self._kept, after=self._after_receive
+        )
         self.update_peers(
             metadata, train_world_size=train_world_size, rollout_world_size=rollout_world_size
         )
@@ -264,13 +269,15 @@ class NIXLCheckpointEngine(CheckpointEngine):
         carry ``version`` in their manifests.  Bad input raises before anything changes.
         Returns what changed.
         """
-        if self._role is None:
+        side = self._policy or self._rollout
+        role = self._role
+        if side is None or role is None:
             raise RuntimeError("call init_policy_process_group() or init_rollout_process_group()")
-        return self._peers.update(
+        return self._common.peers.update(
             self.agent,
             metadata,
-            role="policy" if self._role == "policy" else "rollout",
-            rank=self._rank,
+            role=role,
+            rank=side.rank,
             train_world_size=train_world_size,
             rollout_world_size=rollout_world_size,
             version=version,
@@ -279,20 +286,19 @@ class NIXLCheckpointEngine(CheckpointEngine):
         )
 
     def _forget_routes(self, agent_name: str) -> None:
-        routes = self._routes.pop(agent_name, None)
-        if routes is not None:
-            routes.clear()  # prepared handles name the peer: release them first
-        self._sent.pop(agent_name, None)
-        self._connections.pop(agent_name, None)
+        if self._policy is not None:
+            self._policy.forget(agent_name)
+        if self._rollout is not None:
+            self._rollout.forget(agent_name)
 
     @property
     def members(self) -> tuple[int, ...]:
         """The rollout ranks connected now (a policy rank's possible targets)."""
-        return self._peers.members
+        return self._common.peers.members
 
     def _target(self, rollout_rank: int) -> Target:
         """Rollout member ``rollout_rank`` as a target of the next refit."""
-        return self._peers.target(rollout_rank, stripe=self.stripe)
+        return self._common.peers.target(rollout_rank, stripe=self.stripe)
 
     def _check_buffers(self, peer: NixlAgentMetadata, rollout_rank: int) -> None:
         if (
@@ -306,33 +312,22 @@ class NIXLCheckpointEngine(CheckpointEngine):
                 " (same bucket_size and device on both sides?)"
             )
 
-    # -- refits ---------------------------------------------------------------------------
-    def _next_refit(self, refit_id: int | None) -> int:
-        if refit_id is not None:
-            if isinstance(refit_id, bool) or not isinstance(refit_id, int) or refit_id < 0:
-                raise ValueError(f"refit_id must be an int >= 0, got {refit_id!r}")
-            self.refit_id = refit_id
-        current = self.refit_id
-        self.refit_id += 1
-        return current
+    # -- refits: the role's part does them -----------------------------------------------
+    def _not_set_up_as(self, role: Role) -> RuntimeError:
+        return RuntimeError(
+            f"this engine is set up as {self._role or 'nothing'}; call "
+            f"init_{role}_process_group() first"
+        )
 
-    def _require(self, role: str) -> None:
-        if self._role != role:
-            raise RuntimeError(
-                f"this engine is set up as {self._role or 'nothing'}; call "
-                f"init_{role}_process_group() first"
-            )
+    def _policy_side(self) -> PolicySide:
+        if self._policy is None:
+            raise self._not_set_up_as("policy")
+        return self._policy
 
-    @property
-    def registry(self) -> MemoryRegistry:
-        if self._registry is None:
-            raise RuntimeError("call prepare() first: the engine has no NIXL agent yet")
-        return self._registry
-
-    def _hash_pool(self) -> Hasher:
-        if self._hasher is None:
-            self._hasher = Hasher(self._hash_threads)
-        return self._hasher
+    def _rollout_side(self) -> RolloutSide:
+        if self._rollout is None:
+            raise self._not_set_up_as("rollout")
+        return self._rollout
 
     async def send_weights(
         self, weights: Iterable[tuple[str, torch.Tensor]], *, refit_id: int | None = None
@@ -346,147 +341,13 @@ class NIXLCheckpointEngine(CheckpointEngine):
         are those written to the delivered targets.  Raises only for this rank's own
         failures (bad weights, a local NIXL error).
         """
-        self._require("policy")
-        given = list(weights)
-        sharded = is_sharded(given)
-        # The weights are checked before the refit id moves on: bad input changes nothing.
-        if sharded:
-            local = local_sources(
-                given, rank=self._rank, world_size=self._peers.train_world_size, device=self.device
-            )
-        else:
-            items = prepare_sources(given, self.device)
-        refit = self._next_refit(refit_id)
-        registered = self.registry.registered
-        sender = self._sender(refit)
-        targets = self._peers.targets(self._rank, stripe=self.stripe, sharded=sharded)
-        if sharded:
-            streams = sender.plan_sharded(
-                [s.held for s in local], {s.held.name: s.local for s in local}, targets
-            )
-        else:
-            streams = sender.plan(items, targets)
-        # After the per-target slices: the NIC must not read a copy still in flight.
-        ready = sources_ready(self.device)
-        self._sending = sender
-        try:
-            await sender.run(streams, ready)
-        finally:
-            self._sending = None
-        timing = self._timing(sender, streams, registered)
-        if self.release_after_refit:
-            self._disconnect_peers()
-            self.registry.clear()
-        return timing
-
-    def _sender(self, refit: int) -> RefitSender:
-        """The sender of refit ``refit``, by this engine's settings and membership."""
-        return RefitSender(
-            self.agent,
-            rank=self._rank,
-            refit=refit,
-            bucket_size=self.bucket_size,
-            mem_type=self.mem_type,
-            timeout_s=self.timeout_s,
-            registry=self.registry,
-            routes=self._routes,
-            hasher=self._hash_pool() if self.checksum else None,
-            integrity=algorithm_for(self.device) if self.checksum else None,
-            version=self._peers.version,
-            rollout_world_size=self._peers.rollout_world_size,
-        )
-
-    def _timing(
-        self, sender: RefitSender, streams: Sequence[TargetStream], registered: int
-    ) -> RefitTiming:
-        """What the send did: bytes count only the targets that confirmed."""
-        built = sum(r.built for r in self._routes.values())
-        delivered = sender.delivery.delivered(s.target.rank for s in streams)
-        timing = RefitTiming(
-            refit_id=sender.refit,
-            role="policy",
-            bytes=sum(s.nbytes for s in streams if s.target.rank in delivered),
-            seconds=sender.ended_at - sender.started_at,
-            control_s=sender.control_s,
-            registrations=self.registry.registered - registered,
-            routes_built=built - self._routes_built,
-            delivered=delivered,
-            dropped=dict(sender.delivery.dropped),
-        )
-        self._routes_built = built
-        return timing
+        return await self._policy_side().send_weights(weights, refit_id=refit_id)
 
     def drop_target(self, rank: int, reason: str) -> bool:
         """Stop waiting for rollout rank ``rank`` in the send in progress (call it from the
         same event loop, e.g. a task watching the membership); it ends up in ``dropped``.
         Returns whether a send was in progress."""
-        if self._sending is None:
-            return False
-        self._sending.drop(rank, reason)
-        return True
-
-    def _receiver(self, refit: int, exact: bool) -> RefitReceiver:
-        if self._staging is None:
-            self._staging = Staging(self.registry)
-        return RefitReceiver(
-            self.agent,
-            rank=self._rank,
-            refit=refit,
-            exact=exact,
-            buffers=self._buffers,
-            peers=self._peers.sources,
-            world=(self._peers.train_world_size, self._peers.rollout_world_size, self.stripe),
-            timeout_s=self.timeout_s,
-            device=self.device,
-            shared=Shared(
-                self.registry, self._hash_pool, self._sent, self._staging, self._connections
-            ),
-            decline=Decliner(self.agent, self._rank, self._declined),
-        )
-
-    async def _admitted(self, refit_id: int | None, min_refit: int | None) -> RefitReceiver:
-        """A receiver whose refit was admitted: exactly ``refit_id`` (default: the next), or
-        the first of id >= ``min_refit`` that its sources agree on (declined ones skipped)."""
-        self._require("rollout")
-        if min_refit is not None and refit_id is not None:
-            raise ValueError("pass refit_id= or min_refit=, not both")
-        if min_refit is None:
-            receiver = self._receiver(self._next_refit(refit_id), exact=True)
-            await self._admit(receiver)
-            return receiver
-        self._next_refit(min_refit)  # validates it
-        while True:
-            receiver = self._receiver(min_refit, exact=False)
-            try:
-                await self._admit(receiver)
-            except RefitDeclinedError as exc:
-                min_refit = exc.refit + 1
-                continue
-            self.refit_id = receiver.refit + 1
-            return receiver
-
-    @staticmethod
-    async def _admit(receiver: RefitReceiver) -> None:
-        try:
-            await receiver.admit()
-        except BaseException as exc:
-            receiver.fail(exc)  # tells the sources (a decline told them already)
-            raise
-
-    def _received(self, receiver: RefitReceiver, nbytes: int, registered: int) -> RefitTiming:
-        timing = RefitTiming(
-            refit_id=receiver.refit,
-            role="rollout",
-            bytes=nbytes,
-            seconds=receiver.ended_at - receiver.started_at,
-            control_s=receiver.control_s,
-            registrations=self.registry.registered - registered,
-        )
-        if self.release_after_refit:
-            self.agent.flush()
-            self._disconnect_peers()
-            self._release_transfer_buffers()
-        return timing
+        return self._policy is not None and self._policy.drop_target(rank, reason)
 
     async def receive_weight_batches(
         self,
@@ -505,14 +366,13 @@ class NIXLCheckpointEngine(CheckpointEngine):
         refit starts.  Upstream's API: copy what you keep.  :meth:`receive_into` lands the
         refit in your own tensors instead, with no copy.
         """
-        receiver = await self._admitted(refit_id, min_refit)
-        registered, nbytes = self.registry.registered, 0
-        async for batch in receiver.batches():
-            nbytes += sum(t.numel() * t.element_size() for _, t in batch)
-            yield batch
-        timing = self._received(receiver, nbytes, registered)
-        if on_complete is not None:
-            on_complete(timing)
+        side = self._rollout_side()  # on the first batch asked for, as a generator does
+        batches = side.receive_weight_batches(
+            refit_id=refit_id, min_refit=min_refit, on_complete=on_complete
+        )
+        async with aclosing(batches):  # a consumer that stops early closes the part's too
+            async for batch in batches:
+                yield batch
 
     async def receive_into(
         self,
@@ -535,49 +395,37 @@ class NIXLCheckpointEngine(CheckpointEngine):
         on; older refits (and refits whose sources disagree on the membership) are declined
         before anything lands.  ``timing.refit_id`` says which refit landed.
         """
-        resolve: TargetResolver
-        if callable(targets):
-            resolve = targets
-        else:
-            fixed = targets
+        side = self._rollout_side()
+        return await side.receive_into(targets, refit_id=refit_id, min_refit=min_refit)
 
-            def resolve(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
-                return fixed
+    def _after_send(self) -> None:
+        if self.release_after_refit:
+            self._disconnect_peers()
+            self.registry.clear()
 
-        receiver = await self._admitted(refit_id, min_refit)
-        registered = self.registry.registered
-        try:
-            resolved = await receiver.into(resolve)
-        finally:
-            self.targets_exposed = receiver.exposed
-        nbytes = sum(t.numel() * t.element_size() for t in resolved.values())
-        return ReceivedRefit(resolved, self._received(receiver, nbytes, registered))
+    def _after_receive(self) -> None:
+        if self.release_after_refit:
+            self.agent.flush()
+            self._disconnect_peers()
+            self._release_transfer_buffers()
 
     # -- teardown -------------------------------------------------------------------------
     def _disconnect_peers(self) -> None:
-        for routes in self._routes.values():
-            routes.clear()  # prepared handles name the peer: release them first
-        self._routes, self._sent, self._routes_built = {}, {}, 0
-        self._connections = {}
-        self._peers.clear(self._agent)
-        self._role = None
+        if self._policy is not None:
+            self._policy.disconnect()  # before the peers its prepared WRITEs name
+        self._policy = self._rollout = None
+        self._common.peers.clear(self._common.nixl_agent)
 
     def _release_transfer_buffers(self) -> None:
-        if self._registration is not None and self._agent is not None:
-            self._agent.deregister(self._registration)
-        self._registration, self._buffers = None, []
-        if self._staging is not None:
-            self._staging.clear()
-        self._staging = None
-        if self._registry is not None:
-            self._registry.clear()
+        self._kept.release(self._common)
 
     def finalize(self) -> None:
         """Disconnect from all peers and free the transfer buffers (``prepare()`` redoes it)."""
-        if self._agent is not None:
-            self._agent.flush()  # last control messages (e.g. "done") must leave first
+        if self._common.nixl_agent is not None:
+            self._common.nixl_agent.flush()  # last control messages (e.g. "done") must leave first
         self._disconnect_peers()
         self._release_transfer_buffers()
-        if self._hasher is not None:
-            self._hasher.close()
-            self._hasher = None
+        self._common.close()
+
+
+__all__ = ["NIXLCheckpointEngine", "ReceivedRefit"]

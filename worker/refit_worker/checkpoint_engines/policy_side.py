@@ -1,0 +1,130 @@
+"""A policy rank's part of :class:`~.nixl.NIXLCheckpointEngine`: :class:`PolicySide`.
+
+It lives from ``init_policy_process_group()`` until the peers are disconnected, and holds
+what only a sender needs: the :class:`~.routes.Routes` kept per target agent on this
+connection (landing sets, prepared WRITEs, the manifest) and the send in progress, which
+:meth:`PolicySide.drop_target` reaches.  Each refit is one :class:`~.sender.RefitSender`.
+
+Must not import: torch.distributed's collectives (only DTensor types, through
+:mod:`.shards`), the engine module (``nixl.py``), the operator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+
+from .base import RefitTiming
+from .engine_common import EngineCommon
+from .integrity import algorithm_for
+from .routes import Routes
+from .sender import RefitSender, TargetStream
+from .shards import is_sharded, local_sources
+from .sources import prepare_sources, sources_ready
+
+
+class PolicySide:
+    """Sends refits from policy rank ``rank`` to the rollout members (see the module)."""
+
+    def __init__(self, common: EngineCommon, *, rank: int, after: Callable[[], None]) -> None:
+        self.common, self.rank = common, rank
+        self._after = after  # the engine's end of a refit (release_after_refit)
+        self._routes: dict[str, Routes] = {}  # per target agent, this connection
+        self._routes_built = 0  # so far on this connection, for the next timing's count
+        self._sending: RefitSender | None = None
+
+    async def send_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], *, refit_id: int | None = None
+    ) -> RefitTiming:
+        """:meth:`~.nixl.NIXLCheckpointEngine.send_weights`: send to this refit's targets."""
+        common, peers = self.common, self.common.peers
+        given = list(weights)
+        sharded = is_sharded(given)
+        # The weights are checked before the refit id moves on: bad input changes nothing.
+        if sharded:
+            local = local_sources(
+                given, rank=self.rank, world_size=peers.train_world_size, device=common.device
+            )
+        else:
+            items = prepare_sources(given, common.device)
+        refit = common.next_refit(refit_id)
+        registered = common.registry.registered
+        sender = self._sender(refit)
+        targets = peers.targets(self.rank, stripe=common.stripe, sharded=sharded)
+        if sharded:
+            streams = sender.plan_sharded(
+                [s.held for s in local], {s.held.name: s.local for s in local}, targets
+            )
+        else:
+            streams = sender.plan(items, targets)
+        # After the per-target slices: the NIC must not read a copy still in flight.
+        ready = sources_ready(common.device)
+        self._sending = sender
+        try:
+            await sender.run(streams, ready)
+        finally:
+            self._sending = None
+        timing = self._timing(sender, streams, registered)
+        self._after()
+        return timing
+
+    def _sender(self, refit: int) -> RefitSender:
+        """The sender of refit ``refit``, by the engine's settings and membership."""
+        common = self.common
+        return RefitSender(
+            common.agent,
+            rank=self.rank,
+            refit=refit,
+            bucket_size=common.bucket_size,
+            mem_type=common.mem_type,
+            timeout_s=common.timeout_s,
+            registry=common.registry,
+            routes=self._routes,
+            hasher=common.hash_pool() if common.checksum else None,
+            integrity=algorithm_for(common.device) if common.checksum else None,
+            version=common.peers.version,
+            rollout_world_size=common.peers.rollout_world_size,
+        )
+
+    def _timing(
+        self, sender: RefitSender, streams: Sequence[TargetStream], registered: int
+    ) -> RefitTiming:
+        """What the send did: bytes count only the targets that confirmed."""
+        built = sum(r.built for r in self._routes.values())
+        delivered = sender.delivery.delivered(s.target.rank for s in streams)
+        timing = RefitTiming(
+            refit_id=sender.refit,
+            role="policy",
+            bytes=sum(s.nbytes for s in streams if s.target.rank in delivered),
+            seconds=sender.ended_at - sender.started_at,
+            control_s=sender.control_s,
+            registrations=self.common.registry.registered - registered,
+            routes_built=built - self._routes_built,
+            delivered=delivered,
+            dropped=dict(sender.delivery.dropped),
+        )
+        self._routes_built = built
+        return timing
+
+    def drop_target(self, rank: int, reason: str) -> bool:
+        """Stop waiting for rollout rank ``rank`` in the send in progress, if one is."""
+        if self._sending is None:
+            return False
+        self._sending.drop(rank, reason)
+        return True
+
+    def forget(self, agent_name: str) -> None:
+        """Release what names the peer ``agent_name`` (it left, or changed)."""
+        routes = self._routes.pop(agent_name, None)
+        if routes is not None:
+            routes.clear()  # prepared handles name the peer: release them first
+
+    def disconnect(self) -> None:
+        """Release every target's prepared WRITEs (before the peers themselves go)."""
+        for routes in self._routes.values():
+            routes.clear()  # prepared handles name the peer: release them first
+        self._routes = {}
+
+
+__all__ = ["PolicySide"]
