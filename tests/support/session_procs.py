@@ -173,7 +173,8 @@ def rank_main(job_json: str, role: str, out_q: Any) -> None:
         report["error_type"] = type(exc).__name__
         report["error"] = str(exc)
         report["weights_partial"] = getattr(exc, "weights_partial", None)
-    report["live_weights_partial"] = session.live_weights_partial
+    # A rollout rank's own state: a policy session has none.
+    report["live_weights_partial"] = getattr(session, "live_weights_partial", None)
     report["live"] = {n: digest(t) for n, t in live.items()}
     with contextlib.suppress(Exception):
         session.close()

@@ -10,7 +10,7 @@ import importlib
 import inspect
 from pathlib import Path
 
-from refit_worker.session import RefitSession
+from refit_worker.session import PolicySession, RefitSession, RolloutSession
 from refit_worker.targets import RECEIVE_MODES, check_mode
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -48,13 +48,16 @@ def test_example_calls_match_the_session_api() -> None:
     }
     # linger: after the last refit, a replica that joined late still gets it.
     assert used == {"send", "receive_into", "pending_refits", "linger"}
-    assert all(hasattr(RefitSession, name) for name in used)
-    assert "refit_id" in inspect.signature(RefitSession.send).parameters
-    receive_into = inspect.signature(RefitSession.receive_into).parameters
+    # Each role's session has its own calls, and only those.
+    assert {n for n in used if hasattr(PolicySession, n)} == {"send", "linger", "pending_refits"}
+    assert {n for n in used if hasattr(RolloutSession, n)} == {"receive_into", "pending_refits"}
+    assert "refit_id" in inspect.signature(PolicySession.send).parameters
+    receive_into = inspect.signature(RolloutSession.receive_into).parameters
     assert {"refit_id", "mode"} <= set(receive_into)
     # The README's servers take "the next refit": refit_id defaults to it.
     assert receive_into["refit_id"].default is None
-    assert hasattr(RefitSession, "from_env") and hasattr(RefitSession, "__enter__")
+    for cls in (RefitSession, PolicySession, RolloutSession):
+        assert hasattr(cls, "from_env") and hasattr(cls, "__enter__")
 
 
 def test_example_shows_a_server_in_each_receive_mode() -> None:

@@ -1,5 +1,5 @@
-"""What a rank decides from the membership (``refit_worker.following``): its standing, the
-peer list for the engine, what a lingering policy still owes and when it may stop.  Pure:
+"""What a rank decides from the membership (``refit_worker.following``): its standing and
+the peer list for the engine (what a policy rank owes whom: ``test_owed.py``).  Pure:
 entries as data."""
 
 from __future__ import annotations
@@ -7,17 +7,9 @@ from __future__ import annotations
 from refit_worker.contract.entries import (
     BarrierEntry,
     MetadataEntry,
-    ProgressEntry,
-    ProgressState,
     RolloutMember,
 )
-from refit_worker.following import (
-    all_done,
-    lacking,
-    members,
-    peer_metadata,
-    standing,
-)
+from refit_worker.following import members, peer_metadata, standing
 from refit_worker.rendezvous import Member
 
 
@@ -44,12 +36,6 @@ def _meta(role: str, rank: int, uid: str, generation: int = 0) -> MetadataEntry:
         rank=rank,
         generation=generation,
         agent=f'{{"name": "{uid}"}}',
-    )
-
-
-def _progress(rank: int, uid: str, completed: int, state: ProgressState) -> ProgressEntry:
-    return ProgressEntry(
-        epoch=1, uid=uid, role="rollout", rank=rank, state=state, refits_completed=completed
     )
 
 
@@ -82,59 +68,3 @@ def test_peer_metadata_lists_only_members_whose_entry_is_the_listed_pod() -> Non
         '{"name": "d"}',
     ]
     assert members(barrier) == {0: ("a", 0), 2: ("c", 1), 3: ("d", 0)}
-
-
-def test_a_lingering_policy_owes_the_last_refit_to_members_without_it() -> None:
-    barrier = _barrier(("a", 0), ("b", 1), ("c", 0))
-    progress = {
-        ("rollout", 0): _progress(0, "a", 4, "done"),
-        # Rank 1's report is its replaced pod's: the new pod has not reported yet.
-        ("rollout", 1): _progress(1, "b-old", 4, "done"),
-        ("rollout", 2): _progress(2, "c", 2, "running"),
-    }
-    assert lacking(barrier, progress, refits=4) == {1, 2}
-    assert not all_done(barrier, progress)
-    progress[("rollout", 1)] = _progress(1, "b", 4, "done")
-    progress[("rollout", 2)] = _progress(2, "c", 4, "done")
-    assert lacking(barrier, progress, refits=4) == set()
-    assert all_done(barrier, progress)
-
-
-def test_an_empty_slot_is_done_only_when_its_last_pod_said_so() -> None:
-    barrier = _barrier(("a", 0), None)
-    progress = {("rollout", 0): _progress(0, "a", 4, "done")}
-    assert lacking(barrier, progress, refits=4) == set()
-    assert not all_done(barrier, progress)  # rank 1 never reported: a joiner is owed
-    progress[("rollout", 1)] = _progress(1, "b", 2, "running")  # died mid-run
-    assert not all_done(barrier, progress)
-    # Finished and exited, and the coordinator dropped it from the membership.
-    progress[("rollout", 1)] = _progress(1, "b", 4, "done")
-    assert all_done(barrier, progress)
-
-
-def test_an_empty_slot_held_for_a_later_generation_is_owed_whatever_its_old_pod_said() -> None:
-    # Drained during the final commit: generation 0 finished it and said done, but its
-    # slot was already handed to generation 1, which is still starting.
-    progress = {
-        ("rollout", 0): _progress(0, "a", 4, "done"),
-        ("rollout", 1): _progress(1, "b", 4, "done"),
-    }
-    held = _barrier(("a", 0), None).model_copy(update={"generations": (0, 1)})
-    assert not all_done(held, progress)
-    # Its own generation's report (or a barrier that does not say) is the slot's word.
-    progress[("rollout", 1)] = progress[("rollout", 1)].model_copy(update={"generation": 1})
-    assert all_done(held, progress)
-    assert all_done(_barrier(("a", 0), None), progress)
-
-
-def test_all_have_counts_only_the_reports_of_the_pods_now_in_the_slots() -> None:
-    from refit_worker.following import all_have
-
-    progress = {
-        ("rollout", 0): _progress(0, "a", 5, "running"),
-        ("rollout", 1): _progress(1, "b-old", 9, "done"),  # the replaced pod's report
-    }
-    assert all_have({0: ("a", 0)}, progress, refit_id=4)
-    assert not all_have({0: ("a", 0)}, progress, refit_id=5)
-    assert not all_have({0: ("a", 0), 1: ("b", 1)}, progress, refit_id=4)
-    assert not all_have({}, progress, refit_id=0)

@@ -54,7 +54,15 @@ from refit_worker.contract.progress import ProgressLog
 from refit_worker.gang import join_policy_group
 from refit_worker.metrics import RankLabels, RankMetrics, serve
 from refit_worker.refits import Removed, Superseded
-from refit_worker.session import Preempted, RefitSession, RefitStats, StateDict, Verifier
+from refit_worker.session import (
+    PolicySession,
+    Preempted,
+    RefitSession,
+    RefitStats,
+    RolloutSession,
+    StateDict,
+    Verifier,
+)
 from refit_worker.signal_handler import DistributedSignalHandler
 from refit_worker.termination import write_termination_message
 from refit_worker.waits import Backoff, WaitTimeout, poll_until
@@ -285,7 +293,7 @@ async def _refits(
     state: StateDict,
 ) -> None:
     """The demo's refits; the session publishes each one's figures as it commits it."""
-    if config.role == "policy":
+    if isinstance(session, PolicySession):
         for refit in session.pending_refits:
             _stop_at_boundary(config, session, handler)
             # Refit k carries the weights after training step k + 1.
@@ -294,6 +302,7 @@ async def _refits(
         # Late joiners (a replacement, a scale-up) still get the last refit.
         await session.linger(state.items())
         return
+    assert isinstance(session, RolloutSession)  # the session is of the config's role
     verify = _verifier(config, state)
     # Bit-exact against regenerated weights for a synthetic model; else what the engine
     # itself checks (integrity hashes, the manifest): the status claims no more.

@@ -11,9 +11,9 @@ where no pod is a member now), the entries of a snapshot and the ranks' progress
 - :func:`members` and :func:`peer_metadata`: whom a policy rank sends to, and the peer list
   the engine's ``update_peers`` takes (policy ranks then rollout ranks, ``None`` where
   absent);
-- :func:`lacking` and :func:`all_done`: what a policy rank that lingers after the last
-  refit still owes, and when it may stop;
-- :func:`all_have`: whether a send's targets already committed the refit.
+
+What a policy rank still owes each member, by the ranks' progress reports, is
+:mod:`refit_worker.owed`'s.
 
 :class:`PeerSet` keeps the barrier a rank last acted on and turns a newer one into engine
 calls: a policy rank hands the members to ``update_peers`` before each refit and, during
@@ -32,7 +32,7 @@ from typing import Literal, TypeAlias
 
 from refit_worker.checkpoint_engines import NIXLCheckpointEngine
 from refit_worker.contract.config import WorkerConfig
-from refit_worker.contract.entries import BarrierEntry, MetadataEntry, ProgressEntry
+from refit_worker.contract.entries import BarrierEntry, MetadataEntry
 from refit_worker.contract.rendezvous import read_snapshot
 from refit_worker.contract.roles import Role
 from refit_worker.rendezvous import Member, RendezvousStore, RendezvousTimeout
@@ -44,8 +44,6 @@ log = logging.getLogger(__name__)
 #: empty (not a member now: the coordinator has not listed it yet); its rank no longer in
 #: the desired count (a scale-down); or its slot held by another pod (this pod is stale).
 Standing: TypeAlias = Literal["member", "waiting", "removed", "superseded"]
-
-Progress = Mapping[tuple[Role, int], ProgressEntry]
 
 
 def standing(barrier: BarrierEntry, me: Member) -> Standing:
@@ -96,51 +94,6 @@ def peer_metadata(
         )
         peers.append(entry.agent if ok and entry is not None else None)
     return peers
-
-
-def _report(progress: Progress, rank: int, uid: str) -> ProgressEntry | None:
-    entry = progress.get(("rollout", rank))
-    return entry if entry is not None and entry.uid == uid else None
-
-
-def lacking(barrier: BarrierEntry, progress: Progress, refits: int) -> set[int]:
-    """Members that have not committed the job's last refit (``refits - 1``) yet, by the
-    reports of the pod now in their slot."""
-    owed = set()
-    for rank, (uid, _generation) in members(barrier).items():
-        report = _report(progress, rank, uid)
-        if report is None or (report.refits_completed < refits and report.state == "running"):
-            owed.add(rank)
-    return owed
-
-
-def all_have(targets: Mapping[int, tuple[str, int]], progress: Progress, refit_id: int) -> bool:
-    """Whether the pod now in each target's slot (rank -> (uid, generation)) reported refit
-    ``refit_id`` committed; False for no targets."""
-    return bool(targets) and all(
-        (report := _report(progress, rank, uid)) is not None and report.refits_completed > refit_id
-        for rank, (uid, _generation) in targets.items()
-    )
-
-
-def all_done(barrier: BarrierEntry, progress: Progress) -> bool:
-    """Every rollout slot is done: its member's pod reported ``done``, or (an empty slot)
-    the rank's last report, by the pod that held it, says ``done`` (a coordinator may
-    drop a pod that finished and exited from the membership), unless the slot is held
-    for a later generation than that pod's."""
-    for rank, slot in enumerate(barrier.rollout):
-        if slot is None:
-            report = progress.get(("rollout", rank))
-            # A pod of an older generation than the slot is held for was replaced: a
-            # replacement is on its way and owed the last refit (a drain during the final
-            # commit), whatever the pod it replaces reported.
-            if report is not None and report.generation < barrier.generation_of(rank):
-                return False
-        else:
-            report = _report(progress, rank, slot.uid)
-        if report is None or report.state != "done":
-            return False
-    return True
 
 
 #: How a wait for a rollout member re-reads the barrier (a ConfigMap GET each time).
@@ -250,11 +203,7 @@ class PeerSet:
 
 __all__ = [
     "PeerSet",
-    "Progress",
     "Standing",
-    "all_done",
-    "all_have",
-    "lacking",
     "members",
     "peer_metadata",
     "standing",

@@ -1,6 +1,6 @@
-"""The rollout rank's side of :class:`~refit_worker.session.RefitSession`: receiving
-each refit into the session's state or the caller's target, verifying and committing
-it, and following the membership (a new policy epoch, a scale-down, a stale pod).
+""":class:`RolloutSession`: a rollout rank's session.  It receives each refit into the
+session's state or the caller's target, verifies and commits it, and follows the
+membership (a new policy epoch, a scale-down, a stale pod).
 
 Must not import: the operator, kubernetes (the store does that lazily).
 """
@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import torch
 
@@ -23,7 +24,8 @@ from refit_worker.checkpoint_engines import (
 from refit_worker.checkpoint_engines.base import dtype_from_name
 from refit_worker.checkpoint_engines.planning import TensorSpec
 from refit_worker.contract.entries import BarrierEntry, Verification, decode_entry
-from refit_worker.following import standing
+from refit_worker.contract.roles import Role
+from refit_worker.following import PeerSet, standing
 from refit_worker.refits import (
     CommittedRefit,
     RefitStats,
@@ -38,22 +40,59 @@ from refit_worker.rendezvous import (
     RendezvousTimeout,
     WaitCancelled,
 )
-from refit_worker.session_base import _MOVED_POLL, SessionBase, _Rejoin
+from refit_worker.session_base import RefitSession
 from refit_worker.targets import (
     DoubleBuffer,
+    OwnState,
     PartialRefitError,
     ReceiveMode,
     Target,
     check_mode,
     live_tensors,
 )
-from refit_worker.waits import poll_until
+from refit_worker.waits import Backoff, poll_until
 
 log = logging.getLogger(__name__)
 
+_MOVED_POLL = Backoff(first=0.05, cap=1.0)
 
-class RolloutSide(SessionBase):
-    """Receiving refits (rollout ranks)."""
+
+class _Rejoin(Exception):
+    """The membership moved on under a refit in flight (a new policy epoch, or this rank
+    is no longer listed): abandon it and look again."""
+
+
+class RolloutSession(RefitSession):
+    """Receiving refits (rollout ranks); see the module docstring."""
+
+    role: ClassVar[Role] = "rollout"
+
+    def _init_role(self) -> None:
+        self._committed: CommittedRefit | None = None
+        self._own = OwnState()
+        self._doubles: dict[int, DoubleBuffer] = {}  # by id() of the caller's target
+        self._released: Any = None  # CUDA event: readers of the spare copy are done
+        self._partial = False
+
+    @property
+    def committed(self) -> CommittedRefit | None:
+        """The last refit received in full and verified, else None."""
+        return self._committed
+
+    @property
+    def live_weights_partial(self) -> bool:
+        """Whether an in-place refit stopped part-way and no later one completed."""
+        return self._partial
+
+    def _join(self, peers: PeerSet) -> None:
+        self._take_place(self.connection.wait(self.store.wait_membership, "the barrier"))
+
+    def _take_place(self, barrier: BarrierEntry) -> None:
+        """Take this rollout rank's place in ``barrier`` (of its epoch or a later one: a
+        new policy epoch) and connect to that epoch's policy ranks."""
+        if barrier.epoch != self.member.epoch:
+            self.connection.switch_epoch(barrier.epoch)
+        self.connection.peers.connect(barrier)
 
     async def receive(
         self,
@@ -82,7 +121,7 @@ class RolloutSide(SessionBase):
         ``verified_as`` names what ``verify`` checks (e.g. ``"bit-exact"``) for the job's
         status; without it the status claims only what the engine checked itself.
         """
-        engine = self._require("rollout")
+        engine = self.connection.engine
         device = engine.device
 
         def resolve(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
@@ -127,7 +166,7 @@ class RolloutSide(SessionBase):
         else :class:`~refit_worker.checkpoint_engines.LayoutMismatchError` before any byte
         lands.  ``verify(refit_id, tensors)`` runs on the filled tensors before the commit.
         """
-        engine = self._require("rollout")
+        engine = self.connection.engine
         mode = check_mode(mode)
         if mode == "in_place":
 
@@ -176,7 +215,7 @@ class RolloutSide(SessionBase):
         while True:
             await asyncio.to_thread(self._at_boundary)
             try:
-                return await self._watched(
+                return await self.connection.watched(
                     engine.receive_into(targets, min_refit=min_refit), self._still_member
                 )
             except LayoutMismatchError:
@@ -240,16 +279,16 @@ class RolloutSide(SessionBase):
         if newer > self.member.epoch and (barrier is None or barrier.epoch < newer):
             # A new policy gang published but its membership is not open: it opens once
             # the running rollout ranks published for the epoch, so publish first.
-            self._switch_epoch(newer)
-            self.store.publish_metadata(self.member, self._agent_json)
+            self.connection.switch_epoch(newer)
+            self.store.publish_metadata(self.member, self.connection.agent_json)
         try:
-            joined = self._wait(self.store.wait_membership, "the barrier")
+            joined = self.connection.wait(self.store.wait_membership, "the barrier")
         except Preempted as exc:
             latest = self.store.barrier()
             if exc.notice is None and latest is not None and self._stale(latest):
                 raise Superseded(str(exc)) from exc  # says nothing under the rank's key
             raise
-        self._join(joined)
+        self._take_place(joined)
 
     def _stale(self, barrier: BarrierEntry) -> bool:
         return standing(barrier, self.member) == "superseded"
@@ -316,7 +355,7 @@ class RolloutSide(SessionBase):
 
     def _commit(self, refit_id: int, state: StateDict) -> None:
         self._committed = CommittedRefit(refit_id, state)  # one assignment: atomic to readers
-        engine = self._engine
+        engine = self.connection.engine if self.connection.connected else None
         if engine is not None and engine.device.type == "cuda":
             # Readers queued on the old copy must finish before a refit refills it.
             self._released = torch.cuda.current_stream(engine.device).record_event()

@@ -1,6 +1,16 @@
-"""The policy rank's side of :class:`~refit_worker.session.RefitSession`: sending each
-refit to the rollout members of the moment, and lingering after the last one for members
-that joined late.
+""":class:`PolicySession`: a policy rank's session.  It sends each refit to the rollout
+members of the moment, and after the last one serves the members that joined late.
+
+All of it is one serve loop (:meth:`PolicySession._serve`).  Each round it looks at the
+membership, asks :func:`refit_worker.owed.owed` what this rank owes whom, sends that,
+and lets the round's *case* say whether to go on.  There are two cases:
+
+- :class:`_RefitRounds`, a refit's send.  Policy rank 0 plans each round's membership for
+  the whole gang (:mod:`.gang`), and the gang's verdict ends the refit.  A round that
+  reached no member is sent again by a new plan, on every rank at once.
+- :class:`_LingerRounds`, after the last refit.  Each rank reads the membership and the
+  ranks' progress itself.  It stops when every slot reported ``done``, or after
+  ``timeout_seconds`` in which nothing changed.
 
 Must not import: the operator, kubernetes (the store does that lazily).
 """
@@ -10,32 +20,111 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
 
 import torch
+import torch.distributed as dist
 
-from refit_worker.checkpoint_engines import (
-    NIXLCheckpointEngine,
-    RefitTiming,
-)
-from refit_worker.checkpoint_engines.peers import targets_for_policy
+from refit_worker.checkpoint_engines import RefitTiming
 from refit_worker.checkpoint_engines.shards import is_sharded
+from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry
-from refit_worker.following import Progress, all_done, all_have, lacking
-from refit_worker.refits import (
-    RefitStats,
-    RefitUndelivered,
-)
-from refit_worker.rendezvous import (
-    Preempted,
-)
-from refit_worker.session_base import LINGER_INTERVAL_S, SessionBase
+from refit_worker.contract.roles import Role
+from refit_worker.following import PeerSet
+from refit_worker.gang import PolicyGang, join_policy_group
+from refit_worker.owed import Owed, Progress, RankMapping, all_done, all_have, owed
+from refit_worker.refits import RefitStats, RefitUndelivered
+from refit_worker.rendezvous import Preempted, RendezvousStore
+from refit_worker.session_base import RefitSession
 
 log = logging.getLogger(__name__)
 
+#: How long a serve round that reached no one waits before the next (a lingering rank
+#: re-reads the membership and the ranks' progress this often).
+ROUND_INTERVAL_S = 0.5
 
-class PolicySide(SessionBase):
-    """Sending refits (policy ranks)."""
+Items = list[tuple[str, torch.Tensor]]
+
+
+@dataclass(frozen=True, slots=True)
+class Look:
+    """What one round serves by: the membership, and the progress reports (None: not read,
+    every listed member is owed the refit)."""
+
+    barrier: BarrierEntry
+    progress: Progress | None
+
+
+@dataclass(slots=True)
+class Served:
+    """What the serve loop did for one refit."""
+
+    refit: int
+    #: (rank, pod uid) of the members that confirmed the refit to this rank.
+    confirmed: set[tuple[int, str]] = field(default_factory=set)
+    sends: int = 0
+    #: The last round's send (an empty one where the round owed no one).
+    timing: RefitTiming | None = None
+
+
+class _Rounds(Protocol):
+    """One case of the serve loop: what a round looks at, and whether the loop ends."""
+
+    async def look(self) -> Look | None:
+        """The round's membership and progress; None: nothing is owed any more."""
+
+    async def ended(self, look: Look, due: dict[int, Owed], timing: RefitTiming) -> bool:
+        """After the round's send: whether the loop ends (raise to give the refit up)."""
+
+
+class PolicySession(RefitSession):
+    """Sending refits (policy ranks); see the module docstring."""
+
+    role: ClassVar[Role] = "policy"
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        store: RendezvousStore | None = None,
+        stop_requested: Callable[[], bool] | None = None,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        super().__init__(config, store=store, stop_requested=stop_requested)
+        #: The policy ranks' group (None: the default one), where rank 0 hands out each
+        #: refit's membership (:mod:`refit_worker.gang`).
+        self._group = group
+        self._gang: PolicyGang | None = None
+        #: The last refit this rank sent, and who confirmed it.
+        self._last: Served | None = None
+
+    def _before_connect(self) -> None:
+        cfg = self.config
+        if self._group is None and cfg.policy_world_size > 1 and not dist.is_initialized():
+            # Code of the user's own that has no torch.distributed group (the README's
+            # trainer): the ranks still need one to agree on each refit's plan.
+            join_policy_group(cfg)
+            log.info(
+                "policy rank %d: joined the policy ranks' torch.distributed group at "
+                "%s:%d as the default group (no group was given or initialized)",
+                cfg.rank,
+                cfg.master_addr,
+                cfg.master_port,
+            )
+        # Before anything is published: a gang that cannot agree must not start.
+        self._gang = PolicyGang(self._group, world_size=cfg.policy_world_size)
+
+    def _join(self, peers: PeerSet) -> None:
+        # The members may come later (or go): each refit's plan reads them again.
+        peers.connect(self.connection.wait(self.store.wait_barrier, "the barrier"))
+
+    @property
+    def gang(self) -> PolicyGang:
+        if self._gang is None:
+            raise RuntimeError("RefitSession is not connected: call connect() first")
+        return self._gang
 
     async def send(
         self, weights: Iterable[tuple[str, torch.Tensor]], *, refit_id: int
@@ -48,17 +137,23 @@ class PolicySide(SessionBase):
         maps the refit by the same R and stamps the same version (:mod:`.gang`).  A member
         lost during the send (gone from a newer barrier, a NIXL error, a timeout, a
         decline) is dropped from it and the others get it; a refit that reached no member
-        of any rank is sent again by a new plan, on every rank at once
-        (:class:`~refit_worker.refits.RefitUndelivered` after ``timeout_seconds`` without
-        one).  ``stats.delivered`` names who confirmed to this rank.
+        of any rank is sent again by a new plan, to the members that still lack it, on
+        every rank at once (:class:`~refit_worker.refits.RefitUndelivered` after
+        ``timeout_seconds`` without one).  ``stats.delivered`` names who confirmed to this
+        rank.
 
         DTensor weights (FSDP2, tensor parallel) are sent shard by shard: this rank writes
         only its own blocks (no ``full_tensor()``, no collective over the weights: the plan's
         two small ones only), and the stats count only those bytes; see docs/trainers.md.
         """
-        engine = self._require("policy")
         items = [(name, tensor.detach()) for name, tensor in weights]
-        timing = await self._send_by_plan(engine, items, refit_id)
+        mapping = self._mapping(items)
+        rounds = _RefitRounds(self, refit_id, mapping)
+        served = await self._serve(items, mapping, Served(refit_id), rounds)
+        self._last = served
+        timing = served.timing
+        if timing is None:  # the refit rounds end only after a round's send
+            raise RuntimeError(f"refit {refit_id}: the serve loop ended without a send")
         self.reporter.refit(refit_id, timing.bytes, timing.seconds, None)
         return RefitStats(
             refit_id,
@@ -70,90 +165,6 @@ class PolicySide(SessionBase):
             tuple(sorted(timing.dropped.items())),
         )
 
-    async def _send_by_plan(
-        self, engine: NIXLCheckpointEngine, items: list[tuple[str, torch.Tensor]], refit_id: int
-    ) -> RefitTiming:
-        """Send by the gang's plan until the gang's verdict says some member has the
-        refit, within ``timeout_seconds``; every rank takes each turn of this loop."""
-        peers, gang = self._require_peers(), self._require_gang()
-        timeout = self.config.transfer.timeout_seconds
-        deadline = time.monotonic() + timeout
-        while True:
-            barrier = await asyncio.to_thread(
-                gang.plan, refit_id, lambda: self._wait(peers.wait_members, "a rollout member")
-            )
-            if peers.only is not None or barrier != peers.barrier:
-                peers.connect(barrier)
-            timing = await self._send_once(engine, items, refit_id)
-            settled = bool(timing.delivered)
-            if not settled and peers.targets:
-                progress = await asyncio.to_thread(self.store.progress_all)
-                # Each target declined because it already committed this refit or a later
-                # one (from another source): nothing is owed, so nothing is sent again.
-                settled = all_have(peers.targets, progress, refit_id)
-            verdict = await asyncio.to_thread(
-                gang.verdict, settled=settled, past=time.monotonic() >= deadline
-            )
-            if verdict.settled:
-                self._last_sent = (refit_id, peers.confirmed(timing.delivered))
-                return timing
-            if verdict.past:
-                raise RefitUndelivered(
-                    f"policy rank {self.config.rank}: refit {refit_id} reached no rollout "
-                    f"member within {timeout:g}s (dropped: {dict(timing.dropped)})"
-                )
-            log.warning(
-                "policy rank %d: refit %d reached no member (dropped: %s); sending it again",
-                self.config.rank,
-                refit_id,
-                dict(timing.dropped),
-            )
-            await asyncio.sleep(LINGER_INTERVAL_S)
-
-    async def _send_once(
-        self, engine: NIXLCheckpointEngine, items: list[tuple[str, torch.Tensor]], refit_id: int
-    ) -> RefitTiming:
-        """One send to the engine's targets of the moment (none: listed members whose
-        metadata is not readable yet, or none this rank maps to: an empty timing)."""
-        if not self._require_peers().targets:
-            return RefitTiming(refit_id, "policy", 0, 0.0, 0.0, 0)
-        return await self._watched(
-            engine.send_weights(iter(items), refit_id=refit_id), self._drop_gone
-        )
-
-    async def _drop_gone(self) -> None:
-        newer = await asyncio.to_thread(self.store.barrier, self.member.epoch)
-        if newer is not None:
-            self._require_peers().drop_gone(newer)
-
-    def _owed(
-        self,
-        engine: NIXLCheckpointEngine,
-        barrier: BarrierEntry,
-        progress: Progress,
-        confirmed: set[tuple[int, str]],
-        *,
-        sharded: bool,
-    ) -> set[int]:
-        """The members lacking the last refit that this rank serves by the mapping (another
-        policy rank owes the rest) and that did not confirm it to this rank."""
-        refits = self.config.transfer.refits
-        owed = {
-            rank
-            for rank in lacking(barrier, progress, refits)
-            if (rank, barrier.rollout[rank].uid) not in confirmed  # type: ignore[union-attr]
-        }
-        return set(
-            targets_for_policy(
-                self.config.rank,
-                train_world_size=self.config.policy_world_size,
-                rollout_world_size=barrier.rollout_world_size,
-                members=owed,
-                stripe=engine.stripe,
-                sharded=sharded,
-            )
-        )
-
     async def linger(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
         """After the last refit: send it again to members that have not committed it.
 
@@ -162,53 +173,170 @@ class PolicySide(SessionBase):
         the latest barrier reported ``done``, or when ``timeout_seconds`` passed without
         a change in the membership or the ranks' progress; returns how many sends it made.
         """
-        refits = self.config.transfer.refits
-        if self._last_sent is None or self._last_sent[0] != refits - 1:
+        last = self.config.transfer.refits - 1
+        if self._last is None or self._last.refit != last:
             return 0  # this rank did not send the last refit: nothing of its own to offer
-        engine = self._require("policy")
         items = [(name, tensor.detach()) for name, tensor in weights]
-        timeout, sends = self.config.transfer.timeout_seconds, 0
-        sharded = is_sharded(items)
-        seen: object = None
-        changed_at = time.monotonic()
+        before = self._last.sends
+        rounds = _LingerRounds(self, last)
+        self._last = await self._serve(items, self._mapping(items), self._last, rounds)
+        return self._last.sends - before
+
+    # -- the serve loop ------------------------------------------------------------------
+
+    def _mapping(self, items: Items) -> RankMapping:
+        engine = self.connection.engine
+        return RankMapping(
+            self.config.rank, self.config.policy_world_size, engine.stripe, is_sharded(items)
+        )
+
+    async def _serve(
+        self, items: Items, mapping: RankMapping, served: Served, rounds: _Rounds
+    ) -> Served:
+        """Serve ``served.refit`` round by round until ``rounds`` says it ended: each round
+        sends what :func:`~refit_worker.owed.owed` names (by ``mapping``), to those
+        members only."""
         while True:
-            if self.preemption_pending():
-                raise Preempted(f"policy rank {self.config.rank}: preempted while lingering")
-            barrier = await asyncio.to_thread(self.store.barrier, self.member.epoch)
-            progress = await asyncio.to_thread(self.store.progress_all)
-            if barrier is None or all_done(barrier, progress):
-                return sends
-            confirmed = self._last_sent[1]
-            owed = self._owed(engine, barrier, progress, confirmed, sharded=sharded)
-            now = (
-                barrier.version,
-                sorted(owed),
-                sorted((k, p.state, p.refits_completed) for k, p in progress.items()),
+            look = await rounds.look()
+            if look is None:
+                return served
+            due = owed(
+                look.barrier,
+                look.progress,
+                refit=served.refit,
+                confirmed=served.confirmed,
+                mapping=mapping,
             )
-            if now != seen:
-                seen, changed_at = now, time.monotonic()
-            elif time.monotonic() - changed_at > timeout:
-                log.warning(
-                    "policy rank %d: stopped lingering after %gs without a change; "
-                    "members still without refit %d: %s",
-                    self.config.rank,
-                    timeout,
-                    refits - 1,
-                    sorted(owed),
-                )
-                return sends
-            if not owed:
-                await asyncio.sleep(LINGER_INTERVAL_S)
-                continue
-            last, me = refits - 1, self.config.rank
-            log.info("policy rank %d: sending refit %d again to %s", me, last, sorted(owed))
-            sends += 1
-            peers = self._require_peers()
-            peers.connect(barrier, only=owed)
-            timing = await self._send_once(engine, items, last)
-            confirmed |= peers.confirmed(timing.delivered)
-            self._last_sent = (last, confirmed)
-            if timing.delivered:
-                changed_at = time.monotonic()
-            else:  # a send that reaches no one is no change: the next round looks again
-                await asyncio.sleep(LINGER_INTERVAL_S)
+            timing = await self._send_round(items, served.refit, look, due)
+            if timing is None:  # nothing to send to this round
+                timing = RefitTiming(served.refit, "policy", 0, 0.0, 0.0, 0)
+            else:
+                served.sends += 1
+                served.confirmed |= self.connection.peers.confirmed(timing.delivered)
+            served.timing = timing
+            if await rounds.ended(look, due, timing):
+                return served
+            if not timing.delivered:  # a round that reached no one: give the members time
+                await asyncio.sleep(ROUND_INTERVAL_S)
+
+    async def _send_round(
+        self, items: Items, refit: int, look: Look, due: dict[int, Owed]
+    ) -> RefitTiming | None:
+        """One send of ``refit`` to ``due``; None when there is no one to send to (nothing
+        due, or listed members whose metadata is not readable yet).  A round that owes
+        every listed member (its progress unread) keeps the engine's peers as they are, so
+        the prepared WRITEs of the members that stayed are reused."""
+        if not due:
+            return None
+        peers = self.connection.peers
+        only = None if look.progress is None else set(due)
+        if only is not None:  # a round after a refit's first: to the members that lack it
+            log.info(
+                "policy rank %d: sending refit %d again to %s", self.config.rank, refit, sorted(due)
+            )
+        if peers.only != only or look.barrier != peers.barrier:
+            peers.connect(look.barrier, only=only)
+        if not peers.targets:
+            return None
+        engine = self.connection.engine
+        return await self.connection.watched(
+            engine.send_weights(iter(items), refit_id=refit), self._drop_gone
+        )
+
+    async def _drop_gone(self) -> None:
+        newer = await asyncio.to_thread(self.store.barrier, self.member.epoch)
+        if newer is not None:
+            self.connection.peers.drop_gone(newer)
+
+
+class _RefitRounds:
+    """A refit's send: the gang plans each round and its verdict ends it."""
+
+    def __init__(self, session: PolicySession, refit: int, mapping: RankMapping) -> None:
+        self.session, self.refit, self.mapping = session, refit, mapping
+        self.timeout = session.config.transfer.timeout_seconds
+        self.deadline = time.monotonic() + self.timeout
+        self.first = True
+
+    async def look(self) -> Look:
+        conn = self.session.connection
+        barrier = await asyncio.to_thread(
+            self.session.gang.plan,
+            self.refit,
+            lambda: conn.wait(conn.peers.wait_members, "a rollout member"),
+        )
+        # The first round owes every member; a later one reads who still lacks the refit.
+        progress = None if self.first else await asyncio.to_thread(conn.store.progress_all)
+        self.first = False
+        return Look(barrier, progress)
+
+    async def ended(self, look: Look, due: dict[int, Owed], timing: RefitTiming) -> bool:
+        settled = bool(timing.delivered)
+        if not settled:
+            # Each member this rank sends to declined because it already committed this
+            # refit or a later one (from another source): nothing is owed any more.
+            mine = owed(look.barrier, None, refit=self.refit, confirmed=set(), mapping=self.mapping)
+            if mine:
+                progress = await asyncio.to_thread(self.session.store.progress_all)
+                settled = all_have(mine, progress)
+        verdict = await asyncio.to_thread(
+            self.session.gang.verdict, settled=settled, past=time.monotonic() >= self.deadline
+        )
+        if verdict.settled:
+            return True
+        rank = self.session.config.rank
+        if verdict.past:
+            raise RefitUndelivered(
+                f"policy rank {rank}: refit {self.refit} reached no rollout "
+                f"member within {self.timeout:g}s (dropped: {dict(timing.dropped)})"
+            )
+        log.warning(
+            "policy rank %d: refit %d reached no member (dropped: %s); sending it again",
+            rank,
+            self.refit,
+            dict(timing.dropped),
+        )
+        return False
+
+
+class _LingerRounds:
+    """After the last refit: each rank on its own, until every slot is done or nothing
+    changed for ``timeout_seconds``."""
+
+    def __init__(self, session: PolicySession, refit: int) -> None:
+        self.session, self.refit = session, refit
+        self.timeout = session.config.transfer.timeout_seconds
+        self.seen: object = None
+        self.changed_at = time.monotonic()
+
+    async def look(self) -> Look | None:
+        session = self.session
+        if session.preemption_pending():
+            raise Preempted(f"policy rank {session.config.rank}: preempted while lingering")
+        barrier = await asyncio.to_thread(session.store.barrier, session.member.epoch)
+        progress = await asyncio.to_thread(session.store.progress_all)
+        if barrier is None or all_done(barrier, progress):
+            return None
+        return Look(barrier, progress)
+
+    async def ended(self, look: Look, due: dict[int, Owed], timing: RefitTiming) -> bool:
+        progress = look.progress or {}  # a lingering round always reads it
+        now = (
+            look.barrier.version,
+            sorted(due),
+            sorted((k, p.state, p.refits_completed) for k, p in progress.items()),
+        )
+        if now != self.seen or timing.delivered:
+            self.seen, self.changed_at = now, time.monotonic()
+            return False
+        if time.monotonic() - self.changed_at <= self.timeout:
+            return False
+        log.warning(
+            "policy rank %d: stopped lingering after %gs without a change; "
+            "members still without refit %d: %s",
+            self.session.config.rank,
+            self.timeout,
+            self.refit,
+            sorted(due),
+        )
+        return True

@@ -1,22 +1,27 @@
 """``RefitSession``: the worker library's entry point for users' own trainer and server code.
 
 A session is built from the same ``REFIT_*`` environment the operator renders
-(:meth:`RefitSession.from_env`).  It owns the NIXL checkpoint engine and the rendezvous:
-:meth:`connect` publishes this rank's agent metadata, waits for its place in the
-membership (the barrier) and connects to the peers; then a policy rank calls :meth:`send`
-with its ``named_parameters()`` for each refit (to the rollout members of the moment;
-:meth:`~.sending.PolicySide.linger` after the last one serves members that joined late),
-and a rollout rank receives each refit straight into final,
-registered tensors (no clone), verifies it (manifest completeness and integrity hashes in
-the engine, plus an optional caller check) and only then commits it:
+(:meth:`RefitSession.from_env`), and is of the rank's role: a :class:`PolicySession` or a
+:class:`RolloutSession` (``PolicySession.from_env()`` / ``RolloutSession.from_env()``
+say which one the caller expects, and refuse the other).  Both are built on one
+:class:`~refit_worker.connection.Connection`, which owns the NIXL checkpoint engine and
+the rendezvous: :meth:`~RefitSession.connect` publishes this rank's agent metadata,
+waits for its place in the membership (the barrier) and connects to the peers; then a
+policy rank calls :meth:`PolicySession.send` with its ``named_parameters()`` for each
+refit (to the rollout members of the moment; :meth:`PolicySession.linger` after the last
+one serves members that joined late), and a rollout rank receives each refit straight
+into final, registered tensors (no clone), verifies it (manifest completeness and
+integrity hashes in the engine, plus an optional caller check) and only then commits it:
 
-* :meth:`receive_into` ``(model, mode="double_buffer")``: into a spare copy of the model's
-  tensors, committed by swapping it with the served one; readers never see a partial refit;
-* :meth:`receive_into` ``(model, mode="in_place")``: straight into the live parameters while
+* :meth:`RolloutSession.receive_into` ``(model, mode="double_buffer")``: into a spare
+  copy of the model's tensors, committed by swapping it with the served one; readers
+  never see a partial refit;
+* ``receive_into(model, mode="in_place")``: straight into the live parameters while
   the server has paused generation; a refit that stops part-way raises
   :class:`PartialRefitError` (or :class:`Preempted` with ``weights_partial``): the live
   weights are then partial and must not be served until a later refit completes;
-* :meth:`receive`: double-buffered into the session's own state, :attr:`committed`.
+* :meth:`RolloutSession.receive`: double-buffered into the session's own state,
+  :attr:`RolloutSession.committed`.
 
 :class:`RefitStats` times only the transfer and the commit: from the moment the transfer
 could start (landing memory ready, senders told) to the commit, leaving out waiting for the
@@ -35,10 +40,7 @@ Must not import: the operator, kubernetes (the store does that lazily).
 
 from __future__ import annotations
 
-from typing import Any
-
-from refit_worker.contract.config import WorkerConfig
-from refit_worker.receiving import RolloutSide
+from refit_worker.receiving import RolloutSession
 from refit_worker.refits import (
     CommittedRefit,
     RefitStats,
@@ -49,28 +51,20 @@ from refit_worker.refits import (
     Verifier,
 )
 from refit_worker.rendezvous import Preempted
-from refit_worker.sending import PolicySide
+from refit_worker.sending import PolicySession
+from refit_worker.session_base import RefitSession
 from refit_worker.targets import PartialRefitError
-
-
-class RefitSession(PolicySide, RolloutSide):
-    """One rank's side of a RefitJob: connect once, then send (policy) or receive
-    (rollout) refits; see the module docstring."""
-
-    @classmethod
-    def from_env(cls, **kwargs: Any) -> RefitSession:
-        """A session for the rank described by this process's ``REFIT_*`` environment."""
-        return cls(WorkerConfig.from_env(), **kwargs)
-
 
 __all__ = [
     "CommittedRefit",
     "PartialRefitError",
+    "PolicySession",
     "Preempted",
     "RefitSession",
     "RefitStats",
     "RefitUndelivered",
     "Removed",
+    "RolloutSession",
     "StateDict",
     "Superseded",
     "Verifier",

@@ -1,7 +1,7 @@
 """Receive refits beside a serving engine, hand each one over only once it is whole.
 
 An inference engine must keep generating while a refit streams in, and must never see a
-partial one.  :class:`StagedReceiver` runs a :class:`~refit_worker.session.RefitSession` on
+partial one.  :class:`StagedReceiver` runs a :class:`~refit_worker.session.RolloutSession` on
 a background thread with its own event loop: :meth:`~StagedReceiver.begin` starts
 receiving refit ``k`` into the session's own double-buffered, NIXL-registered staging
 memory (the trainer's names, dtypes and shapes) while the engine's thread goes on serving;
@@ -39,7 +39,7 @@ import torch
 
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
-from refit_worker.session import Preempted, RefitSession, RefitStats
+from refit_worker.session import Preempted, RefitStats, RolloutSession
 from refit_worker.waits import WaitTimeout
 
 #: Names under this prefix ride along with a refit but are not weights to land.
@@ -111,7 +111,7 @@ class StagedReceiver:
     background thread at the first ``begin``, so that wait does not stop generation either.
     """
 
-    def __init__(self, session: RefitSession) -> None:
+    def __init__(self, session: RolloutSession) -> None:
         self.session = session
         self._timeout_s = session.config.transfer.timeout_seconds
         self._loop = asyncio.new_event_loop()

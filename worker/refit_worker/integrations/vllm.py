@@ -67,7 +67,7 @@ from refit_worker.integrations.staged import (
     stop_flag,
 )
 from refit_worker.integrations.vllm_served import ServedReport, describe
-from refit_worker.session import RefitSession
+from refit_worker.session import RolloutSession
 
 #: The qualified name to pass as ``worker_extension_cls``.
 WORKER_EXTENSION = "refit_worker.integrations.vllm.RefitWorkerExtension"
@@ -239,7 +239,7 @@ class RefitWorkerExtension:
         if self._refit is not None:
             raise RuntimeError("a refit session is already open: refit_close() it first")
         config = WorkerConfig.from_env(env if env is not None else os.environ)
-        session = RefitSession(config, stop_requested=stop_flag(config))
+        session = RolloutSession(config, stop_requested=stop_flag(config))
         worker: Any = self
         served = checkpoint_layout(worker.vllm_config.model_config.model)
 

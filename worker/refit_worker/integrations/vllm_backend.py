@@ -36,7 +36,7 @@ from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
 from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, stop_flag
 from refit_worker.integrations.vllm import RefitLanding, checkpoint_layout, vllm_landing
-from refit_worker.session import RefitSession
+from refit_worker.session import RolloutSession
 
 
 @dataclass
@@ -70,7 +70,7 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         if self._landing is not None:
             raise RuntimeError("the kube-refit backend is already initialised")
         config = WorkerConfig.from_env(init_info.env if init_info.env else os.environ)
-        session = RefitSession(config, stop_requested=stop_flag(config))
+        session = RolloutSession(config, stop_requested=stop_flag(config))
 
         def reload(weights: dict[str, torch.Tensor]) -> None:
             reload_weights(

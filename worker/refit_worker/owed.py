@@ -1,0 +1,126 @@
+"""What a policy rank owes each rollout member, decided from the membership and the ranks'
+progress reports: pure functions, no I/O.
+
+The one serve loop of :class:`~refit_worker.sending.PolicySession` (a refit's send, its
+re-send by a new plan, the linger after the last refit) asks :func:`owed` each round and
+sends to what it names; these functions are the whole of what it decides from.
+
+- :func:`owed`: the members of a barrier that lack a refit, did not confirm it to this
+  rank, and that this rank sends to by the rank mapping, each with the refit and the
+  membership version it is owed by;
+- :func:`all_have`: whether those members' pods reported the refit committed (then a send
+  that reached no one still settled it);
+- :func:`all_done`: whether every rollout slot's pod reported ``done`` (a lingering rank
+  may stop).
+
+Must not import: the operator, kubernetes; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from refit_worker.checkpoint_engines.peers import targets_for_policy
+from refit_worker.contract.entries import BarrierEntry, ProgressEntry
+from refit_worker.contract.roles import Role
+from refit_worker.following import members
+
+Progress = Mapping[tuple[Role, int], ProgressEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class Owed:
+    """One rollout member's due from this policy rank: ``refit``, by the barrier of
+    ``version``, to the pod ``uid`` that holds rollout rank ``rank`` now."""
+
+    rank: int
+    uid: str
+    refit: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class RankMapping:
+    """How this policy rank maps to rollout ranks (the engine's settings)."""
+
+    policy_rank: int
+    train_world_size: int
+    stripe: bool
+    sharded: bool
+
+
+def _report(progress: Progress, rank: int, uid: str) -> ProgressEntry | None:
+    entry = progress.get(("rollout", rank))
+    return entry if entry is not None and entry.uid == uid else None
+
+
+def lacks(progress: Progress | None, rank: int, uid: str, refit: int) -> bool:
+    """Whether pod ``uid`` in rollout slot ``rank`` still needs ``refit``: no report of its
+    own, or a running rank that has not committed it.  ``progress=None`` (not read, e.g. a
+    refit's first round) counts every member as lacking it."""
+    if progress is None:
+        return True
+    report = _report(progress, rank, uid)
+    return report is None or (report.refits_completed <= refit and report.state == "running")
+
+
+def owed(
+    barrier: BarrierEntry,
+    progress: Progress | None,
+    *,
+    refit: int,
+    confirmed: frozenset[tuple[int, str]] | set[tuple[int, str]],
+    mapping: RankMapping,
+) -> dict[int, Owed]:
+    """What this policy rank owes for ``refit`` under ``barrier``: rank -> :class:`Owed`.
+
+    A member is owed it when it lacks it (:func:`lacks`), did not confirm it to this rank
+    (``confirmed``: (rank, pod uid) pairs), and this rank is one of its sources (every
+    rank is, for a sharded refit); another policy rank owes it the rest."""
+    listed = members(barrier)
+    lacking = {
+        rank
+        for rank, (uid, _generation) in listed.items()
+        if (rank, uid) not in confirmed and lacks(progress, rank, uid, refit)
+    }
+    mine = targets_for_policy(
+        mapping.policy_rank,
+        train_world_size=mapping.train_world_size,
+        rollout_world_size=barrier.rollout_world_size,
+        members=lacking,
+        stripe=mapping.stripe,
+        sharded=mapping.sharded,
+    )
+    return {rank: Owed(rank, listed[rank][0], refit, barrier.version) for rank in mine}
+
+
+def all_have(due: Mapping[int, Owed], progress: Progress) -> bool:
+    """Whether the pod of each due member reported its refit committed; False for none."""
+    return bool(due) and all(
+        (report := _report(progress, rank, o.uid)) is not None and report.refits_completed > o.refit
+        for rank, o in due.items()
+    )
+
+
+def all_done(barrier: BarrierEntry, progress: Progress) -> bool:
+    """Every rollout slot is done: its member's pod reported ``done``, or (an empty slot)
+    the rank's last report, by the pod that held it, says ``done`` (a coordinator may
+    drop a pod that finished and exited from the membership), unless the slot is held
+    for a later generation than that pod's."""
+    for rank, slot in enumerate(barrier.rollout):
+        if slot is None:
+            report = progress.get(("rollout", rank))
+            # A pod of an older generation than the slot is held for was replaced: a
+            # replacement is on its way and owed the last refit (a drain during the final
+            # commit), whatever the pod it replaces reported.
+            if report is not None and report.generation < barrier.generation_of(rank):
+                return False
+        else:
+            report = _report(progress, rank, slot.uid)
+        if report is None or report.state != "done":
+            return False
+    return True
+
+
+__all__ = ["Owed", "Progress", "RankMapping", "all_done", "all_have", "lacks", "owed"]
