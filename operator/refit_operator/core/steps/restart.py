@@ -17,6 +17,7 @@ from typing import Literal
 
 from refit_operator.core import conditions as cond
 from refit_operator.core import gang
+from refit_operator.core.backoff import doubling
 from refit_operator.core.coordinate import preempt_notice
 from refit_operator.core.decision import Delete, Emit
 from refit_operator.core.draft import Draft
@@ -30,10 +31,9 @@ POLL_DELETING_S = 1.0
 
 
 def backoff(spec: RefitJobSpec, restarts: int) -> float:
+    """The wait before the policy gang's restart after failure number ``restarts``."""
     policy = spec.failure_policy
-    return float(
-        min(policy.max_backoff_seconds, policy.backoff_seconds * 2 ** max(0, restarts - 1))
-    )
+    return doubling(policy.backoff_seconds, policy.max_backoff_seconds, restarts)
 
 
 def drop_pod_group(inp: RoundInput, draft: Draft) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from refit_operator import names, render
+from refit_operator.core.backoff import doubling
 from refit_operator.core.decision import Create, Emit
 from refit_operator.core.draft import Draft
 from refit_operator.core.phases import Finding
@@ -124,10 +125,9 @@ def _replace(inp: RoundInput, draft: Draft, slot: Slot, why: str, *, failed: boo
 
 
 def _backoff(spec: RefitJobSpec, failures: int) -> float:
+    """The wait before a rank's replacement after its failure number ``failures`` in a row."""
     policy = spec.rollout_failure_policy
-    return float(
-        min(policy.max_backoff_seconds, policy.backoff_seconds * 2 ** max(0, failures - 1))
-    )
+    return doubling(policy.backoff_seconds, policy.max_backoff_seconds, failures)
 
 
 def retire_removed(inp: RoundInput, draft: Draft) -> Finding | None:
