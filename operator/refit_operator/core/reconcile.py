@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from refit_operator.core import lost_nodes, ttl
+from refit_operator.core import byte_accounting, lost_nodes, ttl
 from refit_operator.core.decision import Decision, JobView
 from refit_operator.core.draft import Draft
 from refit_operator.core.observe import Observed
@@ -73,11 +73,12 @@ def reconcile(job: JobView, observed: Observed, now: datetime, options: RenderOp
 
 def decide(inp: RoundInput, draft: Draft) -> Finding:
     """The policy steps in order; the first that finds something ends the decision."""
+    # The bytes every rollout pod reported receiving, counted once per pod, whatever the
+    # steps decide.
+    draft.status = byte_accounting.account(draft.status, inp.observed.entries.progress())
     return (
-        # The bytes every rollout pod reported receiving, counted once per pod.
-        reports.count_bytes(inp, draft)
         # A finished job stays finished: stop what still runs of it.
-        or settled.keep_finished(inp, draft)
+        settled.keep_finished(inp, draft)
         # spec.suspend: stop the gang, create nothing.
         or suspend.suspend(inp, draft)
         # activeDeadlineSeconds ran out: fail.
