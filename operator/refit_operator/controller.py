@@ -20,7 +20,7 @@ from refit_operator import kube, names
 from refit_operator.apply import Applier
 from refit_operator.core.backoff import doubling
 from refit_operator.core.decision import JobView
-from refit_operator.core.nodes import NodeFacts, gone_node, node_facts, node_lost_seconds
+from refit_operator.core.nodes import NodeFacts, gone_node, node_facts
 from refit_operator.core.observe import Observed, observe
 from refit_operator.core.reconcile import reconcile
 from refit_operator.kube_writes import KubeWrites
@@ -256,7 +256,7 @@ class Controller:
             status=parse_status(job.get("status")),
         )
         nodes = await self.read_nodes(pods)
-        bound = node_lost_seconds(job.get("spec"))
+        bound = view.basics.node_lost_seconds  # read through the models, valid or not
         return view, observe(
             pods, others, rendezvous, nodes=nodes, now=self._clock(), node_lost_seconds=bound
         )

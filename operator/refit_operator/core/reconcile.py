@@ -53,7 +53,7 @@ def reconcile(job: JobView, observed: Observed, now: datetime, options: RenderOp
     Every phase comes from the phase table (:func:`~refit_operator.core.phases.next_phase`),
     the invalid-spec path and the retry after a fix included.
     """
-    if managed_elsewhere(job.raw_spec):  # another controller's job: not even its status
+    if managed_elsewhere(job.basics):  # another controller's job: not even its status
         return Decision((), job.status, hands_off=True)
     spec = validity.check_spec(job, options)
     if isinstance(spec, validity.Invalid):
@@ -67,7 +67,7 @@ def reconcile(job: JobView, observed: Observed, now: datetime, options: RenderOp
     lost_nodes.act(observed, draft)
     new = checked_next_phase(facts_of(finding, current=job.status.phase, retry_invalid=retry))
     closing.close_round(inp, draft, old=job.status.phase, new=new)
-    ttl.expire(draft, job.raw_spec, new)
+    ttl.expire(draft, job.basics.ttl_seconds_after_finished, new)
     return draft.decision()
 
 
