@@ -9,7 +9,7 @@ Must not import: kopf, kubernetes, aiohttp.
 
 from __future__ import annotations
 
-from refit_operator.core import progress
+from refit_operator.core import failure_domain, progress
 from refit_operator.core.coordinate import clear
 from refit_operator.core.draft import Draft
 from refit_operator.core.phases import Finding
@@ -37,8 +37,9 @@ def create_gang(inp: RoundInput, draft: Draft) -> Finding | None:
         draft.actions.extend(stale_data)
         draft.later(POLL_DELETING_S)
         return "waiting_for_gang" if status.epoch > 0 else "not_ready"
-    if status.restart_at is not None and inp.now < status.restart_at:
-        draft.later((status.restart_at - inp.now).total_seconds())
+    wait = failure_domain.policy_gang(status).waits(inp.now)
+    if wait is not None:  # the restart's backoff still runs
+        draft.later(wait)
         return "waiting_for_gang"
     draft.actions.extend(rollout_pods(inp, draft, due(inp, draft), policy=True))
     draft.update(

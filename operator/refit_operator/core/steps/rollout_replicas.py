@@ -11,16 +11,14 @@ Must not import: kopf, kubernetes, aiohttp.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from refit_operator import names, render
-from refit_operator.core.backoff import doubling
+from refit_operator.core import failure_domain
 from refit_operator.core.decision import Create, Emit
 from refit_operator.core.draft import Draft
 from refit_operator.core.phases import Finding
 from refit_operator.core.round_input import RoundInput, Slot
 from refit_operator.core.steps.restart import POLL_DELETING_S, stop_gang
-from refit_operator.models import RefitJobSpec, RolloutReplica
+from refit_operator.models import RolloutReplica
 
 
 def sync_slots(inp: RoundInput, draft: Draft) -> Finding | None:
@@ -98,17 +96,17 @@ def replace_lost(inp: RoundInput, draft: Draft) -> Finding | None:
 def _replace(inp: RoundInput, draft: Draft, slot: Slot, why: str, *, failed: bool) -> None:
     status = draft.status
     old = next(r for r in status.rollout_replicas if r.rank == slot.rank)
-    failures = old.failures + 1 if failed else old.failures
-    delay = _backoff(inp.spec, failures) if failed else 0.0
-    new = old.model_copy(
-        update={
-            "generation": slot.generation + 1,
-            "pod": "",
-            "ready": False,
-            "failures": failures,
-            "replace_at": inp.now + timedelta(seconds=delay),
-        }
-    )
+    # The slot's failure domain (sync_slots put it at the slot's generation this round).
+    domain = failure_domain.rollout_slot(old)
+    if failed:
+        policy = inp.spec.rollout_failure_policy
+        delay = domain.backoff(policy.backoff_seconds, policy.max_backoff_seconds)
+        domain = domain.failed(inp.now, delay)
+    else:  # a preemption is replaced at once, and not counted against the rank
+        delay = 0.0
+        domain = domain.preempted(inp.now, delay)
+    fields = failure_domain.rollout_slot_fields(domain)
+    new = old.model_copy(update={**fields, "pod": "", "ready": False})
     replicas = [new if r.rank == slot.rank else r for r in status.rollout_replicas]
     count = status.rollout.replacements + 1
     draft.update(
@@ -122,12 +120,6 @@ def _replace(inp: RoundInput, draft: Draft, slot: Slot, why: str, *, failed: boo
     message = f"rollout rank {slot.rank} replaced by {name} (replacement {count}): {why}"
     draft.actions.append(Emit("Warning" if failed else "Normal", "RolloutReplaced", message))
     draft.later(max(delay, POLL_DELETING_S))
-
-
-def _backoff(spec: RefitJobSpec, failures: int) -> float:
-    """The wait before a rank's replacement after its failure number ``failures`` in a row."""
-    policy = spec.rollout_failure_policy
-    return doubling(policy.backoff_seconds, policy.max_backoff_seconds, failures)
 
 
 def retire_removed(inp: RoundInput, draft: Draft) -> Finding | None:
@@ -149,8 +141,9 @@ def due(inp: RoundInput, draft: Draft) -> dict[int, int]:
     for rec in draft.status.rollout_replicas:
         if rec.pod or (rec.rank, rec.generation) in existing:
             continue
-        if rec.replace_at is not None and inp.now < rec.replace_at:
-            draft.later((rec.replace_at - inp.now).total_seconds())
+        wait = failure_domain.rollout_slot(rec).waits(inp.now)
+        if wait is not None:  # a replacement's backoff still runs
+            draft.later(wait)
             continue
         out[rec.rank] = rec.generation
     return out
