@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from refit_operator.core import progress
 from refit_operator.core.draft import Draft
-from refit_operator.core.phases import Finding
 from refit_operator.core.round_input import RoundInput
 
 
-def record_progress(inp: RoundInput, draft: Draft) -> Finding | None:
+def record_progress(inp: RoundInput, draft: Draft) -> None:
     if inp.coordination is not None:
         total = inp.spec.policy.replicas + inp.spec.rollout.replicas
         draft.status = progress.record(
             draft.status, inp.coordination, total, now=inp.now, generation=inp.job.generation
         )
-    return None

@@ -21,7 +21,7 @@ from refit_operator.core.coordinate import preempt_notice
 from refit_operator.core.decision import Delete, Emit
 from refit_operator.core.draft import Draft
 from refit_operator.core.observe import ObservedPod
-from refit_operator.core.phases import Finding
+from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
 from refit_operator.models import RolloutReplica
 
@@ -68,7 +68,7 @@ def restart_gang(
     notice_from: ObservedPod | None = None,
     scope: Scope = "job",
     reason: str = "RestartsExhausted",
-) -> Finding:
+) -> Outcome:
     """Stop the gang (of ``scope``); fail the job once ``maxRestarts`` is used up (the
     Failed condition's ``reason``), else move to the next epoch, recreated after the
     backoff."""
@@ -93,7 +93,7 @@ def restart_gang(
         stop_gang(inp, draft)
     if exhausted:
         draft.fail(reason, f"{failures[0]}; maxRestarts ({limit}) used up")
-        return "restarts_exhausted"
+        return Outcome.RESTARTS_EXHAUSTED
     reason, message, delay = _count(inp, draft, failures, disruptions, scope)
     draft.update(created_epoch=None, epoch_start_time=None, message=message)
     if scope == "job":
@@ -101,7 +101,7 @@ def restart_gang(
     draft.condition(cond.RESTARTING, "True", reason, message)
     draft.actions.append(Emit("Warning", reason, message))
     draft.later(max(delay, POLL_DELETING_S))
-    return "gang_disrupted"
+    return Outcome.GANG_DISRUPTED
 
 
 def _count(
