@@ -18,8 +18,9 @@ from typing import Any
 
 from refit_operator import kube, names
 from refit_operator.apply import Applier
+from refit_operator.core.backoff import doubling
 from refit_operator.core.decision import JobView
-from refit_operator.core.nodes import NodeFacts, gone_node, node_facts, node_lost_seconds
+from refit_operator.core.nodes import NodeFacts, gone_node, node_facts
 from refit_operator.core.observe import Observed, observe
 from refit_operator.core.reconcile import reconcile
 from refit_operator.kube_writes import KubeWrites
@@ -134,7 +135,7 @@ class Controller:
         self, namespace: str, name: str, state: _JobLoop, exc: Exception
     ) -> None:
         state.failures += 1
-        delay = min(RETRY_MAX_S, RETRY_MIN_S * 2**state.failures)
+        delay = doubling(RETRY_MIN_S * 2, RETRY_MAX_S, state.failures)
         log.warning("reconcile of %s/%s failed (%s); retry in %.1fs", namespace, name, exc, delay)
         if isinstance(exc, kube.ApiError) and not isinstance(exc, kube.ConflictError):
             await self._announce(namespace, name, state, exc)
@@ -255,7 +256,7 @@ class Controller:
             status=parse_status(job.get("status")),
         )
         nodes = await self.read_nodes(pods)
-        bound = node_lost_seconds(job.get("spec"))
+        bound = view.basics.node_lost_seconds  # read through the models, valid or not
         return view, observe(
             pods, others, rendezvous, nodes=nodes, now=self._clock(), node_lost_seconds=bound
         )

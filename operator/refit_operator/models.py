@@ -16,7 +16,6 @@ it); of the worker only ``refit_worker.contract``.
 from __future__ import annotations
 
 import signal as _signal
-from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -32,6 +31,7 @@ from refit_operator.roles import (
     RoleSpec,
     RolloutFailurePolicy,
 )
+from refit_operator.spec_basics import NODE_LOST_SECONDS, SpecBasics
 from refit_operator.status import (
     Condition,
     Phase,
@@ -81,6 +81,7 @@ __all__ = [
     "RoleStatus",
     "RolloutFailurePolicy",
     "RolloutReplica",
+    "SpecBasics",
     "managed_elsewhere",
     "parse_spec",
     "parse_status",
@@ -277,7 +278,7 @@ class FailurePolicy(Wire):
     backoff_seconds: float = Field(10.0, ge=0, description="Doubles per restart.")
     max_backoff_seconds: float = Field(300.0, ge=0)
     node_lost_seconds: int = Field(
-        30,
+        NODE_LOST_SECONDS,
         ge=1,
         description="A pod whose node is NotReady or unreachable this long is lost: its"
         " replica is replaced, or the policy gang restarted, without waiting for it.",
@@ -397,11 +398,11 @@ _PATTERN_WORDS = {
 }
 
 
-def managed_elsewhere(raw_spec: Any) -> bool:
-    """Whether another controller reconciles this job (``spec.managedBy``), read from the
-    raw spec: such a job is left alone, valid or not."""
-    managed_by = raw_spec.get("managedBy") if isinstance(raw_spec, Mapping) else None
-    return managed_by not in (None, MANAGER_NAME)
+def managed_elsewhere(spec: Any) -> bool:
+    """Whether another controller reconciles this job (``spec.managedBy``): such a job is
+    left alone, valid or not.  ``spec``: its :class:`SpecBasics`, or the raw spec."""
+    basics = spec if isinstance(spec, SpecBasics) else SpecBasics.read(spec)
+    return basics.managed_by not in (None, MANAGER_NAME)
 
 
 def _describe(exc: ValidationError) -> str:

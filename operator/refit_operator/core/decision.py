@@ -7,11 +7,12 @@ Must not import: kopf, kubernetes, aiohttp.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal, TypeAlias
 
 from refit_operator import render
 from refit_operator.core.coordinate import PatchData
-from refit_operator.models import RefitJobStatus
+from refit_operator.models import RefitJobStatus, SpecBasics
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,12 @@ class JobView:
     generation: int
     raw_spec: Any
     status: RefitJobStatus
+
+    @cached_property
+    def basics(self) -> SpecBasics:
+        """What is read of the spec, valid or not (managed by, TTL, node-lost bound):
+        read once, through the models."""
+        return SpecBasics.read(self.raw_spec)
 
 
 @dataclass(frozen=True)

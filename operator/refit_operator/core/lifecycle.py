@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from refit_operator.core.observe import ObservedPod
 
@@ -30,14 +29,6 @@ class Expiry:
 
     due: bool
     wait_seconds: float | None = None
-
-
-def ttl_of(raw_spec: Any) -> int | None:
-    """``ttlSecondsAfterFinished`` of a raw spec (also of one that is otherwise invalid)."""
-    value = raw_spec.get("ttlSecondsAfterFinished") if isinstance(raw_spec, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return None
-    return value
 
 
 def expiry(completion: datetime | None, ttl: int | None, now: datetime) -> Expiry:

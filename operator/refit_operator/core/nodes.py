@@ -8,7 +8,8 @@ is shut down, as Kubernetes documents for a non-graceful node shutdown), or when
 object is gone.  The bound is counted from the condition's ``lastTransitionTime``, the
 node-lifecycle controller's own clock, so an operator restart does not start it again.
 
-Pure; must not import kopf, kubernetes, aiohttp, nor any other module of ``core``.
+Pure; must not import kopf, kubernetes, aiohttp, nor any other module of ``core``
+(``refit_operator.spec_basics`` reads the bound of a spec).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from refit_operator.spec_basics import NODE_LOST_SECONDS, SpecBasics
+
 #: The taint a person puts on a node that is shut down for good (non-graceful shutdown).
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 #: ``spec.failurePolicy.nodeLostSeconds`` when the spec does not say.
-DEFAULT_NODE_LOST_SECONDS = 30.0
+DEFAULT_NODE_LOST_SECONDS = float(NODE_LOST_SECONDS)
 #: Phases in which a pod still holds its place (a finished pod loses nothing with its node).
 _LIVE_PHASES = frozenset({"Pending", "Running", "Unknown"})
 
@@ -71,14 +74,10 @@ def gone_node(name: str) -> NodeFacts:
 
 
 def node_lost_seconds(raw_spec: Any) -> float:
-    """``spec.failurePolicy.nodeLostSeconds`` read from the raw spec (the controller
-    observes before the spec is validated; a bad value is the validation's to refuse,
-    here it means the default)."""
-    policy = raw_spec.get("failurePolicy") if isinstance(raw_spec, Mapping) else None
-    value = policy.get("nodeLostSeconds") if isinstance(policy, Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        return DEFAULT_NODE_LOST_SECONDS
-    return float(value)
+    """``spec.failurePolicy.nodeLostSeconds`` of a spec, valid or not, read through
+    :class:`~refit_operator.spec_basics.SpecBasics` (pods are observed before the spec is
+    validated; a bad value is the validation's to refuse, here it means the default)."""
+    return SpecBasics.read(raw_spec).node_lost_seconds
 
 
 def not_ready_for(facts: NodeFacts, now: datetime) -> float | None:

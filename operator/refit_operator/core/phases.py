@@ -1,9 +1,9 @@
 """The RefitJob phase machine: which phase follows from the facts, and which moves are legal.
 
-The reconcile's policy steps each end with a :data:`Finding`; :func:`facts_of` turns it
-into the :class:`PhaseFacts` (built once per round) and every phase comes from
-:func:`next_phase`: an invalid spec (``invalid``) and the retry once a Failed job's spec
-is fixed (``retry_invalid``) included.
+A reconcile round's decision ends with an :class:`Outcome`; :func:`phase_of` maps it to
+the phase through the :class:`PhaseFacts` it stands for (:func:`facts_of`, built once per
+round), and every phase comes from :func:`next_phase`: an invalid spec (``invalid``) and
+the retry once a Failed job's spec is fixed (``retry_invalid``) included.
 
 Pure; must not import kopf, kubernetes or aiohttp.
 """
@@ -11,7 +11,7 @@ Pure; must not import kopf, kubernetes or aiohttp.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from enum import StrEnum
 
 from refit_operator.models import Phase
 
@@ -52,36 +52,45 @@ class PhaseFacts:
     all_ready: bool = False
 
 
-#: What the step that ended a round's decision found ("settled": a finished job stays
-#: finished; "not_ready": the gang runs, not all of it Ready).
-Finding: TypeAlias = Literal[
-    "settled",
-    "suspended",
-    "deadline_exceeded",
-    "restarts_exhausted",
-    "not_retryable",
-    "all_rollouts_done",
-    "gang_disrupted",
-    "waiting_for_gang",
-    "all_ready",
-    "not_ready",
-]
+class Outcome(StrEnum):
+    """How a round's decision ended: what the policy (or the last step) that ended it
+    found.  Each stands for one fact of :class:`PhaseFacts` (:func:`facts_of`), and so
+    for a phase (:func:`phase_of`); ``SETTLED`` (a finished job stays finished) and
+    ``NOT_READY`` (the gang runs, not all of it Ready) for none.  Compared by value, so
+    the plain string of a member stands for it too."""
+
+    SETTLED = "settled"
+    SUSPENDED = "suspended"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    RESTARTS_EXHAUSTED = "restarts_exhausted"
+    NOT_RETRYABLE = "not_retryable"
+    ALL_ROLLOUTS_DONE = "all_rollouts_done"
+    GANG_DISRUPTED = "gang_disrupted"
+    WAITING_FOR_GANG = "waiting_for_gang"
+    ALL_READY = "all_ready"
+    NOT_READY = "not_ready"
 
 
-def facts_of(finding: Finding, *, current: Phase, retry_invalid: bool = False) -> PhaseFacts:
-    """The facts a round's finding stands for ("settled" and "not_ready" are none)."""
+def facts_of(outcome: Outcome, *, current: Phase, retry_invalid: bool = False) -> PhaseFacts:
+    """The facts a round's outcome stands for (``SETTLED`` and ``NOT_READY``: none)."""
     return PhaseFacts(
         current=current,
         retry_invalid=retry_invalid,
-        restarts_exhausted=finding == "restarts_exhausted",
-        not_retryable=finding == "not_retryable",
-        deadline_exceeded=finding == "deadline_exceeded",
-        suspended=finding == "suspended",
-        all_rollouts_done=finding == "all_rollouts_done",
-        gang_disrupted=finding == "gang_disrupted",
-        waiting_for_gang=finding == "waiting_for_gang",
-        all_ready=finding == "all_ready",
+        restarts_exhausted=outcome == Outcome.RESTARTS_EXHAUSTED,
+        not_retryable=outcome == Outcome.NOT_RETRYABLE,
+        deadline_exceeded=outcome == Outcome.DEADLINE_EXCEEDED,
+        suspended=outcome == Outcome.SUSPENDED,
+        all_rollouts_done=outcome == Outcome.ALL_ROLLOUTS_DONE,
+        gang_disrupted=outcome == Outcome.GANG_DISRUPTED,
+        waiting_for_gang=outcome == Outcome.WAITING_FOR_GANG,
+        all_ready=outcome == Outcome.ALL_READY,
     )
+
+
+def phase_of(outcome: Outcome, *, current: Phase, retry_invalid: bool = False) -> Phase:
+    """The phase a round that ended with ``outcome`` moves the job to, from ``current``
+    (``retry_invalid``: the spec was fixed since it was found invalid)."""
+    return checked_next_phase(facts_of(outcome, current=current, retry_invalid=retry_invalid))
 
 
 def next_phase(facts: PhaseFacts) -> Phase:

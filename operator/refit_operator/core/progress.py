@@ -1,9 +1,9 @@
 """What the ranks reported, as the job's status: refits, bytes, verification, whether the
 gang's work is over and whether it succeeded (never from exit codes alone).
 
-Bytes are one figure everywhere (status, ``refit run``'s rows, total and live view): what
-the rollout ranks reported receiving, counted once per pod over every pod the job ever
-had (:func:`count_bytes`).
+Bytes are one figure everywhere (status, ``refit run``'s rows, total and live view),
+counted in ``byte_accounting.py``; :func:`count_bytes` and :func:`bytes_received` are
+re-exported here for the callers that know them by this module.
 
 Pure functions from a status to the next status; the reconcile's steps call them.
 
@@ -12,15 +12,18 @@ Must not import: kopf, kubernetes, aiohttp.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime
 
 from refit_operator.core import conditions as cond
+from refit_operator.core.byte_accounting import bytes_received, count_bytes
 from refit_operator.core.coordinate import Coordination, progress_of
 from refit_operator.core.observe import Observed, ObservedPod
-from refit_operator.models import PodBytes, RefitJobSpec, RefitJobStatus
-from refit_worker.contract.rendezvous import ProgressEntry, ProgressSummary
+from refit_operator.models import RefitJobSpec, RefitJobStatus
+from refit_worker.contract.rendezvous import ProgressSummary
 from refit_worker.contract.roles import Role
+
+__all__ = ["bytes_received", "count_bytes", "finished", "fold_previous_epoch", "record"]
 
 
 def finished(
@@ -100,7 +103,7 @@ def fold_previous_epoch(
 ) -> RefitJobStatus:
     """Add the refits the stopped gang reported after the restart decision (its last
     refit's report can land after it), until its rendezvous entries are cleared.  Its
-    bytes need nothing here: :func:`count_bytes` counts every pod's report, any epoch."""
+    bytes need nothing here: ``byte_accounting.py`` counts every pod's report, any epoch."""
     if status.epoch == 0:
         return status
     world = (spec.policy.replicas, spec.rollout.replicas)
@@ -108,25 +111,3 @@ def fold_previous_epoch(
     if old is None or old.refits_completed <= status.refits_completed:
         return status
     return status.model_copy(update={"refits_completed": old.refits_completed})
-
-
-def count_bytes(entries: Iterable[ProgressEntry], counted: Sequence[PodBytes]) -> list[PodBytes]:
-    """Each rollout pod's bytes: the most it ever reported, by pod uid, over ``counted``
-    (what earlier rounds counted) and ``entries`` (the progress reports seen now).
-
-    A rollout pod's report carries its own running total (across policy epochs, which it
-    outlives), so the most it reported is what it received: a report read late, or the
-    same pod seen under two keys, counts once; a pod replaced, retired by a scale-down or
-    stopped with its gang keeps its count once its report is overwritten or cleared.
-    Policy ranks' reports are what they sent, not counted.  Order: first counted first.
-    """
-    most = {c.uid: c.bytes for c in counted}
-    for entry in entries:
-        if entry.role == "rollout":
-            most[entry.uid] = max(most.get(entry.uid, 0), entry.bytes_total)
-    return [PodBytes(uid=uid, bytes=n) for uid, n in most.items()]
-
-
-def bytes_received(counted: Sequence[PodBytes]) -> int:
-    """The job's one byte figure (``status.bytesTransferred``)."""
-    return sum(c.bytes for c in counted)

@@ -41,7 +41,7 @@ def refuse(
     for type_ in (cond.READY, cond.RESTARTING):
         if cond.get_condition(status.conditions, type_) is not None:
             draft.condition(type_, "False", new.value)
-    ttl.expire(draft, job.raw_spec, new)
+    ttl.expire(draft, job.basics.ttl_seconds_after_finished, new)
     return draft.decision()
 
 

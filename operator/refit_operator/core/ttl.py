@@ -6,18 +6,17 @@ Must not import: kopf, kubernetes, aiohttp.
 
 from __future__ import annotations
 
-from typing import Any
-
 from refit_operator.core import lifecycle
 from refit_operator.core.decision import DeleteJob
 from refit_operator.core.draft import Draft
 from refit_operator.models import Phase
 
 
-def expire(draft: Draft, raw_spec: Any, phase: Phase) -> None:
+def expire(draft: Draft, ttl: int | None, phase: Phase) -> None:
+    """``ttl``: the spec's ``ttlSecondsAfterFinished`` (``JobView.basics``: read also of a
+    spec that is otherwise invalid)."""
     if phase not in (Phase.SUCCEEDED, Phase.FAILED):
         return
-    ttl = lifecycle.ttl_of(raw_spec)
     expiry = lifecycle.expiry(draft.status.completion_time, ttl, draft.now)
     if expiry.due:
         draft.actions.append(DeleteJob())

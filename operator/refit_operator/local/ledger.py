@@ -2,7 +2,7 @@
 
 Each rollout pod's progress entry carries its own running totals and itemises its last
 few refits.  The ledger keys everything by pod uid, as the job's status does
-(:func:`refit_operator.core.progress.count_bytes`): each pod's latest totals and every
+(:func:`refit_operator.core.byte_accounting.count_bytes`): each pod's latest totals and every
 refit it itemised, so a pod is counted once however often it is read, and a pod that was
 replaced, retired by a scale-down or outlived a policy restart stays counted.  Its rows
 therefore always add up to the status's ``bytesTransferred``: a refit any pod itemised
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from refit_operator.core.progress import bytes_received, count_bytes
+from refit_operator.core.byte_accounting import bytes_received, count_bytes
 from refit_operator.models import PodBytes
 from refit_worker.contract.rendezvous import (
     EntryError,

@@ -1,7 +1,9 @@
-"""The reconcile's policy steps, one module per decision (see ``core/reconcile.py`` for
-their order).  Each step is ``step(round_input, draft) -> Finding | None``: it reads what
-was observed from the frozen input and the status so far from the draft, adds actions and
-status changes to the draft, and returns a finding when it ends the round's decision.
+"""The reconcile's policy steps, one module per decision (see ``core/stages.py`` for the
+stages they run in and their order).  A step reads what was observed from the frozen
+input and the status so far from the draft, and adds actions and status changes to the
+draft.  A policy, ``step(round_input, draft) -> Outcome | None``, returns an
+:class:`~refit_operator.core.phases.Outcome` when it ends the round's decision; a step
+that always runs, ``step(round_input, draft) -> None``, never ends it.
 
 Must not import: kopf, kubernetes, aiohttp.
 """

@@ -12,11 +12,10 @@ from __future__ import annotations
 from refit_operator import render
 from refit_operator.core.decision import Create
 from refit_operator.core.draft import Draft
-from refit_operator.core.phases import Finding
 from refit_operator.core.round_input import RoundInput
 
 
-def adopt_unrecorded_gang(inp: RoundInput, draft: Draft) -> Finding | None:
+def adopt_unrecorded_gang(inp: RoundInput, draft: Draft) -> None:
     if inp.adopted:
         status = draft.status
         draft.update(
@@ -24,10 +23,9 @@ def adopt_unrecorded_gang(inp: RoundInput, draft: Draft) -> Finding | None:
             start_time=status.start_time or inp.now,
             epoch_start_time=status.epoch_start_time or inp.now,
         )
-    return None
 
 
-def create_the_missing_pods(inp: RoundInput, draft: Draft) -> Finding | None:
+def create_the_missing_pods(inp: RoundInput, draft: Draft) -> None:
     if inp.fills_adopted_gang:
         status = draft.status
         pods = render.render_gang(
@@ -35,4 +33,3 @@ def create_the_missing_pods(inp: RoundInput, draft: Draft) -> Finding | None:
         )
         missing = set(inp.policy_absent)
         draft.actions.extend(Create(p) for p in pods if p["metadata"]["name"] in missing)
-    return None

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from refit_operator.core import lifecycle
 from refit_operator.core.draft import Draft
-from refit_operator.core.phases import Finding
+from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
 
 
-def active_deadline(inp: RoundInput, draft: Draft) -> Finding | None:
+def active_deadline(inp: RoundInput, draft: Draft) -> Outcome | None:
     limit = inp.spec.active_deadline_seconds
     start = draft.status.start_time
     if lifecycle.past(start, limit, inp.now) is None:
@@ -22,4 +22,4 @@ def active_deadline(inp: RoundInput, draft: Draft) -> Finding | None:
         return None
     draft.delete_pods(inp.observed.pods)
     draft.fail("DeadlineExceeded", f"the job ran past activeDeadlineSeconds ({limit} s)")
-    return "deadline_exceeded"
+    return Outcome.DEADLINE_EXCEEDED

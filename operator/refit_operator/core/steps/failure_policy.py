@@ -16,13 +16,13 @@ Must not import: kopf, kubernetes, aiohttp.
 from __future__ import annotations
 
 from refit_operator.core.draft import Draft
-from refit_operator.core.phases import Finding
+from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
 from refit_operator.core.steps.restart import restart_gang, stop_gang
 from refit_worker.contract.exits import NOT_RETRYABLE
 
 
-def fail_not_retryable(inp: RoundInput, draft: Draft) -> Finding | None:
+def fail_not_retryable(inp: RoundInput, draft: Draft) -> Outcome | None:
     pod = next(
         (p for p in inp.current if p.failure and p.exit_code in NOT_RETRYABLE),
         None,
@@ -32,10 +32,10 @@ def fail_not_retryable(inp: RoundInput, draft: Draft) -> Finding | None:
     stop_gang(inp, draft)
     message = f"{pod.failure}; exit code {pod.exit_code} is not retryable: no restart"
     draft.fail("NotRetryable", message)
-    return "not_retryable"
+    return Outcome.NOT_RETRYABLE
 
 
-def restart_on_failure(inp: RoundInput, draft: Draft) -> Finding | None:
+def restart_on_failure(inp: RoundInput, draft: Draft) -> Outcome | None:
     failures, disruptions = counted(inp)
     if not failures and not disruptions:
         return None

@@ -9,37 +9,37 @@ Must not import: kopf, kubernetes, aiohttp.
 
 from __future__ import annotations
 
-from refit_operator.core import progress
+from refit_operator.core import failure_domain, progress
 from refit_operator.core.coordinate import clear
 from refit_operator.core.draft import Draft
-from refit_operator.core.phases import Finding
+from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
 from refit_operator.core.steps.restart import POLL_DELETING_S
 from refit_operator.core.steps.rollout_replicas import due, rollout_pods
 
 
-def delete_old_epochs(inp: RoundInput, draft: Draft) -> Finding | None:
+def delete_old_epochs(inp: RoundInput, draft: Draft) -> None:
     draft.delete_pods(inp.stale)
-    return None
 
 
-def create_gang(inp: RoundInput, draft: Draft) -> Finding | None:
+def create_gang(inp: RoundInput, draft: Draft) -> Outcome | None:
     if inp.created:
         return None
     draft.status = progress.fold_previous_epoch(draft.status, inp.spec, inp.observed)
     status = draft.status
     if any(p.role == "policy" and p.node_lost is None for p in inp.stale):
         draft.later(POLL_DELETING_S)
-        return "waiting_for_gang" if status.epoch > 0 else "not_ready"
+        return Outcome.WAITING_FOR_GANG if status.epoch > 0 else Outcome.NOT_READY
     serving = frozenset(s.pod.uid for s in inp.slots if s.pod is not None and s.pod.uid)
     stale_data = clear(inp.observed.rendezvous, serving)
     if stale_data:  # old pods are gone: drop their entries before new ones arrive
         draft.actions.extend(stale_data)
         draft.later(POLL_DELETING_S)
-        return "waiting_for_gang" if status.epoch > 0 else "not_ready"
-    if status.restart_at is not None and inp.now < status.restart_at:
-        draft.later((status.restart_at - inp.now).total_seconds())
-        return "waiting_for_gang"
+        return Outcome.WAITING_FOR_GANG if status.epoch > 0 else Outcome.NOT_READY
+    wait = failure_domain.policy_gang(status).waits(inp.now)
+    if wait is not None:  # the restart's backoff still runs
+        draft.later(wait)
+        return Outcome.WAITING_FOR_GANG
     draft.actions.extend(rollout_pods(inp, draft, due(inp, draft), policy=True))
     draft.update(
         created_epoch=status.epoch,
@@ -48,4 +48,4 @@ def create_gang(inp: RoundInput, draft: Draft) -> Finding | None:
         epoch_start_time=status.epoch_start_time or inp.now,
     )
     draft.later(float(inp.spec.start_deadline_seconds))
-    return "not_ready"
+    return Outcome.NOT_READY

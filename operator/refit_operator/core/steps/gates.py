@@ -11,35 +11,33 @@ from refit_operator.core import gang
 from refit_operator.core.decision import LiftGate
 from refit_operator.core.draft import Draft
 from refit_operator.core.observe import ObservedPod
-from refit_operator.core.phases import Finding
+from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
 
 
-def open_barrier(inp: RoundInput, draft: Draft) -> Finding | None:
+def open_barrier(inp: RoundInput, draft: Draft) -> None:
     if inp.coordination is not None:
         draft.actions.extend(inp.coordination.patches)
-    return None
 
 
-def lift_gates(inp: RoundInput, draft: Draft) -> Finding | None:
+def lift_gates(inp: RoundInput, draft: Draft) -> None:
     unmade = any(s.pod is None for s in inp.slots)
     if inp.spec.gang.admission != "SchedulingGates" or inp.absent or unmade:
-        return None  # no gates, or a pod of the epoch or a rollout slot's is still to come
+        return  # no gates, or a pod of the epoch or a rollout slot's is still to come
     for pod in inp.current:
         if gang.GATE in pod.gates and not pod.deleting:
             keep = tuple(g for g in pod.gates if g != gang.GATE)
             draft.actions.append(LiftGate(pod.name, keep, pod.resource_version))
-    return None
 
 
-def mark_ready(inp: RoundInput, draft: Draft) -> Finding:
+def mark_ready(inp: RoundInput, draft: Draft) -> Outcome:
     """The last step: the gang runs; Running once every policy pod and at least one rollout
     replica is Ready (or done): a replica being replaced shows as ``RolloutDegraded``."""
     policy = all(_up(p) for p in inp.policy)
     if policy and any(s.pod is not None and _up(s.pod) for s in inp.slots):
         draft.update(ready_epoch=draft.status.epoch)
-        return "all_ready"
-    return "not_ready"
+        return Outcome.ALL_READY
+    return Outcome.NOT_READY
 
 
 def _up(pod: ObservedPod) -> bool:

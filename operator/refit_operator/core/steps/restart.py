@@ -12,28 +12,21 @@ Must not import: kopf, kubernetes, aiohttp.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Literal
 
 from refit_operator.core import conditions as cond
-from refit_operator.core import gang
+from refit_operator.core import failure_domain, gang
 from refit_operator.core.coordinate import preempt_notice
 from refit_operator.core.decision import Delete, Emit
 from refit_operator.core.draft import Draft
 from refit_operator.core.observe import ObservedPod
-from refit_operator.core.phases import Finding
+from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
-from refit_operator.models import RefitJobSpec, RolloutReplica
+from refit_operator.models import RolloutReplica
 
 #: How soon to look again while old pods are still going away.
 POLL_DELETING_S = 1.0
-
-
-def backoff(spec: RefitJobSpec, restarts: int) -> float:
-    policy = spec.failure_policy
-    return float(
-        min(policy.max_backoff_seconds, policy.backoff_seconds * 2 ** max(0, restarts - 1))
-    )
 
 
 def drop_pod_group(inp: RoundInput, draft: Draft) -> None:
@@ -75,7 +68,7 @@ def restart_gang(
     notice_from: ObservedPod | None = None,
     scope: Scope = "job",
     reason: str = "RestartsExhausted",
-) -> Finding:
+) -> Outcome:
     """Stop the gang (of ``scope``); fail the job once ``maxRestarts`` is used up (the
     Failed condition's ``reason``), else move to the next epoch, recreated after the
     backoff."""
@@ -100,22 +93,15 @@ def restart_gang(
         stop_gang(inp, draft)
     if exhausted:
         draft.fail(reason, f"{failures[0]}; maxRestarts ({limit}) used up")
-        return "restarts_exhausted"
+        return Outcome.RESTARTS_EXHAUSTED
     reason, message, delay = _count(inp, draft, failures, disruptions, scope)
-    status = draft.status
-    draft.update(
-        epoch=status.epoch + 1,
-        created_epoch=None,
-        epoch_start_time=None,
-        restart_at=inp.now + timedelta(seconds=delay),
-        message=message,
-    )
+    draft.update(created_epoch=None, epoch_start_time=None, message=message)
     if scope == "job":
         reset_slots(inp, draft, draft.status.restart_at)
     draft.condition(cond.RESTARTING, "True", reason, message)
     draft.actions.append(Emit("Warning", reason, message))
     draft.later(max(delay, POLL_DELETING_S))
-    return "gang_disrupted"
+    return Outcome.GANG_DISRUPTED
 
 
 def _count(
@@ -125,16 +111,23 @@ def _count(
     disruptions: Sequence[str],
     scope: Scope,
 ) -> tuple[str, str, float]:
-    """Count the restart or preemption: the reason, the message and the backoff."""
+    """Count the restart or preemption in the policy gang's failure domain (its next
+    epoch, after the backoff): the reason, the message and the backoff."""
     gang_word = "policy gang" if scope == "policy" else "gang"
+    policy = inp.spec.failure_policy
+    domain = failure_domain.policy_gang(draft.status)
     if failures:
-        restarts = draft.status.restarts + 1
-        draft.update(restarts=restarts)
-        message = f"{gang_word} restart {restarts}: {failures[0]}"
-        return "Restarted", message, backoff(inp.spec, restarts)
-    if disruptions:
-        preemptions = draft.status.preemptions + 1
-        draft.update(preemptions=preemptions)
-        message = f"{gang_word} preempted ({preemptions}): {disruptions[0]}"
-        return "Preempted", message, float(inp.spec.failure_policy.backoff_seconds)
-    return "SpecChanged", "the spec changed; recreating the gang", 0.0
+        delay = domain.backoff(policy.backoff_seconds, policy.max_backoff_seconds)
+        domain = domain.failed(inp.now, delay)
+        reason, message = "Restarted", f"{gang_word} restart {domain.failures}: {failures[0]}"
+    elif disruptions:
+        delay = float(policy.backoff_seconds)
+        domain = domain.preempted(inp.now, delay)
+        reason = "Preempted"
+        message = f"{gang_word} preempted ({domain.preemptions}): {disruptions[0]}"
+    else:
+        delay = 0.0
+        domain = domain.restarted(inp.now, delay)
+        reason, message = "SpecChanged", "the spec changed; recreating the gang"
+    draft.update(**failure_domain.policy_gang_fields(domain))
+    return reason, message, delay

@@ -11,18 +11,17 @@ Must not import: kopf, kubernetes, aiohttp.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from refit_operator import names, render
+from refit_operator.core import failure_domain
 from refit_operator.core.decision import Create, Emit
 from refit_operator.core.draft import Draft
-from refit_operator.core.phases import Finding
+from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput, Slot
 from refit_operator.core.steps.restart import POLL_DELETING_S, stop_gang
-from refit_operator.models import RefitJobSpec, RolloutReplica
+from refit_operator.models import RolloutReplica
 
 
-def sync_slots(inp: RoundInput, draft: Draft) -> Finding | None:
+def sync_slots(inp: RoundInput, draft: Draft) -> None:
     """``status.rolloutReplicas`` as the slots stand: one per rank of the desired count,
     each with its generation, pod and what it committed."""
     recorded = {r.rank: r for r in draft.status.rollout_replicas}
@@ -47,7 +46,6 @@ def sync_slots(inp: RoundInput, draft: Draft) -> Finding | None:
         )
     selector = names.rollout_selector(inp.job.ref.name)
     draft.update(rollout_replicas=replicas, rollout_selector=selector)
-    return None
 
 
 def _committed(inp: RoundInput) -> dict[int, int]:
@@ -76,7 +74,7 @@ def _why(inp: RoundInput, slot: Slot) -> tuple[str, bool] | None:
     return None
 
 
-def replace_lost(inp: RoundInput, draft: Draft) -> Finding | None:
+def replace_lost(inp: RoundInput, draft: Draft) -> Outcome | None:
     """Replace each failed, disrupted or missing rollout replica alone; fail the job once
     failures used up ``maxReplacements``."""
     limit = inp.spec.rollout_failure_policy.max_replacements
@@ -89,7 +87,7 @@ def replace_lost(inp: RoundInput, draft: Draft) -> Finding | None:
             stop_gang(inp, draft)
             message = f"{why}; rollout.failurePolicy.maxReplacements ({limit}) used up"
             draft.fail("ReplacementsExhausted", message)
-            return "restarts_exhausted"
+            return Outcome.RESTARTS_EXHAUSTED
         _replace(inp, draft, slot, why, failed=failed)
     return None
 
@@ -97,17 +95,17 @@ def replace_lost(inp: RoundInput, draft: Draft) -> Finding | None:
 def _replace(inp: RoundInput, draft: Draft, slot: Slot, why: str, *, failed: bool) -> None:
     status = draft.status
     old = next(r for r in status.rollout_replicas if r.rank == slot.rank)
-    failures = old.failures + 1 if failed else old.failures
-    delay = _backoff(inp.spec, failures) if failed else 0.0
-    new = old.model_copy(
-        update={
-            "generation": slot.generation + 1,
-            "pod": "",
-            "ready": False,
-            "failures": failures,
-            "replace_at": inp.now + timedelta(seconds=delay),
-        }
-    )
+    # The slot's failure domain (sync_slots put it at the slot's generation this round).
+    domain = failure_domain.rollout_slot(old)
+    if failed:
+        policy = inp.spec.rollout_failure_policy
+        delay = domain.backoff(policy.backoff_seconds, policy.max_backoff_seconds)
+        domain = domain.failed(inp.now, delay)
+    else:  # a preemption is replaced at once, and not counted against the rank
+        delay = 0.0
+        domain = domain.preempted(inp.now, delay)
+    fields = failure_domain.rollout_slot_fields(domain)
+    new = old.model_copy(update={**fields, "pod": "", "ready": False})
     replicas = [new if r.rank == slot.rank else r for r in status.rollout_replicas]
     count = status.rollout.replacements + 1
     draft.update(
@@ -123,14 +121,7 @@ def _replace(inp: RoundInput, draft: Draft, slot: Slot, why: str, *, failed: boo
     draft.later(max(delay, POLL_DELETING_S))
 
 
-def _backoff(spec: RefitJobSpec, failures: int) -> float:
-    policy = spec.rollout_failure_policy
-    return float(
-        min(policy.max_backoff_seconds, policy.backoff_seconds * 2 ** max(0, failures - 1))
-    )
-
-
-def retire_removed(inp: RoundInput, draft: Draft) -> Finding | None:
+def retire_removed(inp: RoundInput, draft: Draft) -> None:
     """Pods of ranks a scale-down removed go once they exited, reported ``left``, never
     started, or lost their node; until then they finish the refit they are in."""
     left = {e.uid for e in inp.observed.entries.progress() if e.state == "left"}
@@ -138,7 +129,6 @@ def retire_removed(inp: RoundInput, draft: Draft) -> Finding | None:
     draft.delete_pods(going)
     if len(going) < len(inp.leaving):
         draft.later(POLL_DELETING_S)
-    return None
 
 
 def due(inp: RoundInput, draft: Draft) -> dict[int, int]:
@@ -149,8 +139,9 @@ def due(inp: RoundInput, draft: Draft) -> dict[int, int]:
     for rec in draft.status.rollout_replicas:
         if rec.pod or (rec.rank, rec.generation) in existing:
             continue
-        if rec.replace_at is not None and inp.now < rec.replace_at:
-            draft.later((rec.replace_at - inp.now).total_seconds())
+        wait = failure_domain.rollout_slot(rec).waits(inp.now)
+        if wait is not None:  # a replacement's backoff still runs
+            draft.later(wait)
             continue
         out[rec.rank] = rec.generation
     return out
@@ -184,12 +175,11 @@ def rollout_pods(
     return [Create(o) for o in objs]
 
 
-def create_due(inp: RoundInput, draft: Draft) -> Finding | None:
+def create_due(inp: RoundInput, draft: Draft) -> None:
     """Replacements and new ranks of a scale-up join the running epoch (at its next refit
     boundary); while the policy gang is being recreated they come with it."""
     if not inp.created:
-        return None
+        return
     slots = due(inp, draft)
     if slots:
         draft.actions.extend(rollout_pods(inp, draft, slots, policy=False))
-    return None

@@ -7,14 +7,14 @@ Must not import: kopf, kubernetes, aiohttp.
 from __future__ import annotations
 
 from refit_operator.core.draft import Draft
-from refit_operator.core.phases import Finding
+from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
 from refit_operator.models import Phase
 
 
-def keep_finished(inp: RoundInput, draft: Draft) -> Finding | None:
+def keep_finished(inp: RoundInput, draft: Draft) -> Outcome | None:
     phase = draft.status.phase
     if phase is Phase.SUCCEEDED or (phase is Phase.FAILED and not inp.retry):
         draft.delete_pods(p for p in inp.observed.pods if p.phase not in ("Succeeded", "Failed"))
-        return "settled"
+        return Outcome.SETTLED
     return None

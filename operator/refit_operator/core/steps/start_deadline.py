@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from refit_operator.core import lifecycle
 from refit_operator.core.draft import Draft
-from refit_operator.core.phases import Finding
+from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
 from refit_operator.core.steps.restart import restart_gang
 
 
-def fail_late_start(inp: RoundInput, draft: Draft) -> Finding | None:
+def fail_late_start(inp: RoundInput, draft: Draft) -> Outcome | None:
     late = _late_start(inp, draft)
     if late is None or inp.failures:
         return None  # a pod's own failure says more than its lateness

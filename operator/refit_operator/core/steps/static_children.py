@@ -9,12 +9,10 @@ from __future__ import annotations
 from refit_operator import children
 from refit_operator.core.decision import Create
 from refit_operator.core.draft import Draft
-from refit_operator.core.phases import Finding
 from refit_operator.core.round_input import RoundInput
 
 
-def create_missing(inp: RoundInput, draft: Draft) -> Finding | None:
+def create_missing(inp: RoundInput, draft: Draft) -> None:
     for obj in children.render_static(inp.job.ref, inp.spec):
         if (obj["kind"], obj["metadata"]["name"]) not in inp.observed.others:
             draft.actions.append(Create(obj))
-    return None

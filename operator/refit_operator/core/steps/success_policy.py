@@ -7,13 +7,13 @@ Must not import: kopf, kubernetes, aiohttp.
 from __future__ import annotations
 
 from refit_operator.core.draft import Draft
-from refit_operator.core.phases import Finding
+from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
 
 
-def succeed_when_done(inp: RoundInput, draft: Draft) -> Finding | None:
+def succeed_when_done(inp: RoundInput, draft: Draft) -> Outcome | None:
     if not inp.over or inp.short is not None:
         return None
     draft.update(completion_time=inp.now)
     draft.delete_pods(p for p in inp.observed.pods if p.phase not in ("Succeeded", "Failed"))
-    return "all_rollouts_done"
+    return Outcome.ALL_ROLLOUTS_DONE

@@ -7,13 +7,13 @@ Must not import: kopf, kubernetes, aiohttp.
 from __future__ import annotations
 
 from refit_operator.core.draft import Draft
-from refit_operator.core.phases import Finding
+from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
 from refit_operator.core.steps.restart import drop_pod_group, reset_slots
 from refit_operator.models import Phase
 
 
-def suspend(inp: RoundInput, draft: Draft) -> Finding | None:
+def suspend(inp: RoundInput, draft: Draft) -> Outcome | None:
     if not inp.spec.suspend:
         return None
     if draft.status.phase is not Phase.SUSPENDED:
@@ -29,4 +29,4 @@ def suspend(inp: RoundInput, draft: Draft) -> Finding | None:
         )
         reset_slots(inp, draft, None)  # every rollout pod stops too: new names on resume
     draft.delete_pods(inp.observed.pods)
-    return "suspended"
+    return Outcome.SUSPENDED
