@@ -7,7 +7,10 @@ console scripts must start.
 
 Real: the script, pip, a fresh venv, the installed entrypoints run as processes.  Not the
 same as in the image: no Docker engine builds it, and ``TORCH_INDEX_URL`` is set empty so
-torch comes from this machine's pip configuration instead of the PyTorch index.
+torch comes from this machine's pip configuration instead of the PyTorch index.  Under
+``.ci/run`` that configuration is the run's wheelhouse (``REFIT_TEST_WHEELHOUSE``, from
+``.ci/wheelhouse.sh``: the same pinned wheels, no registry asked), so the replay does not
+download torch a second time in one run; without it, pip asks the registry.
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ def copy_context(dest: Path) -> Path:
 def _clean_env(**extra: str) -> dict[str, str]:
     # Nothing of this checkout's environment may leak into the fresh venv.
     env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH"}}
+    wheelhouse = os.environ.get("REFIT_TEST_WHEELHOUSE")
+    if wheelhouse:
+        env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=wheelhouse)
     env.update(extra)
     return env
 
