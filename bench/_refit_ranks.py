@@ -220,7 +220,7 @@ async def _drain(engine: Any) -> Any:
 
 def _session_rank(role: str, rank: int, cfg: dict[str, Any], res: Any) -> None:
     from refit_worker.contract.config import RendezvousConfig, TransferConfig, WorkerConfig
-    from refit_worker.session import RefitSession
+    from refit_worker.session import RefitSession, RolloutSession
 
     config = WorkerConfig(
         job="bench",
@@ -270,10 +270,11 @@ def _session_rank(role: str, rank: int, cfg: dict[str, Any], res: Any) -> None:
         report["stats"].append(stats.seconds)
         report["control_s"].append(stats.control_seconds)
         report["registrations"].append(stats.registrations)
-    committed = session.committed
-    report["fingerprint"] = fingerprint(
-        sd if role == "policy" else committed.state if committed else {}
-    )
+    if isinstance(session, RolloutSession):  # a policy session holds no committed state
+        committed = session.committed
+        report["fingerprint"] = fingerprint(committed.state if committed else {})
+    else:
+        report["fingerprint"] = fingerprint(sd)
     session.close()
     res.put(json.dumps([role, report]))
 
