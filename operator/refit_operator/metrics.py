@@ -10,9 +10,12 @@ report is identified by (job, epoch, role, rank, refit).
 
 Per role (``role`` label: policy, rollout): pods ready, pods, replicas desired, and the
 rollout's replacements (``status.policy`` / ``status.rollout``); per rollout replica its
-generation and last committed refit (``status.rolloutReplicas``), and whether the job is
-``RolloutDegraded``.  The field names are those of docs/failure-domains.md, read where the
-status has them (a field it lacks exports no sample).
+generation, last committed refit and seconds from its pod's start to serving
+(``status.rolloutReplicas``), the replicas serving now by where their pod's first refit
+came from (a rollout peer's seed or the policy's send), and whether the job is
+``RolloutDegraded``.  Seedings as this process saw them happen are counted apart
+(``refit_rollout_seeds_total``).  The field names are those of docs/failure-domains.md,
+read where the status has them (a field it lacks exports no sample).
 
 The operator's own work: reconcile duration and errors, the API's error answers by
 status, and whether this replica leads.
@@ -41,6 +44,7 @@ from prometheus_client.registry import Collector
 
 from refit_operator.core.coordinate import Decoded
 from refit_operator.models import Phase, RefitJobStatus
+from refit_operator.status import seed_kind
 from refit_worker.contract.rendezvous import ProgressEntry, RefitReport
 
 #: Refit durations: from a small model on one host (~0.1 s) to a large one over a slow
@@ -114,6 +118,7 @@ class OperatorMetrics:
             buckets=RESUME_BUCKETS,
             registry=reg,
         )
+        self.seeds = _seeds_counter(reg)
         self._leader = Gauge(
             "refit_operator_leader",
             "1 while this replica holds the leader Lease (or runs without election).",
@@ -136,7 +141,10 @@ class OperatorMetrics:
     ) -> None:
         """One reconcile round of a job wrote ``status``, having decoded ``entries``."""
         key = (namespace, name)
-        self._track_resume(key, self._jobs.get(key), status)
+        before = self._jobs.get(key)
+        self._track_resume(key, before, status)
+        for source in new_seeds(before, status):
+            self.seeds.labels(namespace=namespace, job=name, source=source).inc()
         self._jobs[key] = status
         reports = new_refit_reports(namespace, name, entries.progress(), self._reports)
         for role, duration in reports:
@@ -149,6 +157,8 @@ class OperatorMetrics:
         self._resume.pop(key, None)
         for rank in [k for k in self._reports if k[:2] == key]:
             del self._reports[rank]
+        for source in SEED_SOURCES:
+            self.seeds.remove(namespace, name, source)
 
     def set_leader(self, leading: bool) -> None:
         """Job series are exported while this replica leads (a standby knows no jobs)."""
@@ -180,6 +190,34 @@ class OperatorMetrics:
 def resumed(epoch: int, refits: int, status: RefitJobStatus) -> bool:
     """Whether ``status`` shows a refit committed in ``epoch`` or later, past ``refits``."""
     return status.epoch >= epoch and status.refits_completed > refits
+
+
+def _seeds_counter(registry: CollectorRegistry) -> Counter:
+    return Counter(
+        "refit_rollout_seeds",
+        "Rollout pods that came to serve, by where their first committed refit came "
+        "from: 'peer' (seeded by a live rollout replica) or 'policy' (the policy's "
+        "send), as this operator replica saw them happen.",
+        ["namespace", "job", "source"],
+        registry=registry,
+    )
+
+
+#: Where a rollout pod's first committed refit came from (``refit_operator.status.seed_kind``).
+SEED_SOURCES = ("peer", "policy")
+
+
+def new_seeds(before: RefitJobStatus | None, after: RefitJobStatus) -> Iterator[str]:
+    """The source kind of each replica whose pod's seed shows in ``after`` and not in
+    ``before``.  Without ``before`` (a new process, a takeover) the seeds already in the
+    status happened unseen and are not counted."""
+    if before is None:
+        return
+    known = {(r.rank, r.pod) for r in before.rollout_replicas if r.seeded_from is not None}
+    for replica in after.rollout_replicas:
+        kind = seed_kind(replica)
+        if kind is not None and (replica.rank, replica.pod) not in known:
+            yield kind
 
 
 def new_refit_reports(
@@ -261,6 +299,7 @@ class _JobCollector(Collector):
             phases.add_metric([phase.value], count)
         yield from (phases, refits, moved, preemptions, restarts, throughput, epoch)
         yield from role_families(dict(self._jobs))
+        yield from seed_families(dict(self._jobs))
 
 
 #: (metric name, help, RoleStatus field, counter?) of each per-role series.
@@ -331,3 +370,32 @@ def role_families(jobs: Mapping[JobKey, RefitJobStatus]) -> Iterator[Metric]:
         if truth is not None:
             degraded.add_metric([namespace, name], 1.0 if truth == "True" else 0.0)
     yield from (*families, generation, committed, degraded)
+
+
+def seed_families(jobs: Mapping[JobKey, RefitJobStatus]) -> Iterator[Metric]:
+    """How the rollout replicas serving now came to serve (``status.rolloutReplicas[]``'s
+    ``seededFrom`` and ``secondsToServing``); a replica not yet serving counts in neither."""
+    seeded = GaugeMetricFamily(
+        "refit_job_rollout_replicas_seeded",
+        "Rollout replicas whose pod's first committed refit came from 'peer' (a live "
+        "rollout replica seeded it) or 'policy' (the policy's send) "
+        "(status.rolloutReplicas[].seededFrom).",
+        labels=["namespace", "job", "source"],
+    )
+    serving = GaugeMetricFamily(
+        "refit_job_rollout_replica_seconds_to_serving",
+        "Seconds from the rollout replica's pod start to its first committed refit "
+        "(status.rolloutReplicas[].secondsToServing).",
+        labels=["namespace", "job", "rank"],
+    )
+    for (namespace, name), status in sorted(jobs.items()):
+        counts = dict.fromkeys(SEED_SOURCES, 0)
+        for replica in status.rollout_replicas:
+            kind = seed_kind(replica)
+            if kind is not None:
+                counts[kind] += 1
+            if replica.seconds_to_serving is not None:
+                serving.add_metric([namespace, name, str(replica.rank)], replica.seconds_to_serving)
+        for source, count in counts.items():
+            seeded.add_metric([namespace, name, source], count)
+    yield from (seeded, serving)

@@ -75,6 +75,50 @@ class RolloutReplica(_Status):
     failures: int = Field(0, ge=0)
     #: Not before this time is the replacement's pod created.
     replace_at: datetime | None = None
+    #: How the current pod came to serve, from its progress report's seed (all None until
+    #: its first commit): who sent that refit, ``rollout-<rank>`` (a peer seeded it) or
+    #: ``policy`` (the policy ranks' send).
+    seeded_from: str | None = None
+    #: That first committed refit: its id, bytes and transfer seconds.
+    seeded_refit: int | None = Field(None, ge=0)
+    seeded_bytes: int | None = Field(None, ge=0)
+    seeded_seconds: float | None = Field(None, ge=0)
+    #: Seconds from the pod's process start to that commit (serving the weights).
+    seconds_to_serving: float | None = Field(None, ge=0)
+
+
+#: A replica's seed fields cleared: its slot moved to a new pod, which has not committed.
+UNSEEDED: dict[str, Any] = dict.fromkeys(
+    ("seeded_from", "seeded_refit", "seeded_bytes", "seeded_seconds", "seconds_to_serving")
+)
+
+
+def seed_kind(replica: RolloutReplica) -> Literal["peer", "policy"] | None:
+    """Whether the replica's pod was seeded by a rollout peer or by the policy's send."""
+    if replica.seeded_from is None:
+        return None
+    return "policy" if replica.seeded_from == "policy" else "peer"
+
+
+def seed_words(replica: RolloutReplica) -> str | None:
+    """How the replica's pod came to serve, in words (None: it has not committed yet);
+    the ReplicaSeeded Event and ``refit run`` say it the same way."""
+    if replica.seeded_from is None:
+        return None
+    source = "the policy" if replica.seeded_from == "policy" else replica.seeded_from
+    return (
+        f"seeded from {source}: refit {replica.seeded_refit}, "
+        f"{decimal_bytes(replica.seeded_bytes or 0)} in {replica.seeded_seconds or 0.0:.3f} s, "
+        f"serving {replica.seconds_to_serving or 0.0:.1f} s after its start"
+    )
+
+
+def decimal_bytes(n: int) -> str:
+    """Bytes in the decimal unit that shows their digits (a tiny test model is no '0.0 MB')."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 class PodBytes(_Status):

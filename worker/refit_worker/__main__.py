@@ -36,6 +36,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -297,6 +298,7 @@ async def _refits(
         for refit in session.pending_refits:
             _stop_at_boundary(config, session, handler)
             # Refit k carries the weights after training step k + 1.
+            await _train_step(config, session)
             advance(state, refit + 1)
             _log_refit(config, await session.send(state.items(), refit_id=refit))
         # Late joiners (a replacement, a scale-up) still get the last refit.
@@ -312,6 +314,15 @@ async def _refits(
     while session.pending_refits:
         _stop_at_boundary(config, session, handler)
         _log_refit(config, await session.receive(verify=verify, verified_as=verified_as))
+
+
+async def _train_step(config: WorkerConfig, session: RefitSession) -> None:
+    """The demo's stand-in for a training step: ``weights.synthetic.pace`` seconds, cut
+    short by a stop request (the boundary check that follows acts on it)."""
+    pace = config.weights.pace if isinstance(config.weights, SyntheticWeights) else None
+    deadline = time.monotonic() + (pace or 0.0)
+    while (left := deadline - time.monotonic()) > 0 and not session.preemption_pending():
+        await asyncio.sleep(min(left, 0.2))
 
 
 def _stop_at_boundary(

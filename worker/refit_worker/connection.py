@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from refit_worker.checkpoint_engines import NIXLCheckpointEngine
 from refit_worker.contract.config import WorkerConfig
-from refit_worker.contract.entries import BarrierEntry
+from refit_worker.contract.entries import BarrierEntry, SeedPointer
 from refit_worker.contract.failures import RefusedConfigError
 from refit_worker.following import PeerSet
 from refit_worker.refits import Removed, Superseded, _Flag
@@ -66,6 +66,8 @@ class Connection:
         self.store = store if store is not None else open_store(config)
         self.stop_requested = stop_requested
         self.agent_json = ""  # this rank's NIXL agent metadata, as published
+        #: Where peers may seed from this (rollout) rank, published with the metadata.
+        self.seed: SeedPointer | None = None
         self._engine: NIXLCheckpointEngine | None = None
         self._peers: PeerSet | None = None
         #: This rank's progress reports: every refit sent or committed is published.
@@ -111,7 +113,7 @@ class Connection:
         )
         try:
             self.agent_json = engine.prepare().model_dump_json()
-            self.store.publish_metadata(self.member, self.agent_json)
+            self.publish()
             self._peers = PeerSet(self.store, engine, self.config)
             join(self._peers)
         except BaseException:
@@ -119,6 +121,10 @@ class Connection:
             raise
         self._engine = engine
         self._watch.start()
+
+    def publish(self) -> None:
+        """Publish this rank's metadata (and seed offer) under its epoch's key."""
+        self.store.publish_metadata(self.member, self.agent_json, self.seed)
 
     def wait(self, wait: Callable[..., BarrierEntry], what: str) -> BarrierEntry:
         """A store wait for this rank's membership, stopped soon after a stop request: a

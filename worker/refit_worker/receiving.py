@@ -26,6 +26,7 @@ from refit_worker.checkpoint_engines.planning import TensorSpec
 from refit_worker.contract.entries import BarrierEntry, Verification, decode_entry
 from refit_worker.contract.roles import Role
 from refit_worker.following import PeerSet, standing
+from refit_worker.peer_seeds import PeerSeeds
 from refit_worker.refits import (
     CommittedRefit,
     RefitStats,
@@ -40,6 +41,7 @@ from refit_worker.rendezvous import (
     RendezvousTimeout,
     WaitCancelled,
 )
+from refit_worker.seeding import process_started_at
 from refit_worker.session_base import RefitSession
 from refit_worker.targets import (
     DoubleBuffer,
@@ -73,6 +75,10 @@ class RolloutSession(RefitSession):
         self._doubles: dict[int, DoubleBuffer] = {}  # by id() of the caller's target
         self._released: Any = None  # CUDA event: readers of the spare copy are done
         self._partial = False
+        self._seeds = PeerSeeds(self.connection)
+        self._started_at = process_started_at()
+        #: The peers the refit being committed was seeded from (empty: the policy's send).
+        self._seeded_from: tuple[str, ...] = ()
 
     @property
     def committed(self) -> CommittedRefit | None:
@@ -128,7 +134,7 @@ class RolloutSession(RefitSession):
             shapes = {s.name: (s.shape, dtype_from_name(s.dtype)) for s in specs}
             return self._own.spare(shapes, device)
 
-        landed = await self._land(engine, resolve, self._first(refit_id), partial=False)
+        landed = await self._arrive(engine, resolve, self._first(refit_id))
         arrived = landed.timing.refit_id
         if verify is not None:
             verify(arrived, dict(landed.tensors))
@@ -190,12 +196,29 @@ class RolloutSession(RefitSession):
         def spare(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
             return double.spare([s.name for s in specs])
 
-        landed = await self._land(engine, spare, self._first(refit_id), partial=False)
+        landed = await self._arrive(engine, spare, self._first(refit_id))
         arrived = landed.timing.refit_id
         self._check(verify, arrived, landed.tensors, partial=False)
         started = time.perf_counter()
         self._commit(arrived, double.swap())
         return self._stats(landed.timing, time.perf_counter() - started, verified_as)
+
+    async def _arrive(
+        self,
+        engine: NIXLCheckpointEngine,
+        targets: Callable[[Sequence[TensorSpec]], Mapping[str, torch.Tensor]],
+        min_refit: int,
+    ) -> ReceivedRefit:
+        """A refit into spare memory: seeded from live peers when this pod has committed
+        nothing yet and a peer offers one, else the policy's send (:meth:`_land`)."""
+        self._seeded_from = ()
+        if self._committed is None:
+            seeded = await self._seeds.take(targets, min_refit)
+            if seeded is not None:
+                self._seeded_from = seeded.sources
+                timing = RefitTiming(seeded.refit, "rollout", seeded.bytes, seeded.seconds, 0.0, 0)
+                return ReceivedRefit(seeded.tensors, timing)
+        return await self._land(engine, targets, min_refit, partial=False)
 
     def _first(self, refit_id: int | None) -> int:
         return self.reporter.log.refits_completed if refit_id is None else refit_id
@@ -280,7 +303,7 @@ class RolloutSession(RefitSession):
             # A new policy gang published but its membership is not open: it opens once
             # the running rollout ranks published for the epoch, so publish first.
             self.connection.switch_epoch(newer)
-            self.store.publish_metadata(self.member, self.connection.agent_json)
+            self.connection.publish()
         try:
             joined = self.connection.wait(self.store.wait_membership, "the barrier")
         except Preempted as exc:
@@ -363,7 +386,8 @@ class RolloutSession(RefitSession):
     def _stats(
         self, timing: RefitTiming, commit_s: float, verified_as: Verification | None
     ) -> RefitStats:
-        """The committed refit's figures, published as this rank's progress."""
+        """The committed refit's figures, published as this rank's progress once the
+        commit is offered to peers (a peer that reads the report finds the offer)."""
         stats = RefitStats(
             timing.refit_id,
             timing.bytes,
@@ -371,5 +395,28 @@ class RolloutSession(RefitSession):
             timing.control_s,
             timing.registrations,
         )
-        self.reporter.refit(stats.refit_id, stats.bytes, stats.seconds, verified_as)
+        if self._committed is not None:
+            self._seeds.offer(self._committed.refit_id, self._committed.state)
+        serving_s = time.time() - self._started_at
+        if self._seeded_from:
+            # Who gave the most bytes comes first; the report names it.
+            source = self._seeded_from[0]
+            self.reporter.seeded(
+                source,
+                stats.refit_id,
+                nbytes=stats.bytes,
+                seconds=stats.seconds,
+                serving_s=serving_s,
+                verification=verified_as,
+            )
+        else:
+            self.reporter.log.first_commit(
+                "policy", stats.refit_id, stats.bytes, seconds=stats.seconds, serving_s=serving_s
+            )
+            self.reporter.refit(stats.refit_id, stats.bytes, stats.seconds, verified_as)
         return stats
+
+    def close(self) -> None:
+        """Withdraw the seed offer, then disconnect (see :meth:`RefitSession.close`)."""
+        self._seeds.close()
+        super().close()

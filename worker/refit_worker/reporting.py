@@ -51,6 +51,31 @@ class ProgressReporter:
         )
         return report
 
+    def seeded(
+        self,
+        source: str,
+        refit_id: int,
+        *,
+        nbytes: int,
+        seconds: float,
+        serving_s: float,
+        verification: Verification | None,
+    ) -> None:
+        """Account for a refit seeded from peer ``source`` and committed, and publish it."""
+        self.log.record_seed(
+            source,
+            refit_id,
+            nbytes=nbytes,
+            seconds=seconds,
+            serving_s=serving_s,
+            verification=verification,
+        )
+        done = self.log.refits_completed >= self._refits
+        self.publish(
+            "done" if done else "running",
+            "all refits done" if done else f"refit {refit_id} seeded from {source}",
+        )
+
     def finish(self) -> bool:
         """Report ``done`` if every refit of the job is accounted for (also when this gang
         had none left to do: a gang recreated after the last commit); else say nothing."""

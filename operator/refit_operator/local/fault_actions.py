@@ -44,6 +44,8 @@ def round_(
     for fired in result.fired:
         if fired.recovered_s is None and fired.uid and _recovered(fired, progress):
             fired.recovered_s = now - fired.at
+            if fired.fault.kind == "kill-rollout":
+                fired.seeded_from = fault_plan.replacement_seed(progress, "rollout", 0, fired.uid)
     done = frozenset(f.fault for f in result.fired)
     for fault in fault_plan.due(options.faults, done, result.ledger.most_committed()):
         done_now: Fired | None

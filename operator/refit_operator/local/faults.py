@@ -182,15 +182,32 @@ class Fired:
     committed: int = 0
     #: Seconds from the kill to the first refit a new pod of the same rank committed.
     recovered_s: float | None = None
+    #: Who sent that pod its first refit (``rollout-<rank>`` or ``policy``), as it said.
+    seeded_from: str | None = None
 
 
 def replacement_committed(
     entries: Mapping[tuple[str, int], ProgressEntry], role: str, rank: int, killed_uid: str
 ) -> bool:
     """Whether a pod other than the killed one now holds ``role`` rank ``rank`` and has
-    committed a refit (its report itemises one)."""
+    committed a refit (its report itemises one, or says how it was seeded: a peer's
+    seed is not itemised)."""
     entry = entries.get((role, rank))
-    return entry is not None and entry.uid != killed_uid and bool(entry.recent)
+    return (
+        entry is not None
+        and entry.uid != killed_uid
+        and (bool(entry.recent) or entry.seed is not None)
+    )
+
+
+def replacement_seed(
+    entries: Mapping[tuple[str, int], ProgressEntry], role: str, rank: int, killed_uid: str
+) -> str | None:
+    """Who sent the replacement of the killed pod its first refit, as it reported."""
+    entry = entries.get((role, rank))
+    if entry is None or entry.uid == killed_uid or entry.seed is None:
+        return None
+    return entry.seed.source
 
 
 def latest_progress(data: Mapping[str, str]) -> dict[tuple[str, int], ProgressEntry]:
@@ -227,7 +244,13 @@ def outcome(fired: Fired, new_after: frozenset[str]) -> str:
             said += "no refit was committed after the kill before the run ended; "
         elif fault.kind == "kill-rollout":
             said += f"its replacement committed its first refit {fired.recovered_s:.1f} s "
-            said += "after the kill; "
+            said += "after the kill"
+            source = fired.seeded_from
+            if source is not None:
+                said += (
+                    " (sent by the policy)" if source == "policy" else f" (seeded from {source})"
+                )
+            said += "; "
         else:
             said += f"the next refit was committed {fired.recovered_s:.1f} s after the kill; "
     if not new_after and fired.others:

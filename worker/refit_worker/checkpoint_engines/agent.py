@@ -235,6 +235,39 @@ class NixlAgent:
             ) from exc
         return prepared
 
+    async def read(
+        self,
+        peer: str,
+        local: Sequence[Region],
+        remote: Sequence[Region],
+        mem_type: str,
+        *,
+        what: str,
+        deadline: float,
+    ) -> None:
+        """READ ``remote[i]`` of ``peer`` into ``local[i]`` (one-sided: the peer does
+        nothing) and wait for it until ``deadline``; :class:`PeerError` if it fails."""
+        if len(local) != len(remote):
+            raise ValueError(f"need equal region lists, got {len(local)}/{len(remote)}")
+        try:
+            handle = self._agent.initialize_xfer(
+                "READ",
+                self._agent.get_xfer_descs(list(local), mem_type),
+                self._agent.get_xfer_descs(list(remote), mem_type),
+                peer,
+                b"",
+            )
+            state = self._agent.transfer(handle)
+        except Exception as exc:  # nixl raises its own error types per status code
+            raise PeerError(f"READ of {what} from {peer!r} failed: {_nixl(exc)}") from exc
+        try:
+            if state == "ERR":
+                raise PeerError(f"READ of {what} from {peer!r} failed (peer gone?)")
+            await self.wait_posted(handle, peer, what, deadline)
+        finally:
+            with contextlib.suppress(Exception):
+                self._agent.release_xfer_handle(handle)
+
     def post_prepared(self, handle: Any, peer: str, notif: bytes) -> None:
         """Post a prepared WRITE handle (again) with notification ``notif``."""
         try:

@@ -73,6 +73,18 @@ class SyntheticWeights(_Frozen):
     dtype: SyntheticDtype = Field("bfloat16", description="torch dtype name of every tensor.")
     experts: int = Field(0, ge=0, description="MoE experts per layer (0: dense MLP).")
     seed: int = 0
+    # None, not 0: an unset field stays out of the spec digest (render.spec_hash), so
+    # adding it recreates no running job's pods.
+    pace: float | None = Field(
+        None,
+        ge=0,
+        le=3600,
+        description=(
+            "Seconds the demo trainer spends on each training step before its refit, a "
+            "stand-in for a real step, so refits come at an RL job's pace (unset or 0: "
+            "back to back)."
+        ),
+    )
 
 
 class SafetensorsWeights(_Frozen):
@@ -164,7 +176,11 @@ class WorkerConfig(_Frozen):
     def to_env(self) -> dict[str, str]:
         """Render as ``REFIT_*`` environment variables (plain text or JSON per field)."""
         env: dict[str, str] = {}
-        for name, value in self.model_dump(mode="json").items():
+        # An unset optional setting of a nested model stays out, so a worker of the
+        # previous version (extra="forbid") still reads the pods of a newer operator.
+        nested = self.model_dump(mode="json", exclude_none=True)
+        for name, dumped in self.model_dump(mode="json").items():
+            value = nested[name] if isinstance(dumped, dict) else dumped
             if isinstance(value, dict | list):
                 env[_env_name(name)] = json.dumps(value, sort_keys=True, separators=(",", ":"))
             elif isinstance(value, bool):

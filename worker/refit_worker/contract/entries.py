@@ -49,7 +49,7 @@ SHARD_BUDGET_BYTES = 1_000_000
 #: Size limits of encoded values, by key kind.  NIXL agent metadata is ~451 bytes raw,
 #: ~600 as base64 in JSON; the rest of the limit leaves room for buffer descriptors.
 MAX_META_BYTES = 5120
-MAX_PROGRESS_BYTES = 1024
+MAX_PROGRESS_BYTES = 1280  # 1024 before a rollout pod reported its seed
 #: Refits a progress entry itemises: a reader that samples at least once per this many
 #: refits of a rank sees each of them; one that samples less sees the gap in the totals.
 RECENT_REFITS = 8
@@ -164,10 +164,25 @@ class _RankEntry(_Entry):
     generation: int = Field(0, ge=0, le=MAX_GENERATION)
 
 
+class SeedPointer(BaseModel):
+    """Where a rollout rank offers its last committed refit to peers that seed from it: a
+    registered region holding the seed manifest (:mod:`refit_worker.checkpoint_engines.seeding`),
+    and NIXL's partial metadata of that region (base64) so a peer can READ it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    addr: int = Field(ge=0)
+    nbytes: int = Field(gt=0, le=1 << 30)
+    dev_id: int = Field(0, ge=0)
+    metadata: str = Field(min_length=1, max_length=3072)
+
+
 class MetadataEntry(_RankEntry):
-    """A rank's NIXL agent metadata: an opaque JSON text made by the NIXL engine."""
+    """A rank's NIXL agent metadata: an opaque JSON text made by the NIXL engine; a rollout
+    rank that committed a refit also says where peers may seed from it (``seed``)."""
 
     agent: str = Field(min_length=2)
+    seed: SeedPointer | None = None
 
     @field_validator("agent")
     @classmethod
@@ -189,6 +204,26 @@ class RefitReport(BaseModel):
     seconds: float = Field(ge=0, allow_inf_nan=False)
 
 
+#: Where a rollout pod's first committed refit came from: a peer (``rollout-<rank>``) or
+#: the policy ranks.
+_SEED_SOURCE_RE = r"^(policy|rollout-(0|[1-9][0-9]{0,8}))$"
+
+
+class SeedReport(BaseModel):
+    """How a rollout pod came to serve: its first committed refit, who sent it
+    (``rollout-<rank>``: seeded by a peer; ``policy``: the policy ranks' send), the bytes
+    and transfer seconds of that refit, and the seconds from the pod's process start to
+    that commit (serving the weights)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    source: str = Field(pattern=_SEED_SOURCE_RE)
+    refit: int = Field(ge=0)
+    bytes: int = Field(ge=0)
+    seconds: float = Field(ge=0, allow_inf_nan=False)
+    serving_s: float = Field(ge=0, allow_inf_nan=False)
+
+
 class ProgressEntry(_RankEntry):
     """A rank's progress in its epoch; rollout ranks count what they committed.
 
@@ -207,6 +242,10 @@ class ProgressEntry(_RankEntry):
     recent: tuple[RefitReport, ...] = Field((), max_length=RECENT_REFITS)
     verification: Verification = "none"
     message: str = Field("", max_length=200)
+    #: A rollout pod's first commit: who sent it and when it began serving (None: not yet,
+    #: or a policy rank).  A peer's seed is not in ``bytes_total`` or ``recent``: those
+    #: count what the policy ranks sent.
+    seed: SeedReport | None = None
 
     @property
     def last_refit(self) -> RefitReport | None:

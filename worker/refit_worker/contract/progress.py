@@ -18,6 +18,7 @@ from refit_worker.contract.entries import (
     RECENT_REFITS,
     ProgressState,
     RefitReport,
+    SeedReport,
     Verification,
 )
 
@@ -32,6 +33,8 @@ class ProgressLog:
     bytes_total: int = 0
     seconds_total: float = 0.0
     recent: deque[RefitReport] = field(default_factory=lambda: deque(maxlen=RECENT_REFITS))
+    #: How this (rollout) pod came to serve: its first commit (see :class:`SeedReport`).
+    seed: SeedReport | None = None
 
     def __post_init__(self) -> None:
         if self.first_refit < 0:
@@ -57,6 +60,38 @@ class ProgressLog:
             self.verification = verification
         return report
 
+    def first_commit(
+        self, source: str, refit: int, nbytes: int, *, seconds: float, serving_s: float
+    ) -> None:
+        """Say once how this pod came to serve: its first committed refit and its source."""
+        if self.seed is None:
+            self.seed = SeedReport(
+                source=source,
+                refit=refit,
+                bytes=nbytes,
+                seconds=max(seconds, 0.0),
+                serving_s=max(serving_s, 0.0),
+            )
+
+    def record_seed(
+        self,
+        source: str,
+        refit: int,
+        *,
+        nbytes: int,
+        seconds: float,
+        serving_s: float,
+        verification: Verification | None = None,
+    ) -> None:
+        """A refit seeded from a peer and committed: it counts as committed, but not in
+        ``bytes_total`` or ``recent`` (those are what the policy ranks sent)."""
+        if refit < 0 or nbytes < 0:
+            raise ValueError(f"a refit id and its bytes are >= 0, got {refit} and {nbytes}")
+        self.refits_completed = max(self.refits_completed, refit + 1)
+        self.first_commit(source, refit, nbytes, seconds=seconds, serving_s=serving_s)
+        if verification is not None:
+            self.verification = verification
+
     def fields(self, state: ProgressState = "running", message: str = "") -> dict[str, Any]:
         """Keyword arguments for ``RendezvousStore.write_progress``."""
         return {
@@ -68,4 +103,5 @@ class ProgressLog:
             "recent": tuple(self.recent),
             "verification": self.verification,
             "message": message[:200],
+            "seed": self.seed,
         }

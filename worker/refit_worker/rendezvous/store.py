@@ -44,6 +44,8 @@ from refit_worker.contract.rendezvous import (
     ProgressEntry,
     ProgressState,
     RefitReport,
+    SeedPointer,
+    SeedReport,
     Snapshot,
     Verification,
     decode_entry,
@@ -215,8 +217,11 @@ class RendezvousStore(ABC):
 
     # -- worker side ----------------------------------------------------------------------
 
-    def publish_metadata(self, me: Member, agent_json: str) -> None:
-        """Publish this rank's NIXL agent metadata (opaque JSON text) for its epoch."""
+    def publish_metadata(
+        self, me: Member, agent_json: str, seed: SeedPointer | None = None
+    ) -> None:
+        """Publish this rank's NIXL agent metadata (opaque JSON text) for its epoch, and
+        where peers may seed from it (a rollout rank that committed a refit)."""
         entry = MetadataEntry(
             epoch=me.epoch,
             uid=me.uid,
@@ -224,6 +229,7 @@ class RendezvousStore(ABC):
             rank=me.rank,
             generation=me.generation,
             agent=agent_json,
+            seed=seed,
         )
         self.put_entry(meta_key(me.role, me.rank), entry)
 
@@ -384,6 +390,7 @@ class RendezvousStore(ABC):
         recent: tuple[RefitReport, ...] = (),
         verification: Verification = "none",
         message: str = "",
+        seed: SeedReport | None = None,
     ) -> ProgressEntry:
         """Report this rank's progress in its epoch (replaces its previous report); a
         :class:`~refit_worker.contract.progress.ProgressLog` gives the fields."""
@@ -401,6 +408,7 @@ class RendezvousStore(ABC):
             recent=recent,
             verification=verification,
             message=message,
+            seed=seed,
         )
         self.put_entry(progress_key(me.role, me.rank), entry)
         return entry

@@ -24,6 +24,7 @@ from refit_operator.core.observe import ObservedPod
 from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
 from refit_operator.models import RolloutReplica
+from refit_operator.status import UNSEEDED
 
 #: How soon to look again while old pods are still going away.
 POLL_DELETING_S = 1.0
@@ -51,7 +52,9 @@ def reset_slots(inp: RoundInput, draft: Draft, at: datetime | None) -> None:
     for slot in inp.slots:
         rec = recorded.get(slot.rank) or RolloutReplica(rank=slot.rank, generation=slot.generation)
         generation = max(rec.generation, slot.generation + (1 if slot.created else 0))
+        # The new pod reports its own first commit: the old pod's seed goes.
         update = {"generation": generation, "pod": "", "ready": False, "replace_at": at}
+        update |= UNSEEDED
         replicas.append(rec.model_copy(update=update))
     draft.update(rollout_replicas=replicas)
 

@@ -1,0 +1,150 @@
+"""Peer seeding's decisions, no NIXL: which peers a new rollout pod may seed from, how the
+tensors are split over them, and how a seed manifest read mid-rewrite is told apart."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from refit_worker.checkpoint_engines.messages import LandingSet, NixlAgentMetadata
+from refit_worker.checkpoint_engines.seeding import (
+    SeedError,
+    SeedManifest,
+    SeedTensor,
+    _agreeing,
+    decode_manifest,
+    encode_manifest,
+    stripes,
+)
+from refit_worker.contract.entries import (
+    BarrierEntry,
+    MetadataEntry,
+    ProgressEntry,
+    RolloutMember,
+    SeedPointer,
+)
+from refit_worker.seeding import seed_sources
+
+_AGENT = NixlAgentMetadata(agent_name="a", agent_metadata=b"x").model_dump_json()
+_POINTER = SeedPointer(addr=4096, nbytes=512, metadata=base64.b64encode(b"m").decode())
+
+
+def _barrier(*uids: str | None) -> BarrierEntry:
+    return BarrierEntry(
+        epoch=0,
+        policy_uids=("p0",),
+        rollout=tuple(None if u is None else RolloutMember(uid=u) for u in uids),
+    )
+
+
+def _meta(rank: int, uid: str, *, seed: SeedPointer | None = _POINTER) -> MetadataEntry:
+    return MetadataEntry(epoch=0, uid=uid, role="rollout", rank=rank, agent=_AGENT, seed=seed)
+
+
+def _progress(rank: int, uid: str, done: int, state: str = "running") -> ProgressEntry:
+    return ProgressEntry.model_validate(
+        {
+            "epoch": 0,
+            "uid": uid,
+            "role": "rollout",
+            "rank": rank,
+            "state": state,
+            "refits_completed": done,
+        }
+    )
+
+
+def test_the_peers_with_the_newest_commit_come_first_and_self_is_left_out() -> None:
+    barrier = _barrier("new", "u1", "u2", "u3")
+    meta = {("rollout", r): _meta(r, u) for r, u in enumerate(["new", "u1", "u2", "u3"])}
+    progress = {
+        ("rollout", 1): _progress(1, "u1", 5),
+        ("rollout", 2): _progress(2, "u2", 6),
+        ("rollout", 3): _progress(3, "u3", 6, state="done"),
+    }
+    found = seed_sources(barrier, meta, progress, me=0, min_refit=3)
+    assert [s.label for s in found] == ["rollout-2", "rollout-3", "rollout-1"]
+    assert found[0].region == (4096, 512, 0)
+    assert found[0].region_metadata == b"m"
+
+
+@pytest.mark.parametrize(
+    ("why", "meta", "progress", "barrier_uid"),
+    [
+        ("no offer", _meta(1, "u1", seed=None), _progress(1, "u1", 6), "u1"),
+        (
+            "a stale pod's metadata",
+            _meta(
+                1,
+                "old",
+            ),
+            _progress(1, "u1", 6),
+            "u1",
+        ),
+        ("a stale pod's progress", _meta(1, "u1"), _progress(1, "old", 6), "u1"),
+        ("not a member now", _meta(1, "u1"), _progress(1, "u1", 6), None),
+        ("nothing new enough", _meta(1, "u1"), _progress(1, "u1", 3), "u1"),
+        ("failed", _meta(1, "u1"), _progress(1, "u1", 6, state="failed"), "u1"),
+        ("preempted", _meta(1, "u1"), _progress(1, "u1", 6, state="preempted"), "u1"),
+    ],
+)
+def test_a_peer_that_cannot_give_a_current_commit_is_not_a_source(
+    why: str, meta: MetadataEntry, progress: ProgressEntry, barrier_uid: str | None
+) -> None:
+    found = seed_sources(
+        _barrier("new", barrier_uid),
+        {("rollout", 1): meta},
+        {("rollout", 1): progress},
+        me=0,
+        min_refit=3,
+    )
+    assert found == [], why
+
+
+def test_stripes_balance_bytes_over_peers_and_place_every_tensor_once() -> None:
+    sizes = {"a": 100, "b": 60, "c": 50, "d": 40, "e": 10}
+    shares = stripes(sizes, 2)
+    assert sorted(n for share in shares for n in share) == sorted(sizes)
+    loads = [sum(sizes[n] for n in share) for share in shares]
+    assert max(loads) - min(loads) <= 20
+    assert stripes(sizes, 1) == [["a", "b", "c", "d", "e"]]
+    assert stripes({"a": 5}, 3) == [["a"], [], []]
+
+
+def _manifest(refit: int, hashes: tuple[int, ...] = (1, 2)) -> SeedManifest:
+    return SeedManifest(
+        refit=refit,
+        algorithm="xxh3_64",
+        tensors=tuple(
+            SeedTensor(name=f"t{i}", dtype="bfloat16", shape=(2, 2), hash=h)
+            for i, h in enumerate(hashes)
+        ),
+        landing=LandingSet(id="s", metadata=b"m", tensors=()),
+    )
+
+
+def test_a_manifest_round_trips_and_a_torn_one_is_refused() -> None:
+    raw = encode_manifest(_manifest(4))
+    assert decode_manifest(raw + b"\0" * 64, "peer").refit == 4
+    torn = bytearray(raw)
+    torn[-5] ^= 0xFF  # a byte of the body changed after its hash was written
+    with pytest.raises(SeedError, match="torn"):
+        decode_manifest(bytes(torn), "peer")
+    with pytest.raises(SeedError, match="torn"):
+        decode_manifest(b"\0" * 64, "peer")  # offered, never written
+    with pytest.raises(SeedError, match="no manifest"):
+        decode_manifest(b"\0" * 4, "peer")
+
+
+def test_only_peers_agreeing_on_the_newest_refit_are_read_from() -> None:
+    src = [object(), object(), object(), object()]
+    offers = [
+        (src[0], _manifest(5)),
+        (src[1], _manifest(6)),
+        (src[2], _manifest(6, hashes=(1, 9))),  # same refit, other bytes: not mixed in
+        (src[3], _manifest(6)),
+    ]
+    chosen = _agreeing(offers, 3)  # type: ignore[arg-type]
+    assert [s for s, _ in chosen] == [src[1], src[3]]
+    assert _agreeing(offers, 7) == []  # type: ignore[arg-type]

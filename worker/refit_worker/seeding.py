@@ -1,0 +1,82 @@
+"""Which rollout peers a new rollout pod may seed from, decided from the membership, the
+peers' published metadata and their progress: pure functions, no I/O (plus the pod's
+start time, read once from ``/proc``).
+
+A peer qualifies when it holds its slot now (the barrier lists the same pod uid and
+generation its metadata was written by), offers a seed (``seed`` in its metadata), and
+its pod's own progress report says it committed a refit at least ``min_refit`` and is
+running or done (not failed, preempted or left).  The best offers come first: the highest
+committed refit, then the lowest rank.  Whether a peer's copy is still intact is not
+decided here: the seed's READ is verified tensor by tensor
+(:mod:`refit_worker.checkpoint_engines.seeding`).
+
+Must not import: the operator, kubernetes; nothing here talks to NIXL or the store.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+
+from refit_worker.checkpoint_engines.messages import NixlAgentMetadata
+from refit_worker.checkpoint_engines.seeding import SeedSource, metadata_from_pointer
+from refit_worker.contract.entries import BarrierEntry, MetadataEntry, ProgressEntry
+from refit_worker.contract.roles import Role
+from refit_worker.following import members
+
+_IMPORTED_AT = time.time()
+
+
+def label(rank: int) -> str:
+    """How a seed's source is named in reports and status: ``rollout-<rank>``."""
+    return f"rollout-{rank}"
+
+
+def seed_sources(
+    barrier: BarrierEntry,
+    meta: Mapping[tuple[Role, int], MetadataEntry],
+    progress: Mapping[tuple[Role, int], ProgressEntry],
+    *,
+    me: int,
+    min_refit: int,
+) -> list[SeedSource]:
+    """The peers rollout rank ``me`` may seed from, best first (see the module docstring)."""
+    found: list[tuple[int, int, SeedSource]] = []
+    for rank, (uid, generation) in members(barrier).items():
+        entry, report = meta.get(("rollout", rank)), progress.get(("rollout", rank))
+        if rank == me or entry is None or entry.seed is None or report is None:
+            continue
+        if (entry.uid, entry.generation) != (uid, generation) or report.uid != uid:
+            continue
+        if report.state not in ("running", "done") or report.refits_completed <= min_refit:
+            continue
+        pointer = entry.seed
+        try:
+            agent = NixlAgentMetadata.model_validate_json(entry.agent)
+            region_metadata = metadata_from_pointer(pointer.metadata)
+        except ValueError:
+            continue  # a peer that published garbage offers nothing
+        source = SeedSource(
+            label(rank), agent, (pointer.addr, pointer.nbytes, pointer.dev_id), region_metadata
+        )
+        found.append((-report.refits_completed, rank, source))
+    return [source for _, _, source in sorted(found, key=lambda f: (f[0], f[1]))]
+
+
+def process_started_at() -> float:
+    """When this process started (seconds since the epoch), from ``/proc``; where that is
+    not readable, when this module was imported."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stat:
+            # Field 22 (starttime, in clock ticks since boot); the command name (field 2)
+            # may hold spaces, so count from its closing parenthesis.
+            ticks = int(stat.read().rpartition(")")[2].split()[19])
+        with open("/proc/stat", encoding="ascii") as system:
+            boot = next(int(line.split()[1]) for line in system if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED_AT
+
+
+__all__ = ["label", "process_started_at", "seed_sources"]
