@@ -60,6 +60,8 @@ async def server(model: torch.nn.Module, session: RefitSession) -> None:
         stats = await session.receive_into(model, mode="double_buffer")
         await generation
         print(f"refit {stats.refit_id}: committed {stats.bytes} bytes", flush=True)
+    # A replica that joins after the last refit is seeded from this one.
+    await session.linger()
 
 
 async def main() -> None:

@@ -138,7 +138,14 @@ def worker_config(
         ),
         preemption_signal=(spec.preemption.parsed_signal,),
         signal_pid_dir=SIGNAL_DIR if injection_mode(spec, options) == "preStop" else "",
+        hand_over_seconds=_hand_over(role, spec.preemption.grace_period_seconds),
     )
+
+
+def _hand_over(role: Role, grace: int) -> float:
+    # A drained rollout pod offers its weights to its replacement for half its grace
+    # period: the stop (the preStop hook's wait is three quarters of it) still fits.
+    return grace / 2 if role == "rollout" else 0.0
 
 
 def _leader(role: Role, epoch: int, generation: int, leader: int | None) -> int:

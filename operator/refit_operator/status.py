@@ -76,7 +76,8 @@ class RolloutReplica(_Status):
     #: Not before this time is the replacement's pod created.
     replace_at: datetime | None = None
     #: How the current pod came to serve, from its progress report's seed (all None until
-    #: its first commit): who sent that refit, ``rollout-<rank>`` (a peer seeded it) or
+    #: its first commit): who sent that refit, ``rollout-<rank>`` (a peer seeded it),
+    #: ``rollout-<rank>-g<generation>`` (the pod it replaced, handing over on a drain) or
     #: ``policy`` (the policy ranks' send).
     seeded_from: str | None = None
     #: That first committed refit: its id, bytes and transfer seconds.

@@ -21,11 +21,13 @@ eviction, HPA), kubectl drain/scale, the workers (NIXL, gloo, signals).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -252,6 +254,9 @@ def test_drain_of_a_node_with_only_rollout_pods_leaves_the_policy_pods(
     doc = _job(job)
     doc["spec"]["policy"] = _pinned(doc["spec"]["policy"], policy_node)
     doc["spec"]["rollout"] = _preferring(doc["spec"]["rollout"], rollout_node)
+    # A grace period long enough for a replacement to start on a loaded machine: a
+    # drained pod hands over for half of it (issue #31).
+    doc["spec"]["preemption"]["gracePeriodSeconds"] = 90
     cluster.kubectl.apply(doc)
     before = _refits(cluster, job, 2)
     placed = {
@@ -290,6 +295,14 @@ def test_drain_of_a_node_with_only_rollout_pods_leaves_the_policy_pods(
         if uid in set(rollout) - rollout_before
     }
     assert nodes_after == {policy_node}, nodes_after
+    handed = [_handed_over(cluster, rollout[uid], uid) for uid in rollout_before]
+    records.record(
+        "drain hand-over",
+        "; ".join(
+            f"{old} exited {gap:.1f} s after its replacement served ({how})"
+            for old, gap, how in handed
+        ),
+    )
     records.record(
         "drain-rollout-node scenario",
         f"{rollout_node} (rollout pods only) drained at refits {before['refitsCompleted']}/"
@@ -298,6 +311,43 @@ def test_drain_of_a_node_with_only_rollout_pods_leaves_the_policy_pods(
         f"policy uids unchanged ({len(policy)})",
     )
     _delete(cluster, job)
+
+
+def _log_of(cluster: Cluster, name: str, uid: str) -> str:
+    """The log a process node kept of pod ``name`` (``uid``)."""
+    found = [
+        path
+        for node in cluster.nodes.values()
+        for path in (node.workdir / "logs").glob(f"{name}-{uid[:8]}.log")
+    ]
+    assert len(found) == 1, (name, found)
+    return found[0].read_text(errors="replace")
+
+
+def _at(text: str, needle: str) -> float:
+    """When the log line holding ``needle`` was written (seconds since the epoch)."""
+    line = next((ln for ln in text.splitlines() if needle in ln), None)
+    assert line is not None, f"no line with {needle!r} in:\n{text}"
+    stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=UTC)
+    return stamp.timestamp()
+
+
+def _handed_over(cluster: Cluster, name: str, uid: str) -> tuple[str, float, str]:
+    """A drained rollout pod stayed until its replacement served: the replacement's first
+    commit is logged before the drained pod's exit.  (pod, seconds between, the source)."""
+    old = _log_of(cluster, name, uid)
+    successor = old.split("handed over to pod ")[1].split()[0].rstrip(";")
+    pods = _started(cluster, name.split("-rollout-", maxsplit=1)[0], "rollout")
+    new = _log_of(cluster, pods[successor], successor)
+    served = min(
+        _at(new, "seeded refit") if "seeded refit" in new else math.inf, _at(new, " committed: ")
+    )
+    exited = _at(old, "exiting with code 83")
+    assert served < exited, (name, pods[successor], served, exited)
+    source = (
+        new.split("seeded refit")[1].split(":")[0].strip() if "seeded refit" in new else "policy"
+    )
+    return name, exited - served, source
 
 
 def _tolerating(role_template: dict[str, Any]) -> dict[str, Any]:
@@ -548,3 +598,43 @@ def test_a_policy_pod_killed_mid_job_restarts_the_policy_gang_only(
     for uid, name in rollout.items():
         assert _exit_code(cluster, name, uid) == 0, name
     _delete(cluster, job)
+
+
+def test_kubectl_scale_1_to_4_seeds_the_new_replicas_from_their_peers(
+    cluster: Cluster, install: Install
+) -> None:
+    """Issue #31: the replicas a scale-up adds take the last committed refit from the
+    replica already serving (NIXL READs of its committed copy), not from the trainers;
+    the policy pods are untouched."""
+    job = "fd-seed"
+    cluster.namespace(NS)
+    spec = _job(job, refits=40)
+    spec["spec"]["rollout"]["replicas"] = 1
+    spec["spec"]["weights"]["synthetic"]["pace"] = 0.5
+    cluster.kubectl.apply(spec)
+    _refits(cluster, job, 2)
+    policy = _started(cluster, job, "policy")
+    cluster.kubectl.ok("scale", f"rj/{job}", "-n", NS, "--replicas=4")
+    status = _finished(cluster, job)
+    assert status["phase"] == "Succeeded", status
+    assert _started(cluster, job, "policy") == policy, "a scale recreated the policy pods"
+    assert (status["epoch"], status["restarts"]) == (0, 0), status
+    replicas = {r["rank"]: r for r in status["rolloutReplicas"]}
+    assert replicas[0]["seededFrom"] == "policy", replicas[0]  # the first: the trainers'
+    for rank in (1, 2, 3):
+        # Each new replica from a peer that served before it (rank 0, or one seeded by it).
+        assert replicas[rank]["seededFrom"] in {f"rollout-{r}" for r in range(4)} - {
+            f"rollout-{rank}"
+        }, replicas[rank]
+    seeded = [e for e in _events(cluster, job) if e["reason"] == "ReplicaSeeded"]
+    assert len(seeded) == 4, [e["message"] for e in seeded]
+    records.record(
+        "seed scenario",
+        f"kubectl scale rj/{job} 1 -> 4 at refit {status['rolloutReplicas'][1]['seededRefit']}: "
+        + "; ".join(
+            f"rollout-{r} from {replicas[r]['seededFrom']} in "
+            f"{replicas[r]['seededSeconds']:.3f} s, serving "
+            f"{replicas[r]['secondsToServing']:.1f} s after its start"
+            for r in (1, 2, 3)
+        ),
+    )

@@ -382,14 +382,18 @@ def test_a_users_own_session_code_fills_the_status(tmp_path: Path) -> None:
     script.write_text(USER_CODE)
     command = [sys.executable, str(script)]
     path = _manifest(tmp_path, **{"policy.command": command, "rollout.command": command})
-    done = _run([str(path), "--plain"])
+    status = tmp_path / "job.json"
+    done = _run([str(path), "--plain", "--status-file", str(status)])
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "phase=Succeeded" in out and "refits 3/3" in out
     rows, total = _rows_and_total(out)  # as printed: MiB to one decimal
     assert len(rows) == 3 and sum(rows) == total
-    # Exactly what moved: 2 rollout ranks x 3 refits x (256*1024 + 1024) float32 values.
-    assert f"bytes={2 * 3 * (256 * 1024 + 1024) * 4} " in out
+    # Exactly what the policy sent: 2 rollout ranks x 3 refits x (256*1024 + 1024) float32
+    # values, less a refit a rank that started late took from its peer instead (issue #31).
+    replicas = json.loads(status.read_text())["status"]["rolloutReplicas"]
+    seeded = sum(r["seededFrom"] != "policy" for r in replicas)
+    assert f"bytes={(2 * 3 - seeded) * (256 * 1024 + 1024) * 4} " in out
     assert "verification: checksums" in out
 
 
@@ -497,3 +501,79 @@ def test_scale_rollout_at_refit_leaves_the_policy_pods(tmp_path: Path, replicas:
     assert f"rollout_ready={replicas}/{replicas}" in out, out
     assert "refits 6/6" in out and "restarts 0" in out and "preemptions 0" in out, out
     assert "verification: bit-exact" in out
+
+
+def test_a_killed_rollout_replica_is_seeded_by_its_peers_not_the_policy(tmp_path: Path) -> None:
+    """Issue #31: with 1 policy and 3 rollout ranks, the replacement of a SIGKILLed
+    rollout pod takes the last committed refit from its live peers over NIXL (mid-job,
+    or from peers that stay after the last refit), checked bit for bit; the policy sends
+    it only the refits after that one, and never sends any refit again."""
+    refits = 6
+    path = _manifest(
+        tmp_path,
+        **{
+            "policy.replicas": 1,
+            "rollout.replicas": 3,
+            "transfer.refits": refits,
+            "weights.synthetic.pace": 0.5,
+        },
+    )
+    status, work = tmp_path / "job.json", tmp_path / "work"
+    args = ["--kill-rollout-at-refit", "3", "--plain", "--status-file", str(status)]
+    done = _run([str(path), *args, "--workdir", str(work)], timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "refits 6/6" in out and "restarts 0" in out and "replacements 1" in out, out
+    assert "verification: bit-exact" in out
+    replica = json.loads(status.read_text())["status"]["rolloutReplicas"][0]
+    assert replica["generation"] == 1, replica
+    assert replica["seededFrom"] in ("rollout-1", "rollout-2"), replica
+    seeded, model_bytes = replica["seededRefit"], replica["seededBytes"]
+    assert 2 <= seeded < refits and replica["secondsToServing"] > 0, replica
+    assert re.search(
+        rf"reason=ReplicaSeeded rollout-0 \(pod e2e-run-rollout-0-g1\) seeded from "
+        rf"{replica['seededFrom']}: refit {seeded}, ",
+        out,
+    ), out
+    assert re.search(r"its replacement committed its first refit .* \(seeded from rollout-", out)
+    # What the replacement got from the policy: exactly the refits after the seeded one.
+    shard = work / "rendezvous" / "shard-0"
+    report = json.loads((shard / "progress.rollout.0").read_text())
+    assert [r["refit"] for r in report["recent"]] == list(range(seeded + 1, refits)), report
+    assert report["bytes_total"] == (refits - seeded - 1) * model_bytes, report
+    policy_log = "".join(p.read_text() for p in (work / "logs").glob("e2e-run-policy-*.log"))
+    assert "again" not in policy_log, policy_log
+
+
+def _logged_at(text: str, needle: str) -> str:
+    """The timestamp (``YYYY-MM-DD HH:MM:SS,mmm``, sortable) of the line holding ``needle``."""
+    line = next((ln for ln in text.splitlines() if needle in ln), None)
+    assert line is not None, f"no line with {needle!r} in:\n{text}"
+    return line[:23]
+
+
+def test_a_drained_rollout_replica_hands_over_to_its_replacement(tmp_path: Path) -> None:
+    """Issue #31: with one rollout replica, a drain of its pod does not leave the job
+    without weights served for a trainer's step: the drained pod stays (within its grace
+    period) until its replacement, created at once, has seeded the last committed refit
+    from it; only then does it exit, saying nothing under the rank's progress key."""
+    path = _manifest(
+        tmp_path,
+        **{"rollout.replicas": 1, "transfer.refits": 6, "weights.synthetic.pace": 0.5},
+    )
+    status, work = tmp_path / "job.json", tmp_path / "work"
+    args = ["--drain-at-refit", "2", "--plain", "--status-file", str(status)]
+    done = _run([str(path), *args, "--workdir", str(work)], timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "refits 6/6" in out and "restarts 0" in out and "verification: bit-exact" in out, out
+    replica = json.loads(status.read_text())["status"]["rolloutReplicas"][0]
+    assert replica["generation"] == 1 and replica["seededFrom"] == "rollout-0-g0", replica
+    logs = work / "logs"
+    old = next(logs.glob("e2e-run-rollout-0-g0-*.log")).read_text()
+    new = next(logs.glob("e2e-run-rollout-0-g1-*.log")).read_text()
+    seeded = _logged_at(new, f"seeded refit {replica['seededRefit']} from rollout-0-g0")
+    handed = _logged_at(old, "handed over to pod")
+    exited = _logged_at(old, "exiting with code 83")
+    # The replacement served before the drained pod went.
+    assert seeded < handed <= exited, (seeded, handed, exited)

@@ -112,13 +112,16 @@ def test_a_killed_policy_restarts_alone_and_rollout_ranks_rejoin(tmp_path: Path)
         assert _report(job, new_policy).state == "done"  # type: ignore[union-attr]
 
 
-def test_a_late_joiner_gets_the_last_refit_from_the_lingering_policy(tmp_path: Path) -> None:
+def test_a_late_joiner_gets_the_last_refit_from_a_peer_that_stays(tmp_path: Path) -> None:
+    """After the last refit the rollout rank that committed it stays, offering it; the
+    policy rank sees that and stops lingering; a rank that joins late is seeded by the
+    one that stayed (issue #31), bit-exact, and then every rank ends."""
     refits = 4
     with DemoJob(tmp_path, policy=1, rollout=2, refits=refits) as job:
         policy = job.start("policy", 0)
         early = job.start("rollout", 0)  # rank 1 has no pod yet: the barrier lists rank 0
         job.wait_for("rollout rank 0 to be done", lambda: _done(job, early))
-        assert policy.proc.poll() is None, job.logs()  # lingering: slot 1 is not done
+        assert early.proc.poll() is None, job.logs()  # staying: slot 1 is not done
         late = job.start("rollout", 1)
         codes = _finish(job, [policy, early, late])
         assert codes == [0, 0, 0], job.logs()
@@ -132,7 +135,10 @@ def test_a_late_joiner_gets_the_last_refit_from_the_lingering_policy(tmp_path: P
             refits,
             "bit-exact",
         )
-        assert "sending refit 3 again to [1]" in policy.log.read_text()
+        assert report.seed is not None and report.seed.source == "rollout-0", report  # type: ignore[attr-defined]
+        assert report.bytes_total == 0, report  # type: ignore[attr-defined]  # none from the policy
+        assert "rollout-0 stays to seed late members" in policy.log.read_text()
+        assert "again" not in policy.log.read_text()
 
 
 def test_a_scale_down_removes_a_rank_at_a_refit_boundary(tmp_path: Path) -> None:
@@ -186,6 +192,13 @@ def test_two_policy_ranks_follow_a_scale_up_that_changes_the_mapping(tmp_path: P
         assert _committed(first) == list(range(LONG_RUN)), job.logs()
         for pod in added:  # each joined at a refit boundary and got every refit after it
             got = _committed(pod)
+            report = _report(job, pod)
+            assert report is not None and report.seed is not None, job.logs()  # type: ignore[attr-defined]
+            if report.seed.source != "policy":  # type: ignore[attr-defined]
+                # Seeded from a peer with the version it served then (issue #31); the
+                # refit already on its way to the others when it joined is not its.
+                assert got[0] == report.seed.refit, (pod.rank, got, report.seed)  # type: ignore[attr-defined]
+                got = got[1:]
             assert got and got == list(range(got[0], LONG_RUN)), (pod.rank, got)
         for pod in policy:
             assert "reached no rollout member" not in pod.log.read_text(), job.logs()

@@ -50,7 +50,11 @@ def test_example_calls_match_the_session_api() -> None:
     assert used == {"send", "receive_into", "pending_refits", "linger"}
     # Each role's session has its own calls, and only those.
     assert {n for n in used if hasattr(PolicySession, n)} == {"send", "linger", "pending_refits"}
-    assert {n for n in used if hasattr(RolloutSession, n)} == {"receive_into", "pending_refits"}
+    assert {n for n in used if hasattr(RolloutSession, n)} == {
+        "receive_into",
+        "pending_refits",
+        "linger",
+    }
     assert "refit_id" in inspect.signature(PolicySession.send).parameters
     receive_into = inspect.signature(RolloutSession.receive_into).parameters
     assert {"refit_id", "mode"} <= set(receive_into)

@@ -86,6 +86,9 @@ GOLDEN_POD: dict[str, Any] = {
                     _value("REFIT_EPOCH", "3"),
                     _value("REFIT_FIRST_REFIT", "0"),
                     _value("REFIT_GENERATION", "2"),
+                    # Half the grace period: a drained replica waits this long at most
+                    # for its replacement to seed from it.
+                    _value("REFIT_HAND_OVER_SECONDS", "20.0"),
                     _value("REFIT_JOB", "job"),
                     _value("REFIT_MASTER_ADDR", "job-rollout-0-g2.job-rollout.ns.svc"),
                     _value("REFIT_MASTER_PORT", "29500"),
@@ -294,3 +297,13 @@ def test_spec_hash_follows_what_shapes_the_pods() -> None:
     assert spec_hash(_spec(rollout={**rollout, "env": []})) != base
     assert spec_hash(_spec(image="img:2")) != base
     assert spec_hash(_spec(metrics={"port": 9400})) != base
+
+
+def test_only_a_rollout_pod_hands_over_on_a_drain() -> None:
+    def hand_over(role: str) -> str:
+        pod = render_pod(JOB, _spec(), role, 0, epoch=0, options=RenderOptions())  # type: ignore[arg-type]
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        return str(env["REFIT_HAND_OVER_SECONDS"])
+
+    # A policy pod's stop ends its gang's epoch: no one seeds from it.
+    assert (hand_over("policy"), hand_over("rollout")) == ("0.0", "20.0")

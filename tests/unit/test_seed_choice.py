@@ -23,8 +23,12 @@ from refit_worker.contract.entries import (
     ProgressEntry,
     RolloutMember,
     SeedPointer,
+    SeedReport,
+    encode_entry,
 )
-from refit_worker.seeding import seed_sources
+from refit_worker.owed import seeding_peer
+from refit_worker.rendezvous import Member
+from refit_worker.seeding import policy_done, predecessor, seed_sources, successor
 
 _AGENT = NixlAgentMetadata(agent_name="a", agent_metadata=b"x").model_dump_json()
 _POINTER = SeedPointer(addr=4096, nbytes=512, metadata=base64.b64encode(b"m").decode())
@@ -148,3 +152,73 @@ def test_only_peers_agreeing_on_the_newest_refit_are_read_from() -> None:
     chosen = _agreeing(offers, 3)  # type: ignore[arg-type]
     assert [s for s, _ in chosen] == [src[1], src[3]]
     assert _agreeing(offers, 7) == []  # type: ignore[arg-type]
+
+
+def _report(role: str, rank: int, uid: str, done: int, state: str, seeding: bool) -> ProgressEntry:
+    return ProgressEntry.model_validate(
+        {
+            "epoch": 0,
+            "uid": uid,
+            "role": role,
+            "rank": rank,
+            "state": state,
+            "refits_completed": done,
+            "seeding": seeding,
+        }
+    )
+
+
+def test_a_policy_rank_stops_lingering_only_for_a_member_that_stays_with_the_last_refit() -> None:
+    barrier = _barrier("u0", "u1")
+    last = 5
+    staying = {("rollout", 1): _report("rollout", 1, "u1", 6, "done", True)}
+    assert seeding_peer(barrier, staying, last) == 1
+    gone_pod = {("rollout", 1): _report("rollout", 1, "old", 6, "done", True)}
+    older = {("rollout", 1): _report("rollout", 1, "u1", 5, "running", True)}
+    not_staying = {("rollout", 1): _report("rollout", 1, "u1", 6, "done", False)}
+    for progress in (gone_pod, older, not_staying, {}):
+        assert seeding_peer(barrier, progress, last) is None
+
+
+def test_the_policy_is_done_only_when_every_rank_sent_all_and_none_stays() -> None:
+    barrier = BarrierEntry(epoch=0, policy_uids=("p0", "p1"), rollout=(None,))
+    done = {("policy", r): _report("policy", r, f"p{r}", 4, "done", False) for r in (0, 1)}
+    assert policy_done(barrier, done, 4)
+    lingering = {**done, ("policy", 1): _report("policy", 1, "p1", 4, "done", True)}
+    running = {**done, ("policy", 1): _report("policy", 1, "p1", 3, "running", False)}
+    stale = {**done, ("policy", 1): _report("policy", 1, "other", 4, "done", False)}
+    for progress in (lingering, running, stale, {("policy", 0): done[("policy", 0)]}):
+        assert not policy_done(barrier, progress, 4)
+
+
+def _data(meta: MetadataEntry, report: ProgressEntry) -> dict[str, str]:
+    return {
+        "meta.rollout.0": encode_entry("meta.rollout.0", meta),
+        "progress.rollout.0": encode_entry("progress.rollout.0", report),
+    }
+
+
+def test_a_replacement_finds_the_offer_of_the_pod_it_replaces_and_nothing_else() -> None:
+    old = MetadataEntry(epoch=0, uid="old", role="rollout", rank=0, agent=_AGENT, seed=_POINTER)
+    found = predecessor(_data(old, _progress(0, "old", 4)), 0, "new", 1)
+    assert found is not None and found[0] == 4 and found[1].label == "rollout-0-g0"
+    no_offer = old.model_copy(update={"seed": None})
+    assert predecessor(_data(no_offer, _progress(0, "old", 4)), 0, "new", 1) is None
+    assert predecessor(_data(old, _progress(0, "old", 0)), 0, "new", 1) is None  # nothing
+    assert predecessor(_data(old, _progress(0, "other", 4)), 0, "new", 1) is None
+    assert predecessor(_data(old, _progress(0, "old", 4)), 0, "old", 0) is None  # itself
+    assert predecessor({}, 0, "new", 1) is None
+
+
+def test_a_drained_pod_hands_over_only_to_a_newer_pod_of_its_slot_that_serves() -> None:
+    me = Member(role="rollout", rank=0, uid="old", epoch=0, generation=0)
+    seed = SeedReport(source="rollout-0-g0", refit=3, bytes=8, seconds=0.1, serving_s=2.0)
+
+    def report(uid: str, generation: int, seed: SeedReport | None) -> ProgressEntry:
+        return ProgressEntry(
+            epoch=0, uid=uid, role="rollout", rank=0, generation=generation, seed=seed
+        )
+
+    assert successor(report("new", 1, seed), me)
+    assert not successor(report("new", 1, None), me)  # not serving yet
+    assert not successor(report("old", 0, seed), me)  # its own report

@@ -311,9 +311,20 @@ async def _refits(
     verified_as: Verification | None = "bit-exact" if verify is not None else None
     # Not a fixed range: a rank that joined late takes the next refit sent, skipping
     # those it missed, so the count of refits left shrinks by more than one.
-    while session.pending_refits:
-        _stop_at_boundary(config, session, handler)
-        _log_refit(config, await session.receive(verify=verify, verified_as=verified_as))
+    try:
+        while session.pending_refits:
+            _stop_at_boundary(config, session, handler)
+            _log_refit(config, await session.receive(verify=verify, verified_as=verified_as))
+    except Preempted as exc:
+        # This pod's own stop signal (a drain, an eviction): its replacement is on its way
+        # and may be seeded from here, so the replica is not gone for longer than that.
+        if handler.received:
+            replacement = await session.hand_over(config.hand_over_seconds)
+            if replacement is not None:
+                raise Superseded(f"{exc}; handed over to pod {replacement}") from exc
+        raise
+    # Late peers (a replacement, a scale-up) are seeded from here, so the policy can go.
+    await session.linger()
 
 
 async def _train_step(config: WorkerConfig, session: RefitSession) -> None:

@@ -103,6 +103,17 @@ def all_have(due: Mapping[int, Owed], progress: Progress) -> bool:
     )
 
 
+def seeding_peer(barrier: BarrierEntry, progress: Progress, last: int) -> int | None:
+    """A rollout member whose pod committed refit ``last`` and stays to seed late peers
+    with it (its report says ``seeding``), by rank; None if there is none.  While one
+    stays, a late member is seeded by it, so a policy rank need not linger."""
+    for rank, (uid, _generation) in sorted(members(barrier).items()):
+        report = _report(progress, rank, uid)
+        if report is not None and report.seeding and report.refits_completed > last:
+            return rank
+    return None
+
+
 def all_done(barrier: BarrierEntry, progress: Progress) -> bool:
     """Every rollout slot is done: its member's pod reported ``done``, or (an empty slot)
     the rank's last report, by the pod that held it, says ``done`` (a coordinator may
@@ -123,4 +134,13 @@ def all_done(barrier: BarrierEntry, progress: Progress) -> bool:
     return True
 
 
-__all__ = ["Owed", "Progress", "RankMapping", "all_done", "all_have", "lacks", "owed"]
+__all__ = [
+    "Owed",
+    "Progress",
+    "RankMapping",
+    "all_done",
+    "all_have",
+    "lacks",
+    "owed",
+    "seeding_peer",
+]

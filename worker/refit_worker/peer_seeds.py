@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Hashable, Mapping
 
 import torch
 
@@ -30,7 +31,7 @@ from refit_worker.checkpoint_engines.seeding import (
 )
 from refit_worker.connection import Connection
 from refit_worker.contract.entries import SeedPointer
-from refit_worker.seeding import seed_sources
+from refit_worker.seeding import policy_done, predecessor, seed_sources
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,15 @@ SEED_TRIES = 3
 #: The longest one try waits for a peer's READs: a seed should take a fraction of a
 #: refit's time, and a slow peer must not hold up the policy's send for the whole timeout.
 SEED_TIMEOUT_S = 30.0
+#: While a rank stays to seed: how often it moves NIXL along (over UCX's TCP transport a
+#: peer's READ of this rank's memory progresses only when this rank polls its worker) ...
+PROGRESS_INTERVAL_S = 0.002
+#: ... and how often it re-reads the membership and progress (a ConfigMap GET each time).
+LOOK_INTERVAL_S = 0.5
+
+#: What a staying rank looks at each time: whether to stop, and what it saw (a change
+#: of it restarts the timeout).
+Look = Callable[[], tuple[bool, Hashable]]
 
 
 class PeerSeeds:
@@ -48,6 +58,25 @@ class PeerSeeds:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self._offer: SeedOffer | None = None
+        #: The pod this one replaces, if it offered a seed and may still be handing over
+        #: (a drain): (its committed refits, where it offers); read before this pod's own
+        #: metadata takes the rank's key.
+        self._predecessor: tuple[int, SeedSource] | None = None
+
+    def note_predecessor(self) -> None:
+        """Remember the offer of the pod this one replaces (see ``_predecessor``)."""
+        member, store = self.connection.member, self.connection.store
+        data = store.read_data()
+        found = predecessor(data, member.rank, member.uid, member.generation)
+        if found is not None:
+            log.info(
+                "rollout rank %d: the pod it replaces (generation < %d) offered refit %d; "
+                "it may still hand over",
+                self.rank,
+                member.generation,
+                found[0] - 1,
+            )
+        self._predecessor = found
 
     @property
     def rank(self) -> int:
@@ -74,25 +103,24 @@ class PeerSeeds:
                 "rollout rank %d: cannot offer refit %d to peers: %s", self.rank, refit, exc
             )
 
-    def _sources(self, min_refit: int) -> list[SeedSource]:
-        store, member = self.connection.store, self.connection.member
-        barrier = store.barrier(member.epoch)
-        if barrier is None:
-            return []
-        snapshot = store.snapshot(barrier.epoch)
-        return seed_sources(
-            barrier, snapshot.meta, store.progress_all(), me=self.rank, min_refit=min_refit
-        )
-
     async def take(self, resolve: TargetResolver, min_refit: int) -> Seeded | None:
         """Seed refit >= ``min_refit`` from live peers into ``resolve(specs)``; None when
-        none qualifies or every try failed (the caller takes the policy's send)."""
-        engine = self.connection.engine
-        timeout = min(self.connection.config.transfer.timeout_seconds, SEED_TIMEOUT_S)
-        for attempt in range(1, SEED_TRIES + 1):
-            sources = await asyncio.to_thread(self._sources, min_refit)
-            if not sources:
-                if attempt == 1:
+        none qualifies or every try failed (the caller takes the policy's send).  Once
+        the policy ranks are done (they left late members to the peers that stay) there
+        is no send to take: it keeps looking for a peer, and after ``timeout_seconds``
+        raises :class:`SeedError` saying so."""
+        timeout = self.connection.config.transfer.timeout_seconds
+        deadline = time.monotonic() + timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            sources, policy_done = await asyncio.to_thread(self._look, min_refit)
+            if sources:
+                seeded = await self._try(sources, resolve, min_refit, attempt)
+                if seeded is not None:
+                    return seeded
+            if not policy_done and (not sources or attempt >= SEED_TRIES):
+                if not sources and attempt == 1:
                     log.info(
                         "rollout rank %d: no live peer offers refit >= %d; taking the "
                         "policy's send",
@@ -100,35 +128,89 @@ class PeerSeeds:
                         min_refit,
                     )
                 return None
-            try:
-                seeded = await pull(
-                    engine.agent,
-                    engine.registry,
-                    engine.device,
-                    sources,
-                    min_refit=min_refit,
-                    resolve=resolve,
-                    timeout_s=timeout,
+            if time.monotonic() >= deadline:
+                raise SeedError(
+                    f"rollout rank {self.rank}: the policy ranks are done and no rollout "
+                    f"peer seeded refit >= {min_refit} within {timeout:g}s"
                 )
-            except SeedError as exc:
-                log.warning(
-                    "rollout rank %d: seed try %d/%d failed: %s",
-                    self.rank,
-                    attempt,
-                    SEED_TRIES,
-                    exc,
-                )
-                continue
-            log.info(
-                "rollout rank %d: seeded refit %d from %s: %d bytes in %.3fs",
-                self.rank,
-                seeded.refit,
-                ", ".join(seeded.sources),
-                seeded.bytes,
-                seeded.seconds,
+            await asyncio.sleep(LOOK_INTERVAL_S)
+
+    def _look(self, min_refit: int) -> tuple[list[SeedSource], bool]:
+        """The peers to seed from, and whether the policy ranks are all done."""
+        store, member = self.connection.store, self.connection.member
+        barrier = store.barrier(member.epoch)
+        if barrier is None:
+            return [], False
+        progress = store.progress_all()
+        sources = seed_sources(
+            barrier,
+            store.snapshot(barrier.epoch).meta,
+            progress,
+            me=self.rank,
+            min_refit=min_refit,
+        )
+        # Live members first; the pod this one replaces last (it may be gone already).
+        if self._predecessor is not None and self._predecessor[0] > min_refit:
+            sources.append(self._predecessor[1])
+        return sources, policy_done(barrier, progress, self.connection.config.transfer.refits)
+
+    async def _try(
+        self, sources: list[SeedSource], resolve: TargetResolver, min_refit: int, attempt: int
+    ) -> Seeded | None:
+        engine = self.connection.engine
+        try:
+            seeded = await pull(
+                engine.agent,
+                engine.registry,
+                engine.device,
+                sources,
+                min_refit=min_refit,
+                resolve=resolve,
+                timeout_s=min(self.connection.config.transfer.timeout_seconds, SEED_TIMEOUT_S),
             )
-            return seeded
-        return None
+        except SeedError as exc:
+            log.warning("rollout rank %d: seed try %d failed: %s", self.rank, attempt, exc)
+            return None
+        log.info(
+            "rollout rank %d: seeded refit %d from %s: %d bytes in %.3fs",
+            self.rank,
+            seeded.refit,
+            ", ".join(seeded.sources),
+            seeded.bytes,
+            seeded.seconds,
+        )
+        return seeded
+
+    async def stay(
+        self, look: Look, *, holds: int, timeout_s: float, why: str, absolute: bool = False
+    ) -> bool:
+        """Keep this rank's offer readable until ``look()`` says stop (True), or until
+        ``timeout_s`` passed without a change in what it sees (``absolute``: at all)
+        (False).  Meanwhile the policy's sends of refits this rank holds (ids < ``holds``)
+        are declined."""
+        engine = self.connection.engine
+        seen: Hashable = None
+        changed = time.monotonic()
+        next_look = changed
+        while True:
+            now = time.monotonic()
+            if now >= next_look:
+                stop, saw = await asyncio.to_thread(look)
+                if stop:
+                    return True
+                if saw != seen and not absolute:
+                    seen, changed = saw, now
+                next_look = now + LOOK_INTERVAL_S
+            if now - changed > timeout_s:
+                log.info(
+                    "rollout rank %d: stopped staying (%s) after %gs without a change",
+                    self.rank,
+                    why,
+                    timeout_s,
+                )
+                return False
+            engine.decline_pending(holds, f"it holds refit {holds - 1} and stays to seed")
+            await asyncio.sleep(PROGRESS_INTERVAL_S)
 
     def close(self) -> None:
         """Withdraw the offer (before the engine's agent goes)."""

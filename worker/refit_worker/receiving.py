@@ -26,6 +26,7 @@ from refit_worker.checkpoint_engines.planning import TensorSpec
 from refit_worker.contract.entries import BarrierEntry, Verification, decode_entry
 from refit_worker.contract.roles import Role
 from refit_worker.following import PeerSet, standing
+from refit_worker.owed import all_done
 from refit_worker.peer_seeds import PeerSeeds
 from refit_worker.refits import (
     CommittedRefit,
@@ -41,7 +42,7 @@ from refit_worker.rendezvous import (
     RendezvousTimeout,
     WaitCancelled,
 )
-from refit_worker.seeding import process_started_at
+from refit_worker.seeding import process_started_at, successor
 from refit_worker.session_base import RefitSession
 from refit_worker.targets import (
     DoubleBuffer,
@@ -90,6 +91,12 @@ class RolloutSession(RefitSession):
         """Whether an in-place refit stopped part-way and no later one completed."""
         return self._partial
 
+    def _before_connect(self) -> None:
+        # Before this pod's metadata takes the rank's key: the pod it replaces may still
+        # be handing over (a drain) and offer its weights.
+        if self.member.generation > 0:
+            self._seeds.note_predecessor()
+
     def _join(self, peers: PeerSet) -> None:
         self._take_place(self.connection.wait(self.store.wait_membership, "the barrier"))
 
@@ -134,7 +141,7 @@ class RolloutSession(RefitSession):
             shapes = {s.name: (s.shape, dtype_from_name(s.dtype)) for s in specs}
             return self._own.spare(shapes, device)
 
-        landed = await self._arrive(engine, resolve, self._first(refit_id))
+        landed = await self._arrive(engine, resolve, self._first(refit_id), refit_id is None)
         arrived = landed.timing.refit_id
         if verify is not None:
             verify(arrived, dict(landed.tensors))
@@ -196,7 +203,7 @@ class RolloutSession(RefitSession):
         def spare(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
             return double.spare([s.name for s in specs])
 
-        landed = await self._arrive(engine, spare, self._first(refit_id))
+        landed = await self._arrive(engine, spare, self._first(refit_id), refit_id is None)
         arrived = landed.timing.refit_id
         self._check(verify, arrived, landed.tensors, partial=False)
         started = time.perf_counter()
@@ -208,12 +215,18 @@ class RolloutSession(RefitSession):
         engine: NIXLCheckpointEngine,
         targets: Callable[[Sequence[TensorSpec]], Mapping[str, torch.Tensor]],
         min_refit: int,
+        current: bool,
     ) -> ReceivedRefit:
         """A refit into spare memory: seeded from live peers when this pod has committed
-        nothing yet and a peer offers one, else the policy's send (:meth:`_land`)."""
+        nothing yet and a peer offers one, else the policy's send (:meth:`_land`).
+
+        ``current``: the caller asked for "the next refit", so a seed may also be the one
+        before ``min_refit``, the job's last committed (a replacement serves it at once
+        instead of waiting for the trainer's next step; the next call takes ``min_refit``)."""
         self._seeded_from = ()
         if self._committed is None:
-            seeded = await self._seeds.take(targets, min_refit)
+            lowest = min_refit - 1 if current and min_refit > 0 else min_refit
+            seeded = await self._seeds.take(targets, lowest)
             if seeded is not None:
                 self._seeded_from = seeded.sources
                 timing = RefitTiming(seeded.refit, "rollout", seeded.bytes, seeded.seconds, 0.0, 0)
@@ -415,6 +428,72 @@ class RolloutSession(RefitSession):
             )
             self.reporter.refit(stats.refit_id, stats.bytes, stats.seconds, verified_as)
         return stats
+
+    async def linger(self) -> bool:
+        """After the last refit: stay, offering it to rollout peers that join late (a
+        replacement, a scale-up), until every rollout slot reported ``done``, or until
+        ``timeout_seconds`` pass without a change in the membership or the ranks'
+        progress.  While a rank stays (its report says ``seeding``) the policy ranks need
+        not linger.  Returns whether every slot was done; False at once for a rank that
+        committed nothing (nothing to offer)."""
+        committed = self._committed
+        if not self.connection.connected or committed is None:
+            return False
+        log_ = self.reporter.log
+        log_.seeding = True
+        self.reporter.publish("done", f"all refits done; offering refit {committed.refit_id}")
+        try:
+            return await self._seeds.stay(
+                self._all_done,
+                holds=committed.refit_id + 1,
+                timeout_s=self.config.transfer.timeout_seconds,
+                why="after the last refit",
+            )
+        finally:
+            log_.seeding = False
+            self.reporter.publish("done", "all refits done")
+
+    async def hand_over(self, within: float) -> str | None:
+        """This pod is stopping (a drain, an eviction): stay up to ``within`` seconds,
+        offering the last committed refit, until the slot's next pod (a newer generation)
+        reports serving.  Returns that pod's uid, or None (nothing committed, ``within``
+        0, or no replacement served in time).  After a hand-over this pod must report
+        nothing: the rank's progress key is its replacement's."""
+        committed = self._committed
+        if not self.connection.connected or committed is None or within <= 0:
+            return None
+        log.info(
+            "rollout rank %d: stopping; offering refit %d to the replacement for up to %gs",
+            self.config.rank,
+            committed.refit_id,
+            within,
+        )
+        found: list[str] = []
+
+        def look() -> tuple[bool, object]:
+            report = self.store.progress_all().get(("rollout", self.config.rank))
+            if report is not None and successor(report, self.member):
+                found.append(report.uid)
+                return True, None
+            return False, None
+
+        await self._seeds.stay(
+            look, holds=committed.refit_id + 1, timeout_s=within, why="handing over", absolute=True
+        )
+        return found[0] if found else None
+
+    def _all_done(self) -> tuple[bool, object]:
+        if self.preemption_pending():
+            return True, None  # a stop request ends the stay: nothing is lost by going
+        barrier = self.store.barrier(self.member.epoch)
+        progress = self.store.progress_all()
+        if barrier is None:
+            return True, None
+        saw = (
+            barrier.version,
+            sorted((k, p.uid, p.state, p.refits_completed) for k, p in progress.items()),
+        )
+        return all_done(barrier, progress), saw
 
     def close(self) -> None:
         """Withdraw the seed offer, then disconnect (see :meth:`RefitSession.close`)."""

@@ -21,9 +21,18 @@ from collections.abc import Mapping
 
 from refit_worker.checkpoint_engines.messages import NixlAgentMetadata
 from refit_worker.checkpoint_engines.seeding import SeedSource, metadata_from_pointer
-from refit_worker.contract.entries import BarrierEntry, MetadataEntry, ProgressEntry
+from refit_worker.contract.entries import (
+    BarrierEntry,
+    EntryError,
+    MetadataEntry,
+    ProgressEntry,
+    decode_entry,
+    meta_key,
+    progress_key,
+)
 from refit_worker.contract.roles import Role
 from refit_worker.following import members
+from refit_worker.rendezvous.store import Member
 
 _IMPORTED_AT = time.time()
 
@@ -64,6 +73,65 @@ def seed_sources(
     return [source for _, _, source in sorted(found, key=lambda f: (f[0], f[1]))]
 
 
+def predecessor(
+    data: Mapping[str, str], rank: int, uid: str, generation: int
+) -> tuple[int, SeedSource] | None:
+    """The offer of the pod rollout rank ``rank``'s pod ``uid`` replaces: its metadata and
+    progress still under the rank's keys, of an older generation, with a seed pointer and
+    a committed refit; (its committed refits, the source) or None.  Read before the new
+    pod publishes under those keys; whether it still answers, the READ tells."""
+    meta_value = data.get(meta_key("rollout", rank))
+    progress_value = data.get(progress_key("rollout", rank))
+    if meta_value is None or progress_value is None:
+        return None
+    try:
+        meta = decode_entry(meta_key("rollout", rank), meta_value)
+        report = decode_entry(progress_key("rollout", rank), progress_value)
+    except EntryError:
+        return None
+    if not isinstance(meta, MetadataEntry) or not isinstance(report, ProgressEntry):
+        return None
+    if meta.uid == uid or meta.generation >= generation or meta.seed is None:
+        return None
+    if report.uid != meta.uid or report.refits_completed == 0:
+        return None
+    try:
+        agent = NixlAgentMetadata.model_validate_json(meta.agent)
+        region_metadata = metadata_from_pointer(meta.seed.metadata)
+    except ValueError:
+        return None
+    pointer = meta.seed
+    region = (pointer.addr, pointer.nbytes, pointer.dev_id)
+    source = SeedSource(f"{label(rank)}-g{meta.generation}", agent, region, region_metadata)
+    return report.refits_completed, source
+
+
+def successor(report: ProgressEntry, member: Member) -> bool:
+    """Whether ``report``, under ``member``'s progress key, is of a newer pod of the same
+    rollout slot that serves (committed a refit)."""
+    return (
+        report.uid != member.uid
+        and report.generation > member.generation
+        and report.seed is not None
+        and report.state in ("running", "done")
+    )
+
+
+def policy_done(
+    barrier: BarrierEntry, progress: Mapping[tuple[Role, int], ProgressEntry], refits: int
+) -> bool:
+    """Whether every policy rank of the membership reported all ``refits`` sent
+    (``done``) and none stays to serve late members (``seeding``): no send will come any
+    more, late members are left to the rollout peers that stay."""
+    for rank, uid in enumerate(barrier.policy_uids):
+        report = progress.get(("policy", rank))
+        if report is None or report.uid != uid or report.state != "done" or report.seeding:
+            return False
+        if report.refits_completed < refits:
+            return False
+    return True
+
+
 def process_started_at() -> float:
     """When this process started (seconds since the epoch), from ``/proc``; where that is
     not readable, when this module was imported."""
@@ -79,4 +147,4 @@ def process_started_at() -> float:
         return _IMPORTED_AT
 
 
-__all__ = ["label", "process_started_at", "seed_sources"]
+__all__ = ["label", "policy_done", "predecessor", "process_started_at", "seed_sources", "successor"]

@@ -34,7 +34,15 @@ from refit_worker.contract.entries import BarrierEntry
 from refit_worker.contract.roles import Role
 from refit_worker.following import PeerSet
 from refit_worker.gang import PolicyGang, join_policy_group
-from refit_worker.owed import Owed, Progress, RankMapping, all_done, all_have, owed
+from refit_worker.owed import (
+    Owed,
+    Progress,
+    RankMapping,
+    all_done,
+    all_have,
+    owed,
+    seeding_peer,
+)
 from refit_worker.refits import RefitStats, RefitUndelivered
 from refit_worker.rendezvous import Preempted, RendezvousStore
 from refit_worker.session_base import RefitSession
@@ -170,8 +178,10 @@ class PolicySession(RefitSession):
 
         ``weights`` are the last refit's.  A member that joined after the last refit (a
         replacement, a scale-up) gets it this way.  Returns when every rollout slot of
-        the latest barrier reported ``done``, or when ``timeout_seconds`` passed without
-        a change in the membership or the ranks' progress; returns how many sends it made.
+        the latest barrier reported ``done``, when a rollout member stays to seed late
+        peers with the last refit (:meth:`RolloutSession.linger`), or when
+        ``timeout_seconds`` passed without a change in the membership or the ranks'
+        progress; returns how many sends it made.
         """
         last = self.config.transfer.refits - 1
         if self._last is None or self._last.refit != last:
@@ -179,7 +189,14 @@ class PolicySession(RefitSession):
         items = [(name, tensor.detach()) for name, tensor in weights]
         before = self._last.sends
         rounds = _LingerRounds(self, last)
-        self._last = await self._serve(items, self._mapping(items), self._last, rounds)
+        # Said in the report: a late member waits for this rank's send only while it stays.
+        self.reporter.log.seeding = True
+        self.reporter.publish("done", "all refits sent; serving late members")
+        try:
+            self._last = await self._serve(items, self._mapping(items), self._last, rounds)
+        finally:
+            self.reporter.log.seeding = False
+            self.reporter.publish("done", "all refits done")
         return self._last.sends - before
 
     # -- the serve loop ------------------------------------------------------------------
@@ -316,6 +333,16 @@ class _LingerRounds:
         barrier = await asyncio.to_thread(session.store.barrier, session.member.epoch)
         progress = await asyncio.to_thread(session.store.progress_all)
         if barrier is None or all_done(barrier, progress):
+            return None
+        seeder = seeding_peer(barrier, progress, self.refit)
+        if seeder is not None:
+            log.info(
+                "policy rank %d: rollout-%d stays to seed late members with refit %d; "
+                "stopping lingering",
+                session.config.rank,
+                seeder,
+                self.refit,
+            )
             return None
         return Look(barrier, progress)
 

@@ -398,6 +398,11 @@ class NIXLCheckpointEngine(CheckpointEngine):
         side = self._rollout_side()
         return await side.receive_into(targets, refit_id=refit_id, min_refit=min_refit)
 
+    def decline_pending(self, below: int, reason: str) -> int:
+        """A rollout rank that holds every refit < ``below``: decline the policy's pending
+        manifests of those (see :meth:`.rollout_side.RolloutSide.decline_pending`)."""
+        return self._rollout_side().decline_pending(below, reason)
+
     def _after_send(self) -> None:
         if self.release_after_refit:
             self._disconnect_peers()

@@ -163,6 +163,20 @@ class RolloutSide:
         self._after()
         return timing
 
+    def decline_pending(self, below: int, reason: str) -> int:
+        """Decline every manifest a policy peer sent for a refit < ``below`` (this rank has
+        those already: it stays to seed peers, or hands over); also moves NIXL along, so
+        peers' READs of this rank's memory progress.  Returns how many were declined."""
+        agent, count = self.common.agent, 0
+        decline = Decliner(agent, self.rank, self.kept.declined)
+        for peer in self.common.peers.sources().values():
+            for refit in agent.pending(peer, "manifest"):
+                if refit < below:
+                    decline(peer, refit, reason)
+                    agent.discard(peer, "manifest", refit)
+                    count += 1
+        return count
+
     async def receive_weight_batches(
         self,
         *,

@@ -167,6 +167,10 @@ class WorkerConfig(_Frozen):
     #: Where a failing worker writes why (the container's ``terminationMessagePath``): the
     #: kubelet puts it into the pod's status, and the operator into the job's.
     termination_message_path: str = TERMINATION_MESSAGE_PATH
+    #: A rollout rank stopped by its pod's stop signal (a drain, an eviction) stays up to
+    #: this long, offering its last committed refit, until its replacement serves; the
+    #: operator sets it well inside the pod's grace period.  0: it exits at once.
+    hand_over_seconds: float = Field(0.0, ge=0, le=3600)
 
     @property
     def world_size(self) -> int:

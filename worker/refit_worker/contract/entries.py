@@ -204,9 +204,9 @@ class RefitReport(BaseModel):
     seconds: float = Field(ge=0, allow_inf_nan=False)
 
 
-#: Where a rollout pod's first committed refit came from: a peer (``rollout-<rank>``) or
-#: the policy ranks.
-_SEED_SOURCE_RE = r"^(policy|rollout-(0|[1-9][0-9]{0,8}))$"
+#: Where a rollout pod's first committed refit came from: a peer (``rollout-<rank>``),
+#: the pod it replaced, handing over (``rollout-<rank>-g<generation>``), or the policy.
+_SEED_SOURCE_RE = r"^(policy|rollout-(0|[1-9][0-9]{0,8})(-g(0|[1-9][0-9]{0,8}))?)$"
 
 
 class SeedReport(BaseModel):
@@ -246,6 +246,9 @@ class ProgressEntry(_RankEntry):
     #: or a policy rank).  A peer's seed is not in ``bytes_total`` or ``recent``: those
     #: count what the policy ranks sent.
     seed: SeedReport | None = None
+    #: The rank stays after the last refit to serve late rollout members with it: a
+    #: rollout pod seeds them (then the policy ranks need not stay), a policy rank sends.
+    seeding: bool = False
 
     @property
     def last_refit(self) -> RefitReport | None:

@@ -35,6 +35,8 @@ class ProgressLog:
     recent: deque[RefitReport] = field(default_factory=lambda: deque(maxlen=RECENT_REFITS))
     #: How this (rollout) pod came to serve: its first commit (see :class:`SeedReport`).
     seed: SeedReport | None = None
+    #: Whether this pod stays after the last refit to seed late peers with it.
+    seeding: bool = False
 
     def __post_init__(self) -> None:
         if self.first_refit < 0:
@@ -104,4 +106,5 @@ class ProgressLog:
             "verification": self.verification,
             "message": message[:200],
             "seed": self.seed,
+            "seeding": self.seeding,
         }

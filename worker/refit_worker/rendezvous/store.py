@@ -391,6 +391,7 @@ class RendezvousStore(ABC):
         verification: Verification = "none",
         message: str = "",
         seed: SeedReport | None = None,
+        seeding: bool = False,
     ) -> ProgressEntry:
         """Report this rank's progress in its epoch (replaces its previous report); a
         :class:`~refit_worker.contract.progress.ProgressLog` gives the fields."""
@@ -409,6 +410,7 @@ class RendezvousStore(ABC):
             verification=verification,
             message=message,
             seed=seed,
+            seeding=seeding,
         )
         self.put_entry(progress_key(me.role, me.rank), entry)
         return entry
