@@ -90,3 +90,30 @@ def test_quick_sharded_bench_compares_with_gather_then_send() -> None:
     assert abs(line["x_gather"] - line["gather_s"] / line["sharded_s"]) < 0.01
     assert len(line["sharded_runs_s"]) == len(line["gather_runs_s"]) == 1
     assert "ratio: gather-then-send takes" in done.stdout
+
+
+def test_the_peer_seed_bench_measures_a_seed_against_a_raw_read() -> None:
+    """``bench/peer_seed.py``: a verified seed striped over two peer processes, and its
+    baselines (a raw NIXL READ of the same bytes, a memcpy), measured in the same run."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "peer_seed.py"),
+            "--mib",
+            "8",
+            "--peers",
+            "2",
+            "--runs",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["peers"] == 2 and figures["bytes"] >= 8 << 20, figures
+    for key in ("seed_s", "raw_read_s", "memcpy_s", "x_raw", "x_memcpy", "gbps"):
+        assert isinstance(figures[key], float) and figures[key] > 0, (key, figures)
