@@ -175,7 +175,8 @@ def test_a_rollout_pod_sigkilled_mid_job_is_replaced_alone(
             (
                 e
                 for (role, rank), e in _progress(cluster, job).items()
-                if role == "rollout" and rank == 0 and e.uid != killed and e.recent
+                # Its first commit, seeded by a peer or sent by the policy (issue #31).
+                if role == "rollout" and rank == 0 and e.uid != killed and e.seed is not None
             ),
             None,
         ),
@@ -201,17 +202,24 @@ def test_a_rollout_pod_sigkilled_mid_job_is_replaced_alone(
     assert replicas[0]["generation"] >= 1 and replicas[0]["pod"] == names[replacement.uid]
     reasons = [e["reason"] for e in _events(cluster, job)]
     assert "RolloutReplaced" in reasons and "Restarted" not in reasons, reasons
+    seed = replacement.seed
+    assert seed is not None  # what the wait above waited for
     records.record(
         "kill-rollout scenario",
         f"{victim['metadata']['name']} SIGKILLed at refits {before['refitsCompleted']}/{REFITS};"
         f" its replacement {names[replacement.uid]} committed its first refit (refit "
-        f"{replacement.recent[0].refit}) {first_commit_s:.1f} s after the kill; job "
+        f"{seed.refit}, {_source(seed.source)}) "
+        f"{first_commit_s:.1f} s after the kill; job "
         f"Succeeded {status['refitsCompleted']}/{REFITS}, restarts {status['restarts']}, "
         f"replacements {status['rollout']['replacements']}, policy uids unchanged "
         f"({len(policy)}), replacement verification {last.verification}",
     )
     assert _exit_code(cluster, names[replacement.uid], replacement.uid) == 0
     _delete(cluster, job)
+
+
+def _source(source: str) -> str:
+    return "sent by the policy" if source == "policy" else f"seeded from {source}"
 
 
 @contextlib.contextmanager
@@ -297,7 +305,7 @@ def test_drain_of_a_node_with_only_rollout_pods_leaves_the_policy_pods(
     assert nodes_after == {policy_node}, nodes_after
     handed = [_handed_over(cluster, rollout[uid], uid) for uid in rollout_before]
     records.record(
-        "drain hand-over",
+        "drain hand-over scenario",
         "; ".join(
             f"{old} exited {gap:.1f} s after its replacement served ({how})"
             for old, gap, how in handed
@@ -487,18 +495,36 @@ def _serving(cluster: Cluster, job: str, replicas: int) -> dict[str, Any]:
 def test_kubectl_scale_up_and_down_mid_job_leaves_the_policy_pods(
     cluster: Cluster, install: Install
 ) -> None:
+    """``kubectl scale`` 1 -> 4 -> 1 mid-job: the policy pods are untouched, the three new
+    replicas take the last committed refit from the replicas already serving (issue #31:
+    NIXL READs of a peer's committed copy, not a send of the trainers), and the ranks a
+    scale-down removes leave at a refit boundary."""
     job = "fd-scale"
     cluster.namespace(NS)
-    cluster.kubectl.apply(_job(job, refits=60))
+    doc = _job(job, refits=60)
+    doc["spec"]["rollout"]["replicas"] = 1
+    doc["spec"]["weights"]["synthetic"]["pace"] = 0.2  # refits at a trainer's pace
+    cluster.kubectl.apply(doc)
     _refits(cluster, job, 2)
     policy = _started(cluster, job, "policy")
-    cluster.kubectl.ok("scale", f"rj/{job}", "-n", NS, "--replicas=3")
-    up = _serving(cluster, job, 3)
-    assert _scale_of(cluster, job)["spec"]["replicas"] == 3
+    cluster.kubectl.ok("scale", f"rj/{job}", "-n", NS, "--replicas=4")
+    up = _serving(cluster, job, 4)
+    assert _scale_of(cluster, job)["spec"]["replicas"] == 4
     # The selector the scale subresource hands an HPA finds the rollout pods, and no other.
     selector = _scale_of(cluster, job)["status"]["selector"]
     found = {p["metadata"]["labels"]["refit.dev/role"] for p in cluster.pods(NS, selector)}
     assert found == {"rollout"}, (selector, found)
+    seeds = wait(
+        lambda: (
+            len(
+                m := [e["message"] for e in _events(cluster, job) if e["reason"] == "ReplicaSeeded"]
+            )
+            >= 4
+            and m
+        ),
+        f"{job}'s four replicas to say how they came to serve",
+        timeout=120,
+    )
     cluster.kubectl.ok("scale", f"rj/{job}", "-n", NS, "--replicas=1")
     down = _serving(cluster, job, 1)
     status = _finished(cluster, job)
@@ -506,15 +532,19 @@ def test_kubectl_scale_up_and_down_mid_job_leaves_the_policy_pods(
     assert status["refitsCompleted"] == 60, status
     assert _started(cluster, job, "policy") == policy, "a scale recreated the policy pods"
     assert (status["epoch"], status["restarts"], status["preemptions"]) == (0, 0, 0), status
+    for rank in (1, 2, 3):  # each new replica from a peer that served before it
+        said = [m for m in seeds if m.startswith(f"rollout-{rank} (pod {job}-rollout-{rank}-")]
+        assert len(said) == 1 and " seeded from rollout-" in said[0], (rank, seeds)
     records.record(
         "scale scenario",
-        f"kubectl scale rj/{job} 2 -> 3 at refits {up['refitsCompleted']}, 3 -> 1 at "
+        f"kubectl scale rj/{job} 1 -> 4 at refits {up['refitsCompleted']}, 4 -> 1 at "
         f"{down['refitsCompleted']}: Succeeded {status['refitsCompleted']}/60, policy uids "
-        f"unchanged ({len(policy)}), epoch {status['epoch']}, restarts {status['restarts']}",
+        f"unchanged ({len(policy)}), epoch {status['epoch']}, restarts {status['restarts']}; "
+        + "; ".join(m for m in seeds if not m.startswith("rollout-0 ")),
     )
-    # The two ranks removed by the scale-down left at a refit boundary and exited 0.
+    # The three ranks removed by the scale-down left at a refit boundary and exited 0.
     rollout = _started(cluster, job, "rollout")
-    assert len(rollout) == 3, rollout  # ranks 0, 1, and the 2 the scale-up added
+    assert len(rollout) == 4, rollout  # rank 0 and the 3 the scale-up added
     removed = {uid: n for uid, n in rollout.items() if "-rollout-0-" not in n}
     for uid, name in removed.items():
         assert _exit_code(cluster, name, uid) == 0, name
@@ -598,43 +628,3 @@ def test_a_policy_pod_killed_mid_job_restarts_the_policy_gang_only(
     for uid, name in rollout.items():
         assert _exit_code(cluster, name, uid) == 0, name
     _delete(cluster, job)
-
-
-def test_kubectl_scale_1_to_4_seeds_the_new_replicas_from_their_peers(
-    cluster: Cluster, install: Install
-) -> None:
-    """Issue #31: the replicas a scale-up adds take the last committed refit from the
-    replica already serving (NIXL READs of its committed copy), not from the trainers;
-    the policy pods are untouched."""
-    job = "fd-seed"
-    cluster.namespace(NS)
-    spec = _job(job, refits=40)
-    spec["spec"]["rollout"]["replicas"] = 1
-    spec["spec"]["weights"]["synthetic"]["pace"] = 0.5
-    cluster.kubectl.apply(spec)
-    _refits(cluster, job, 2)
-    policy = _started(cluster, job, "policy")
-    cluster.kubectl.ok("scale", f"rj/{job}", "-n", NS, "--replicas=4")
-    status = _finished(cluster, job)
-    assert status["phase"] == "Succeeded", status
-    assert _started(cluster, job, "policy") == policy, "a scale recreated the policy pods"
-    assert (status["epoch"], status["restarts"]) == (0, 0), status
-    replicas = {r["rank"]: r for r in status["rolloutReplicas"]}
-    assert replicas[0]["seededFrom"] == "policy", replicas[0]  # the first: the trainers'
-    for rank in (1, 2, 3):
-        # Each new replica from a peer that served before it (rank 0, or one seeded by it).
-        assert replicas[rank]["seededFrom"] in {f"rollout-{r}" for r in range(4)} - {
-            f"rollout-{rank}"
-        }, replicas[rank]
-    seeded = [e for e in _events(cluster, job) if e["reason"] == "ReplicaSeeded"]
-    assert len(seeded) == 4, [e["message"] for e in seeded]
-    records.record(
-        "seed scenario",
-        f"kubectl scale rj/{job} 1 -> 4 at refit {status['rolloutReplicas'][1]['seededRefit']}: "
-        + "; ".join(
-            f"rollout-{r} from {replicas[r]['seededFrom']} in "
-            f"{replicas[r]['seededSeconds']:.3f} s, serving "
-            f"{replicas[r]['secondsToServing']:.1f} s after its start"
-            for r in (1, 2, 3)
-        ),
-    )

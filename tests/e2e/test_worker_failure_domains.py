@@ -19,7 +19,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from tests.support.demo_job import DemoJob, Pod
-from tests.support.fault_runs import committed_refits
+from tests.support.fault_runs import committed_refits, sent_refits
 
 from refit_worker.contract.exits import EXIT_PREEMPTED
 
@@ -369,7 +369,8 @@ def test_two_policy_ranks_send_each_refit_by_one_plan_while_r_keeps_changing(
         assert committed_refits(first.log.read_text()) == list(range(REMAP_RUN)), job.logs()
         assert _report(job, first).verification == "bit-exact"  # type: ignore[union-attr]
         for pod in pods[1:]:  # each joined at a refit boundary, then missed none as a member
-            got = committed_refits(pod.log.read_text())
+            # (a first commit seeded by a peer, issue #31, may precede the refit in flight)
+            got = sent_refits(pod.log.read_text())
             if not _relisted(job, pod):
                 assert not got or got == list(range(got[0], got[0] + len(got))), (pod, got)
             assert got == sorted(set(got)), (pod, got)

@@ -24,6 +24,7 @@ from tests.support.fault_runs import (
     rollout_logs,
     run_with,
     sampled,
+    sent_refits,
     stage_plan,
     stop_point,
     stop_points,
@@ -106,11 +107,11 @@ def test_drain_at_every_stage(tmp_path: Path, topo: Topology) -> None:
     # the job was committed by some pod.
     seen: set[int] = set()
     for name, text in logs.items():
-        ids = committed_refits(text)
+        ids = sent_refits(text)  # a seeded first commit (issue #31) may precede a gap
         assert "VerificationError" not in text, name
         if ids:
             assert ids == list(range(ids[0], ids[-1] + 1)), (name, ids)
-        seen.update(ids)
+        seen.update(committed_refits(text))
     assert seen == set(range(REFITS))
     # Ranks stopped inside a refit at least once (mid-bucket or final commit): at a bucket
     # boundary, or by abandoning the refit when the drain took the pod out of the

@@ -186,6 +186,20 @@ def committed_refits(log_text: str) -> list[int]:
     return [int(m.group(1)) for m in _COMMITTED.finditer(log_text)]
 
 
+_SEEDED = re.compile(r"rollout rank \d+: seeded refit (\d+) from ")
+
+
+def sent_refits(log_text: str) -> list[int]:
+    """The refits a rollout rank committed from the policy's sends, in order: its first
+    commit left out when a peer seeded it (issue #31: the version served when it joined,
+    which may be followed by a gap, the refit already on its way to the others) (pure)."""
+    ids = committed_refits(log_text)
+    seeded = _SEEDED.search(log_text)
+    if seeded is not None and ids and ids[0] == int(seeded.group(1)):
+        return ids[1:]
+    return ids
+
+
 # -- watching a run --------------------------------------------------------------------
 
 _POD = re.compile(r"-(?P<role>policy|rollout)-(?P<rank>\d+)-(?P<kind>[eg])(?P<n>\d+)$")

@@ -54,7 +54,7 @@ from refit_worker.contract.failures import exit_code_for, is_retryable, one_line
 from refit_worker.contract.progress import ProgressLog
 from refit_worker.gang import join_policy_group
 from refit_worker.metrics import RankLabels, RankMetrics, serve
-from refit_worker.refits import Removed, Superseded
+from refit_worker.refits import HandedOver, Removed, Superseded
 from refit_worker.session import (
     PolicySession,
     Preempted,
@@ -236,7 +236,10 @@ def _refit_all(
         return 0
     except Superseded as exc:
         # Not a word under the rank's progress key: it is the replacement's now.
-        log.warning("%s: stale pod, exiting: %s", who, exc)
+        if isinstance(exc, HandedOver):
+            log.warning("%s: preempted: %s", who, exc)
+        else:
+            log.warning("%s: stale pod, exiting: %s", who, exc)
         return EXIT_PREEMPTED
     except Preempted as exc:
         log.warning("%s: preempted: %s", who, exc)
@@ -321,7 +324,7 @@ async def _refits(
         if handler.received:
             replacement = await session.hand_over(config.hand_over_seconds)
             if replacement is not None:
-                raise Superseded(f"{exc}; handed over to pod {replacement}") from exc
+                raise HandedOver(f"{exc}; handed over to pod {replacement}") from exc
         raise
     # Late peers (a replacement, a scale-up) are seeded from here, so the policy can go.
     await session.linger()

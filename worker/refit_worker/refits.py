@@ -69,6 +69,12 @@ class Superseded(Preempted):
     preempted."""
 
 
+class HandedOver(Superseded):
+    """This pod was stopped (a drain, an eviction) and stayed until its replacement served
+    (:meth:`~refit_worker.receiving.RolloutSession.hand_over`): a preemption, reported as
+    nothing more under the rank's progress key, which is the replacement's now."""
+
+
 class RefitUndelivered(RuntimeError):
     """A policy rank's refit reached no rollout member within the timeout."""
 
@@ -85,6 +91,7 @@ class _Flag:
 
 __all__ = [
     "CommittedRefit",
+    "HandedOver",
     "RefitStats",
     "RefitUndelivered",
     "Removed",

@@ -141,7 +141,9 @@ def _add_drain_arguments(run: Any) -> None:
         type=faults.refit_number,
         metavar="N",
         help="simulate a node drain on one pod once N refits are committed (1 <= N < "
-        "spec.transfer.refits): the gang is preempted and a new one resumes at refit N",
+        "spec.transfer.refits): a policy pod's gang is preempted and a new one resumes at "
+        "refit N; a rollout pod is replaced alone and stays (half its grace period at "
+        "most) until its replacement, seeded from it or a peer, serves",
     )
     run.add_argument(
         "--drain-pod",

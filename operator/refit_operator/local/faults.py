@@ -57,7 +57,9 @@ def add_arguments(run: Any) -> None:
         metavar="N",
         help="SIGKILL rollout rank 0's pod once the first rollout rank has committed N "
         "refits (1 <= N < spec.transfer.refits): that replica alone is replaced, the "
-        "policy pods keep running, and the replacement joins at the next refit",
+        "policy pods keep running, and the replacement is seeded with the last committed "
+        "refit by the live rollout replicas (the policy's next send when none offers it); "
+        "a ReplicaSeeded line says who seeded it and how long it took",
     )
     run.add_argument(
         "--kill-policy-at-refit",
@@ -71,8 +73,9 @@ def add_arguments(run: Any) -> None:
         type=scale_target,
         metavar="N:R",
         help="once N refits are committed, set spec.rollout.replicas to R, as kubectl "
-        "scale would: new replicas join at the next refit, removed ones leave at a "
-        "refit boundary, the policy pods are untouched",
+        "scale would: new replicas are seeded by the serving ones and then join at the "
+        "next refit, removed ones leave at a refit boundary, the policy pods are "
+        "untouched",
     )
 
 
