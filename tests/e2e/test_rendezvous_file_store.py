@@ -19,6 +19,7 @@ import pytest
 
 from refit_worker.contract.config import RendezvousConfig, WorkerConfig
 from refit_worker.contract.rendezvous import (
+    MAX_PROGRESS_BYTES,
     RANKS_PER_SHARD,
     EntryError,
     Layout,
@@ -269,11 +270,12 @@ def test_garbage_and_tampering_name_the_key(tmp_path: Path) -> None:
     with pytest.raises(EntryError, match=r"'progress\.rollout\.0': value is not JSON"):
         store.snapshot(0)
     (tmp_path / "shard-0" / "progress.rollout.0").write_bytes(b"x" * 100_000)
-    with pytest.raises(EntryError, match="value is 100000 bytes, over the 1024-byte limit"):
+    limit = f"over the {MAX_PROGRESS_BYTES}-byte limit"
+    with pytest.raises(EntryError, match=f"value is 100000 bytes, {limit}"):
         store.snapshot(0)
     # Past what the store reads at all, the message still quotes the file's real size.
     (tmp_path / "shard-0" / "progress.rollout.0").write_bytes(b"x" * (16 << 20))
-    with pytest.raises(EntryError, match="value is 16777216 bytes, over the 1024-byte limit"):
+    with pytest.raises(EntryError, match=f"value is 16777216 bytes, {limit}"):
         store.snapshot(0)
     (tmp_path / "shard-0" / "progress.rollout.0").unlink()
     # Another pod wrote under this rank's key, and the coordinator recorded that pod.
