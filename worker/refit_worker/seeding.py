@@ -60,16 +60,9 @@ def seed_sources(
             continue
         if report.state not in ("running", "done") or report.refits_completed <= min_refit:
             continue
-        pointer = entry.seed
-        try:
-            agent = NixlAgentMetadata.model_validate_json(entry.agent)
-            region_metadata = metadata_from_pointer(pointer.metadata)
-        except ValueError:
-            continue  # a peer that published garbage offers nothing
-        source = SeedSource(
-            label(rank), agent, (pointer.addr, pointer.nbytes, pointer.dev_id), region_metadata
-        )
-        found.append((-report.refits_completed, rank, source))
+        source = _source(label(rank), entry)
+        if source is not None:
+            found.append((-report.refits_completed, rank, source))
     return [source for _, _, source in sorted(found, key=lambda f: (f[0], f[1]))]
 
 
@@ -95,15 +88,23 @@ def predecessor(
         return None
     if report.uid != meta.uid or report.refits_completed == 0:
         return None
+    source = _source(f"{label(rank)}-g{meta.generation}", meta)
+    return None if source is None else (report.refits_completed, source)
+
+
+def _source(name: str, entry: MetadataEntry) -> SeedSource | None:
+    """Where ``entry``'s pod offers its seed, as ``name``; None if it offers none or
+    published garbage (a peer like that offers nothing)."""
+    pointer = entry.seed
+    if pointer is None:
+        return None
     try:
-        agent = NixlAgentMetadata.model_validate_json(meta.agent)
-        region_metadata = metadata_from_pointer(meta.seed.metadata)
+        agent = NixlAgentMetadata.model_validate_json(entry.agent)
+        region_metadata = metadata_from_pointer(pointer.metadata)
     except ValueError:
         return None
-    pointer = meta.seed
     region = (pointer.addr, pointer.nbytes, pointer.dev_id)
-    source = SeedSource(f"{label(rank)}-g{meta.generation}", agent, region, region_metadata)
-    return report.refits_completed, source
+    return SeedSource(name, agent, region, region_metadata)
 
 
 def successor(report: ProgressEntry, member: Member) -> bool:
