@@ -316,6 +316,17 @@ class ApiEmulator:
         async with self._handler, self._server:
             self._started.set()
             await self._stopping.wait()
+            self._drop_connections()
+
+    def _drop_connections(self) -> None:
+        # A stopped apiserver drops its connections. aiohttp's graceful shutdown instead
+        # waits (up to 60 s) for a request that came in on a kept-alive connection as the
+        # stop began, whose client then sits out its 30 s read timeout: a teardown that
+        # outlasted _START_STOP_S beside a busy core.
+        runner = self._server.server.runner
+        web_server = runner.server if runner is not None else None
+        for connection in web_server.connections if web_server is not None else ():
+            connection.force_close()
 
     def _notify(self) -> None:
         async def wake() -> None:
