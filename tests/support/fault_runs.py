@@ -271,14 +271,6 @@ class EpochView:
             default=0,
         )
 
-    def last_refit_seconds(self) -> float:
-        if self.snap is None:
-            return 0.0
-        return max(
-            (p.last_refit.seconds for p in self.snap.progress.values() if p.last_refit),
-            default=0.0,
-        )
-
 
 def _in_view(pod: Mapping[str, Any], epoch: int) -> bool:
     labels = pod["metadata"].get("labels") or {}
@@ -331,6 +323,10 @@ class Fault:
     at: float
     #: (pod name, uid) of the pods the fault stops: the target, or its policy gang.
     old_pods: list[tuple[str, str]]
+    #: The last refit the target's own report said it committed then (-1: none): with
+    #: two rollout ranks, ``committed`` (any rank's) may be the job's last while the
+    #: target's rank is a refit behind, not done, and so replaced.
+    target_refit: int = -1
     #: Seconds until every one of ``old_pods`` had exited (None: not seen).
     stopped_s: float | None = None
     #: Seconds until the replacement existed: the next epoch's gang, or the rollout
@@ -451,6 +447,7 @@ class Observer:
             view.member(target),
             now,
             stops,
+            target_refit=view.own_last_refit(target),
         )
         if kind == "drain":
             if not cluster.kubelet.disrupt(target):
@@ -479,9 +476,10 @@ class StagePlan(Plan):
     replacement of that drain, running but not yet admitted to the membership.  The
     stages inside refits wait until the rank's pod is a member again; for *mid-bucket*
     the policy gang is held (SIGSTOP) as soon as the rank's pod reports a commit, before
-    it is far into the next refit; the drain goes in once the rank is waiting for that
-    refit's buckets, and the gang is let go once the drained pod exited, so the stop
-    meets the transfer however long the preStop hook and the signal take.
+    it is far into the next refit, and for *the final commit* as soon as it reports the
+    next-to-last; the drain goes in once the rank is waiting for that refit's buckets,
+    and the gang is let go once the drained pod exited, so the stop meets the transfer
+    however long the preStop hook and the signal take.
     """
 
     stages: tuple[Stage, ...]
@@ -491,19 +489,13 @@ class StagePlan(Plan):
     rollout_ranks: int
     #: The policy rank held back for the metadata stage.
     held_pod: str
-    #: Per round, (refits committed, when first seen) at each rise since its target
-    #: became a member.
-    _commits: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
-    #: Refits committed when each round's target became a member, by any rank; and the
-    #: last refit its pod itself had reported committed then (-1: none).
-    _base: dict[int, int] = field(default_factory=dict)
+    #: The last refit the round's target pod had reported committed when it became a
+    #: member (-1: none).
     _own_base: dict[int, int] = field(default_factory=dict)
 
     _held: dict[int, tuple[int, float]] = field(default_factory=dict)
     #: Round -> (policy pids held inside a transfer, since when).
     _gang_held: dict[int, tuple[list[int], float]] = field(default_factory=dict)
-    #: The last refit's duration any rank reported.
-    _refit_s: float = 0.0
 
     def decide(self, view: EpochView, round_: int, settled: bool) -> Choice | None:
         if round_ >= len(self.stages):
@@ -517,23 +509,26 @@ class StagePlan(Plan):
         elif not view.member(pod):
             return None
         else:
+            own = view.own_last_refit(pod)
             if stage is Stage.FINAL_COMMIT:
-                base = self._base.setdefault(round_, view.committed())
-                hit = self._inside_final_refit(view, round_, base)
+                # The rank committed the next-to-last refit (or the last, on a slow tick):
+                # what it waits for, or has, is the final one.
+                hit = own >= self.refits - 2
             else:
                 # Right as the rank's pod reports a commit of its own (it is in the refit
                 # loop, not still joining): the next refit is only starting, and the
                 # rank's transfer with it (it waits for buckets from its commit on).
-                own = view.own_last_refit(pod)
                 hit = own > self._own_base.setdefault(round_, own)
-                if hit and stage is Stage.MID_BUCKET:
-                    # Hold the policy gang before it is far into the next refit, then
-                    # drain once the rank is past its check at the refit boundary (right
-                    # after its commit), waiting for the next refit's buckets.
-                    if round_ not in self._gang_held:
-                        self._hold_policy(view, round_)
-                    _, since = self._gang_held[round_]
-                    hit = time.monotonic() - since >= MID_BUCKET_DELAY_S
+            if hit and stage in (Stage.MID_BUCKET, Stage.FINAL_COMMIT):
+                # Hold the policy gang before it is far into the next refit, then drain
+                # once the rank is past its check at the refit boundary (right after its
+                # commit), waiting for the next refit's buckets.  Held, the gang cannot
+                # finish the job first: the final drain never depends on a tick landing
+                # in the last refit's fraction of a second.
+                if round_ not in self._gang_held:
+                    self._hold_policy(view, round_)
+                _, since = self._gang_held[round_]
+                hit = time.monotonic() - since >= MID_BUCKET_DELAY_S
         return ("drain", self.target, stage.value) if hit else None
 
     def _hold_policy(self, view: EpochView, round_: int) -> None:
@@ -574,23 +569,6 @@ class StagePlan(Plan):
         if held is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(held[0], signal.SIGCONT)
-
-    def _inside_final_refit(self, view: EpochView, round_: int, base: int) -> bool:
-        """Just after the final transfer began, so the drained rank's watcher (every
-        0.2 s) meets the stop inside it: the next refit starts one commit period after the
-        last commit, less the refit's own duration (both measured in this round)."""
-        if view.last_refit_seconds() > 0:
-            self._refit_s = view.last_refit_seconds()
-        committed, now = view.committed(), time.monotonic()
-        seen = self._commits.setdefault(round_, [(base, now)])
-        if committed > seen[-1][0]:
-            seen.append((committed, now))
-        if committed < self.refits - 1 or not view.barrier_open or len(seen) < 3:
-            return False
-        (c1, t1), (c2, t2) = seen[-2], seen[-1]
-        period = (t2 - t1) / max(1, c2 - c1)
-        starts = t2 + max(0.0, period - self._refit_s)
-        return now >= starts + min(0.1, self._refit_s / 4)
 
 
 @dataclass
