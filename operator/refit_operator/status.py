@@ -122,6 +122,45 @@ def decimal_bytes(n: int) -> str:
     return f"{n} B"
 
 
+class ServedVersionRow(_Status):
+    """One row of the versions ledger: a refit, the digest of its whole state as the
+    replicas serving it hashed it, and those replicas (rollout ranks)."""
+
+    refit: int = Field(ge=0)
+    #: ``<algorithm>:<16 hex digits>``; None where the replicas reported no digest.
+    digest: str | None = None
+    replicas: list[int] = Field(default_factory=list)
+
+
+def version_ledger(served: dict[int, tuple[int, str | None]]) -> list[ServedVersionRow]:
+    """The ledger from what each rollout rank serves (rank -> (refit, digest)): one row
+    per (refit, digest), newest refit first, its ranks in order.  Two rows of one refit
+    mean replicas serving different bytes under the same version."""
+    rows: dict[tuple[int, str | None], list[int]] = {}
+    for rank in sorted(served):
+        rows.setdefault(served[rank], []).append(rank)
+    order = sorted(rows, key=lambda key: (-key[0], key[1] or ""))
+    return [ServedVersionRow(refit=r, digest=d, replicas=rows[(r, d)]) for r, d in order]
+
+
+def version_conflicts(ledger: list[ServedVersionRow]) -> list[int]:
+    """Refits that two or more replicas serve with different digests."""
+    digests: dict[int, set[str]] = {}
+    for row in ledger:
+        if row.digest is not None:
+            digests.setdefault(row.refit, set()).add(row.digest)
+    return sorted(refit for refit, seen in digests.items() if len(seen) > 1)
+
+
+def version_words(ledger: list[ServedVersionRow]) -> list[str]:
+    """``refit 3 xxh3_64:0123456789abcdef served by rollout-0, rollout-1``, per row."""
+    return [
+        f"refit {row.refit} {row.digest or '(no digest)'} served by "
+        + ", ".join(f"rollout-{rank}" for rank in row.replicas)
+        for row in ledger
+    ]
+
+
 class PodBytes(_Status):
     """The bytes one rollout pod (by uid) reported receiving, the most it ever reported."""
 
@@ -160,6 +199,9 @@ class RefitJobStatus(_Status):
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["rank"]},
     )
+    #: The versions the rollout replicas serve now (:func:`version_ledger`): what each
+    #: replica's pod reported serving, grouped by refit and whole-state digest.
+    versions: list[ServedVersionRow] = Field(default_factory=list)
     #: The rollout pods' label selector (the scale subresource's labelSelectorPath).
     rollout_selector: str = ""
     #: Rollout replacements after a failure (``rollout.failurePolicy.maxReplacements``).

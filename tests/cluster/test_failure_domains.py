@@ -36,6 +36,7 @@ from tests.cluster.controlplane import NODE_MONITOR_GRACE_S, NODE_MONITOR_PERIOD
 from tests.cluster.node import ProcessNode, lease_ns
 from tests.cluster.rest import ApiError
 from tests.cluster.support import Cluster, Install, example, wait
+from tests.support.versions import served_ranks, trainer_digest
 
 from refit_worker.contract.rendezvous import EntryError, ProgressEntry, decode_entry, parse_key
 
@@ -200,6 +201,11 @@ def test_a_rollout_pod_sigkilled_mid_job_is_replaced_alone(
     assert last.uid == replacement.uid and last.verification == "bit-exact", last
     replicas = {r["rank"]: r for r in status["rolloutReplicas"]}
     assert replicas[0]["generation"] >= 1 and replicas[0]["pod"] == names[replacement.uid]
+    # The ledger (issue #32): the replacement serves the trainer's last refit, byte for
+    # byte the same as its peer.
+    last_digest = trainer_digest(_job(job)["spec"], REFITS - 1)
+    ledger = [{"refit": REFITS - 1, "digest": last_digest, "replicas": [0, 1]}]
+    assert status["versions"] == ledger, status["versions"]
     reasons = [e["reason"] for e in _events(cluster, job)]
     assert "RolloutReplaced" in reasons and "Restarted" not in reasons, reasons
     seed = replacement.seed
@@ -525,11 +531,22 @@ def test_kubectl_scale_up_and_down_mid_job_leaves_the_policy_pods(
         f"{job}'s four replicas to say how they came to serve",
         timeout=120,
     )
+    # The ledger (issue #32) lists the four replicas, each refit under the trainer's digest.
+    four = wait(
+        lambda: (s := cluster.job_status(NS, job)) and served_ranks(s) == [0, 1, 2, 3] and s,
+        f"{job}'s ledger to list its four replicas",
+        timeout=120,
+    )
+    for row in four["versions"]:
+        assert row["digest"] == trainer_digest(doc["spec"], row["refit"]), four["versions"]
     cluster.kubectl.ok("scale", f"rj/{job}", "-n", NS, "--replicas=1")
     down = _serving(cluster, job, 1)
     status = _finished(cluster, job)
     assert status["phase"] == "Succeeded", status
     assert status["refitsCompleted"] == 60, status
+    # The ranks the scale-down removed left the ledger; rank 0 serves the last refit.
+    ledger = [{"refit": 59, "digest": trainer_digest(doc["spec"], 59), "replicas": [0]}]
+    assert status["versions"] == ledger, status["versions"]
     assert _started(cluster, job, "policy") == policy, "a scale recreated the policy pods"
     assert (status["epoch"], status["restarts"], status["preemptions"]) == (0, 0, 0), status
     for rank in (1, 2, 3):  # each new replica from a peer that served before it

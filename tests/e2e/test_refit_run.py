@@ -18,6 +18,7 @@ import pytest
 import yaml
 from tests.support.fault_runs import sent_refits
 from tests.support.processes import processes_under
+from tests.support.versions import trainer_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {
@@ -551,6 +552,12 @@ def test_a_killed_rollout_replica_is_seeded_by_its_peers_not_the_policy(tmp_path
     assert report["bytes_total"] == (refits - seeded - 1) * model_bytes, report
     policy_log = "".join(p.read_text() for p in (work / "logs").glob("e2e-run-policy-*.log"))
     assert "again" not in policy_log, policy_log
+    # Issue #32: every replica, the seeded replacement too, serves the last refit, and its
+    # digest is the trainer's state's, regenerated here: the bytes served, not a label.
+    digest = trainer_digest(yaml.safe_load(path.read_text())["spec"], refits - 1)
+    versions = json.loads(status.read_text())["status"]["versions"]
+    assert versions == [{"refit": refits - 1, "digest": digest, "replicas": [0, 1, 2]}], versions
+    assert f"serving: refit {refits - 1} {digest} served by rollout-0, rollout-1, rollout-2" in out
 
 
 def _logged_at(text: str, needle: str) -> str:

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "rl-vl
 
 import tiny_llama
 
+from refit_worker.checkpoint_engines.integrity import tensors_digest
 from refit_worker.integrations.staged import EXTRA_PREFIX
 from refit_worker.session import RefitSession
 
@@ -68,7 +69,15 @@ def main() -> None:
             if refit == opts.get("pause_at", -1):
                 stall_after_first_bucket()
             stats = asyncio.run(session.send(items, refit_id=refit))
-            say(sent=refit, expected=expected, bytes=stats.bytes, seconds=stats.seconds)
+            # What a replica serving this refit must report as its version (issue #32).
+            digest = tensors_digest(dict(items))
+            say(
+                sent=refit,
+                expected=expected,
+                bytes=stats.bytes,
+                seconds=stats.seconds,
+                digest=digest,
+            )
 
 
 if __name__ == "__main__":

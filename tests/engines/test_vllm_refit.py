@@ -135,6 +135,11 @@ def test_the_refit_is_reported_with_its_phases_and_what_was_checked(
     assert figures["landing_s"] > 0 and figures["transfer_s"] > 0 and figures["verify_s"] > 0
     assert progress.message.startswith("refit 0 committed: transfer ")
     assert "landing" in progress.message and "verification" in progress.message
+    # The version vLLM now serves (issue #32): the digest of the bytes the trainer sent,
+    # as the commit's figures hand it to the server and the rank reports it.
+    assert figures["digest"] == scenario["sent0"]["digest"], figures
+    assert progress.serving is not None and progress.serving.refit == 0
+    assert progress.serving.digest == figures["digest"]
 
 
 def test_a_refit_preempted_mid_transfer_leaves_vllm_tokens_unchanged(

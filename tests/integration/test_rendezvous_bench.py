@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from refit_worker.contract.rendezvous import MAX_META_BYTES
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "rendezvous.py"
 
@@ -36,7 +38,7 @@ def test_bench_prints_a_row_per_store_and_size() -> None:
     for row in rows:
         seconds, ratio, per_rank_bytes = float(row[3]), float(row[6]), int(row[7])
         assert seconds > 0 and ratio > 0
-        assert 500 < per_rank_bytes < 5120  # one metadata entry each, under its limit
+        assert 500 < per_rank_bytes < MAX_META_BYTES  # one metadata entry each, under its limit
 
 
 def test_bench_refuses_too_few_runs_and_ranks() -> None:

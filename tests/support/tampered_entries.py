@@ -29,6 +29,7 @@ from typing import Any
 from refit_operator.core.coordinate import coordinate, decode
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
+    MAX_META_BYTES,
     PREEMPT_KEY,
     PROTOCOL_VERSION,
     BarrierEntry,
@@ -170,8 +171,8 @@ TAMPERED: list[Tamper] = [
         "oversized metadata",
         "meta.policy.0",
         lambda m: _meta(agent=json.dumps({"pad": "x" * 6000})),
-        "refused: over the 5120-byte limit",
-        "refused: over the 5120-byte limit",
+        f"refused: over the {MAX_META_BYTES}-byte limit",
+        f"refused: over the {MAX_META_BYTES}-byte limit",
     ),
     Tamper(
         "16 MiB file",

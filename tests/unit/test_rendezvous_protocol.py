@@ -239,7 +239,7 @@ def test_encode_refuses_misplaced_or_oversized_entries() -> None:
     with pytest.raises(EntryError, match="a BarrierEntry cannot be stored"):
         encode_entry(PREEMPT_KEY, BarrierEntry(epoch=0, policy_uids=("a",), rollout=slots("b")))
     big = json.dumps({"blob": "x" * MAX_META_BYTES})
-    with pytest.raises(EntryError, match="over the 5120-byte limit"):
+    with pytest.raises(EntryError, match=f"over the {MAX_META_BYTES}-byte limit"):
         encode_entry("meta.policy.0", meta(agent=big))
 
 

@@ -82,11 +82,12 @@ class PeerSeeds:
     def rank(self) -> int:
         return self.connection.config.rank
 
-    def offer(self, refit: int, committed: Mapping[str, torch.Tensor]) -> None:
+    def offer(self, refit: int, committed: Mapping[str, torch.Tensor]) -> str | None:
         """Offer refit ``refit`` (the committed tensors); best effort: a rank that cannot
-        offer still serves, its peers then take the policy's send."""
+        offer still serves, its peers then take the policy's send.  Returns the committed
+        state's digest (None: the offer failed before its tensors were hashed)."""
         if not self.connection.connected:
-            return
+            return None
         engine = self.connection.engine
         try:
             if self._offer is None:
@@ -102,6 +103,7 @@ class PeerSeeds:
             log.warning(
                 "rollout rank %d: cannot offer refit %d to peers: %s", self.rank, refit, exc
             )
+        return self._offer.digest if self._offer is not None else None
 
     async def take(self, resolve: TargetResolver, min_refit: int) -> Seeded | None:
         """Seed refit >= ``min_refit`` from live peers into ``resolve(specs)``; None when

@@ -23,7 +23,12 @@ from refit_worker.checkpoint_engines import (
 )
 from refit_worker.checkpoint_engines.base import dtype_from_name
 from refit_worker.checkpoint_engines.planning import TensorSpec
-from refit_worker.contract.entries import BarrierEntry, Verification, decode_entry
+from refit_worker.contract.entries import (
+    BarrierEntry,
+    ServedVersion,
+    Verification,
+    decode_entry,
+)
 from refit_worker.contract.roles import Role
 from refit_worker.following import PeerSet, standing
 from refit_worker.owed import all_done
@@ -85,6 +90,14 @@ class RolloutSession(RefitSession):
     def committed(self) -> CommittedRefit | None:
         """The last refit received in full and verified, else None."""
         return self._committed
+
+    @property
+    def served_version(self) -> ServedVersion | None:
+        """The version this rank serves: its last committed refit and the digest of that
+        state's bytes (the same on every replica that serves it), for an inference server
+        to tag its responses with; None before the first commit, and while an in-place
+        refit that stopped part-way left the live weights a mix of two."""
+        return None if self._partial else self.reporter.log.serving
 
     @property
     def live_weights_partial(self) -> bool:
@@ -409,7 +422,9 @@ class RolloutSession(RefitSession):
             timing.registrations,
         )
         if self._committed is not None:
-            self._seeds.offer(self._committed.refit_id, self._committed.state)
+            committed = self._committed
+            digest = self._seeds.offer(committed.refit_id, committed.state)
+            self.reporter.log.serving = ServedVersion(refit=committed.refit_id, digest=digest)
         serving_s = time.time() - self._started_at
         if self._seeded_from:
             # Who gave the most bytes comes first; the report names it.

@@ -67,6 +67,8 @@ def record(inp: RoundInput, draft: Draft) -> None:
     adoption.adopt_unrecorded_gang(inp, draft)
     # The rollout slots (one per rank asked for, at its generation) as status.
     rollout_replicas.sync_slots(inp, draft)
+    # What the replicas serve, by version: the ledger.
+    rollout_replicas.sync_versions(inp, draft)
     # What the ranks reported becomes the status.
     reports.record_progress(inp, draft)
 

@@ -10,7 +10,7 @@ from refit_operator.core.decision import Emit
 from refit_operator.local.faults import Fault, outcome
 from refit_operator.local.runner import RunResult
 from refit_operator.models import Phase, RefitJobSpec, RefitJobStatus
-from refit_operator.status import RolloutReplica, seed_words
+from refit_operator.status import RolloutReplica, seed_words, version_words
 
 
 def human_bytes(n: float) -> str:
@@ -251,6 +251,7 @@ def summary(job: str, spec: RefitJobSpec, result: RunResult, elapsed: float) -> 
         + (f" (drained {result.drained})" if result.drained else ""),
         f"  verification: {verification(status)}",
         *(f"  {line}" for line in seed_lines(status)),
+        *(f"  serving: {line}" for line in version_words(status.versions)),
     ]
     for pod, tail in result.failed_logs.items():
         lines.append(f"  last lines of {pod}'s log:")

@@ -20,12 +20,14 @@ Must not import: nixl, torch.distributed, the transport modules of this package.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Literal
 
 import torch
 import xxhash
+
+from .base import dtype_name
 
 Algorithm = Literal["xxh3_64", "wsum64"]
 _MASK = (1 << 64) - 1
@@ -56,6 +58,34 @@ def hash_bytes(data: torch.Tensor, algorithm: Algorithm) -> int:
     if algorithm == "wsum64":
         return _device_hash(data)
     raise ValueError(f"unknown integrity algorithm {algorithm!r}")
+
+
+def state_digest(
+    algorithm: Algorithm, tensors: Iterable[tuple[str, str, tuple[int, ...], int]]
+) -> str:
+    """One digest of a whole state from its tensors' hashes (name, dtype, shape, hash), in
+    name order: ``<algorithm>:<16 hex digits>``.  A tensor's hash is over its bytes
+    (:func:`hash_bytes`), so the digest says which weights, not how they travelled (any
+    bucket size, sender layout or seed gives the same one); the algorithm is the memory's,
+    so CPU and CUDA copies of one state have different digests."""
+    lines = sorted(f"{name}|{dtype}|{list(shape)}|{h:016x}" for name, dtype, shape, h in tensors)
+    return f"{algorithm}:{xxhash.xxh3_64_hexdigest(chr(10).join(lines).encode())}"
+
+
+def tensors_digest(named: Mapping[str, torch.Tensor], algorithm: Algorithm | None = None) -> str:
+    """The :func:`state_digest` of whole tensors (empty ones left out), as a rollout replica
+    serving them reports it: a trainer, or a test, holding the full state computes the
+    digest ``status.versions`` should show.  ``algorithm``: the memory's by default."""
+    tensors = [(n, t) for n, t in named.items() if t.numel()]
+    if algorithm is None:
+        algorithm = algorithm_for(tensors[0][1].device) if tensors else "xxh3_64"
+    return state_digest(
+        algorithm,
+        (
+            (n, dtype_name(t.dtype), tuple(t.shape), hash_bytes(as_bytes(t), algorithm))
+            for n, t in tensors
+        ),
+    )
 
 
 def _device_hash(data: torch.Tensor) -> int:
@@ -127,4 +157,13 @@ class Hasher:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-__all__ = ["Algorithm", "Hasher", "algorithm_for", "as_bytes", "default_threads", "hash_bytes"]
+__all__ = [
+    "Algorithm",
+    "Hasher",
+    "algorithm_for",
+    "as_bytes",
+    "default_threads",
+    "hash_bytes",
+    "state_digest",
+    "tensors_digest",
+]

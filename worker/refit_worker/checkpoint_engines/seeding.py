@@ -39,7 +39,7 @@ from pydantic import Field, ValidationError
 
 from .agent import NixlAgent, PeerError, Region
 from .base import dtype_name
-from .integrity import Algorithm, algorithm_for, as_bytes, hash_bytes
+from .integrity import Algorithm, algorithm_for, as_bytes, hash_bytes, state_digest
 from .messages import LandingSet, NixlAgentMetadata, _Model
 from .planning import TensorSpec
 from .receiver import TargetResolver
@@ -69,9 +69,16 @@ class SeedManifest(_Model):
     """What a seeder offers now (see the module docstring)."""
 
     refit: int = Field(ge=0)
-    algorithm: str
+    algorithm: Algorithm
     tensors: tuple[SeedTensor, ...] = Field(min_length=1)
     landing: LandingSet
+
+    @property
+    def digest(self) -> str:
+        """The offered state's digest (:func:`~.integrity.state_digest`)."""
+        return state_digest(
+            self.algorithm, ((t.name, t.dtype, t.shape, t.hash) for t in self.tensors)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +135,13 @@ class SeedOffer:
         self._handle: object = None
         #: Where the manifest is, for the rank's metadata (None until the first commit).
         self.pointer: tuple[Region, bytes] | None = None
+        #: The digest of the last state offered (None until the first commit).
+        self.digest: str | None = None
 
     def publish(self, refit: int, committed: Mapping[str, torch.Tensor]) -> bool:
         """Offer ``committed`` as refit ``refit``; True when the region moved (the rank must
         publish its metadata again with the new :attr:`pointer`)."""
+        self.digest = None  # until this refit's is known: never the one before's
         named = {n: t for n, t in committed.items() if t.numel()}
         if not named:
             return False
@@ -146,6 +156,7 @@ class SeedOffer:
             ),
             landing=self._registry.landing_set(named),
         )
+        self.digest = manifest.digest
         raw = encode_manifest(manifest)
         moved = self._ensure(len(raw))
         region = self._region

@@ -47,9 +47,13 @@ MAX_RANKS = 4096
 SHARD_BUDGET_BYTES = 1_000_000
 
 #: Size limits of encoded values, by key kind.  NIXL agent metadata is ~451 bytes raw,
-#: ~600 as base64 in JSON; the rest of the limit leaves room for buffer descriptors.
-MAX_META_BYTES = 5120
-MAX_PROGRESS_BYTES = 1280  # 1024 before a rollout pod reported its seed
+#: ~600 as base64 in JSON (a rollout rank's entry with its seed pointer: 1422 bytes
+#: measured); the rest of the limit leaves room for buffer descriptors.  The two share
+#: a rank's 6400 bytes of its shard: meta 5120 and progress 1280 until a rollout pod
+#: reported the version it serves (issue #32); tests/unit/test_versions.py fills every
+#: progress field to the most.
+MAX_META_BYTES = 4864
+MAX_PROGRESS_BYTES = 1536
 #: Refits a progress entry itemises: a reader that samples at least once per this many
 #: refits of a rank sees each of them; one that samples less sees the gap in the totals.
 RECENT_REFITS = 8
@@ -209,6 +213,21 @@ class RefitReport(BaseModel):
 _SEED_SOURCE_RE = r"^(policy|rollout-(0|[1-9][0-9]{0,8})(-g(0|[1-9][0-9]{0,8}))?)$"
 
 
+#: A whole state's digest (``checkpoint_engines.integrity.state_digest``): the hash
+#: algorithm of the memory it is in, then 16 hex digits.
+DIGEST_PATTERN = r"^(xxh3_64|wsum64):[0-9a-f]{16}$"
+
+
+class ServedVersion(BaseModel):
+    """The weights a rollout pod serves: the refit it committed last and the digest of
+    that committed state, hashed from the bytes it serves (None: not hashed)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    refit: int = Field(ge=0)
+    digest: str | None = Field(None, pattern=DIGEST_PATTERN)
+
+
 class SeedReport(BaseModel):
     """How a rollout pod came to serve: its first committed refit, who sent it
     (``rollout-<rank>``: seeded by a peer; ``policy``: the policy ranks' send), the bytes
@@ -249,6 +268,8 @@ class ProgressEntry(_RankEntry):
     #: The rank stays after the last refit to serve late rollout members with it: a
     #: rollout pod seeds them (then the policy ranks need not stay), a policy rank sends.
     seeding: bool = False
+    #: The version a rollout pod serves now (None: nothing committed, or a policy rank).
+    serving: ServedVersion | None = None
 
     @property
     def last_refit(self) -> RefitReport | None:

@@ -19,6 +19,7 @@ from refit_worker.contract.entries import (
     ProgressState,
     RefitReport,
     SeedReport,
+    ServedVersion,
     Verification,
 )
 
@@ -37,6 +38,8 @@ class ProgressLog:
     seed: SeedReport | None = None
     #: Whether this pod stays after the last refit to seed late peers with it.
     seeding: bool = False
+    #: The version this (rollout) pod serves: its last commit and that state's digest.
+    serving: ServedVersion | None = None
 
     def __post_init__(self) -> None:
         if self.first_refit < 0:
@@ -107,4 +110,5 @@ class ProgressLog:
             "message": message[:200],
             "seed": self.seed,
             "seeding": self.seeding,
+            "serving": self.serving,
         }

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from refit_worker.contract.config import WorkerConfig
-from refit_worker.contract.entries import Verification
+from refit_worker.contract.entries import ServedVersion, Verification
 from refit_worker.session import Preempted, RefitStats, RolloutSession
 from refit_worker.waits import WaitTimeout
 
@@ -72,6 +72,9 @@ class CommittedFigures:
     stats: RefitStats
     landing_s: float
     verify_s: float
+    #: The version now served: this refit and the digest of its bytes (see
+    #: :attr:`RolloutSession.served_version`).
+    version: ServedVersion | None = None
 
     @property
     def message(self) -> str:
@@ -188,7 +191,7 @@ class StagedReceiver:
             stats = future.result(timeout=self._timeout_s)
         finally:
             self._future = None
-        figures = CommittedFigures(stats, landing_s, verify_s)
+        figures = CommittedFigures(stats, landing_s, verify_s, self.session.served_version)
         reporter = self.session.reporter
         done = reporter.log.refits_completed >= self.session.config.transfer.refits
         reporter.publish("done" if done else "running", figures.message)

@@ -218,6 +218,8 @@ def _figures(figures: CommittedFigures) -> dict[str, Any]:
         "transfer_s": figures.stats.seconds,
         "landing_s": figures.landing_s,
         "verify_s": figures.verify_s,
+        # Which weights now answer: the version a response can be tagged with.
+        "digest": figures.version.digest if figures.version is not None else None,
     }
 
 
@@ -292,6 +294,14 @@ class RefitWorkerExtension:
     def refit_commit(self, verify_s: float = 0.0) -> dict[str, Any]:
         """Commit the landed refit (after the caller's check, which took ``verify_s``)."""
         return _figures(self._refit_require().commit(verify_s))
+
+    def refit_served_version(self) -> dict[str, Any] | None:
+        """The version this worker serves (``refit_id`` and ``digest``), None before its
+        first commit: what a response can say produced it."""
+        version = self._refit_require().receiver.session.served_version
+        if version is None:
+            return None
+        return {"refit_id": version.refit, "digest": version.digest}
 
     def refit_reject(self, reason: str) -> None:
         """Refuse the refit in flight (e.g. its tokens differ): it is not committed."""

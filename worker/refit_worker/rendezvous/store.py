@@ -46,6 +46,7 @@ from refit_worker.contract.rendezvous import (
     RefitReport,
     SeedPointer,
     SeedReport,
+    ServedVersion,
     Snapshot,
     Verification,
     decode_entry,
@@ -392,6 +393,7 @@ class RendezvousStore(ABC):
         message: str = "",
         seed: SeedReport | None = None,
         seeding: bool = False,
+        serving: ServedVersion | None = None,
     ) -> ProgressEntry:
         """Report this rank's progress in its epoch (replaces its previous report); a
         :class:`~refit_worker.contract.progress.ProgressLog` gives the fields."""
@@ -411,6 +413,7 @@ class RendezvousStore(ABC):
             message=message,
             seed=seed,
             seeding=seeding,
+            serving=serving,
         )
         self.put_entry(progress_key(me.role, me.rank), entry)
         return entry

@@ -21,8 +21,14 @@ from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput, Slot
 from refit_operator.core.steps.restart import POLL_DELETING_S, stop_gang
 from refit_operator.models import RolloutReplica
-from refit_operator.status import UNSEEDED, seed_words
-from refit_worker.contract.rendezvous import SeedReport
+from refit_operator.status import (
+    UNSEEDED,
+    seed_words,
+    version_conflicts,
+    version_ledger,
+    version_words,
+)
+from refit_worker.contract.rendezvous import ProgressEntry, SeedReport
 
 
 def sync_slots(inp: RoundInput, draft: Draft) -> None:
@@ -59,25 +65,50 @@ def sync_slots(inp: RoundInput, draft: Draft) -> None:
     draft.update(rollout_replicas=replicas, rollout_selector=selector)
 
 
-def _committed(inp: RoundInput) -> dict[int, int]:
-    """Each slot's last committed refit, from its own pod's progress report (any epoch)."""
+def _own_reports(inp: RoundInput) -> dict[int, ProgressEntry]:
+    """Each slot's progress report from its own pod only (any epoch): the report a
+    replaced pod left under the same key (another uid) says nothing of the pod there now."""
     uids = {s.pod.uid: s.rank for s in inp.slots if s.pod is not None and s.pod.uid}
     return {
-        uids[e.uid]: e.refits_completed
+        uids[e.uid]: e
         for e in inp.observed.entries.progress()
         if e.role == "rollout" and e.uid in uids
     }
 
 
+def _committed(inp: RoundInput) -> dict[int, int]:
+    """Each slot's last committed refit, from its own pod's progress report."""
+    return {rank: e.refits_completed for rank, e in _own_reports(inp).items()}
+
+
 def _seeds(inp: RoundInput) -> dict[int, SeedReport]:
-    """Each slot's seed, from its own pod's progress report only: the report a replaced
-    pod left under the same key (another uid) says nothing of the pod there now."""
-    uids = {s.pod.uid: s.rank for s in inp.slots if s.pod is not None and s.pod.uid}
+    """Each slot's seed, from its own pod's progress report."""
+    return {rank: e.seed for rank, e in _own_reports(inp).items() if e.seed is not None}
+
+
+def _served(inp: RoundInput) -> dict[int, tuple[int, str | None]]:
+    """What each slot's pod reports serving: (refit, digest)."""
     return {
-        uids[e.uid]: e.seed
-        for e in inp.observed.entries.progress()
-        if e.role == "rollout" and e.uid in uids and e.seed is not None
+        rank: (e.serving.refit, e.serving.digest)
+        for rank, e in _own_reports(inp).items()
+        if e.serving is not None
     }
+
+
+def sync_versions(inp: RoundInput, draft: Draft) -> None:
+    """``status.versions`` from what the slots' pods serve; replicas that serve one refit
+    with different digests are announced (``VersionMismatch``) when the ledger changes."""
+    served = _served(inp)
+    ledger = version_ledger(served)
+    # No report at all (the rendezvous gone with a finished job) says nothing new.
+    if not served or ledger == draft.status.versions:
+        return
+    for refit in version_conflicts(ledger):
+        rows = [row for row in ledger if row.refit == refit]
+        words = "; ".join(version_words(rows))
+        message = f"replicas serve refit {refit} with different weights: {words}"
+        draft.actions.append(Emit("Warning", "VersionMismatch", message))
+    draft.update(versions=ledger)
 
 
 def _seed_of(rec: RolloutReplica) -> dict[str, Any]:

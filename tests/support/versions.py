@@ -1,0 +1,24 @@
+"""What the versions ledger (issue #32) should say of a synthetic-weights job."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from refit_operator.models import parse_spec
+from refit_worker.checkpoint_engines.integrity import tensors_digest
+from refit_worker.weights import synthetic_state_dict
+
+
+def trainer_digest(spec: Mapping[str, Any], refit: int) -> str:
+    """The digest of the synthetic model ``spec`` names as the trainer sends it at
+    ``refit`` (refit k carries the weights after training step k + 1), regenerated here:
+    what a replica that serves that refit must report."""
+    weights = parse_spec(dict(spec)).weights.synthetic
+    assert weights is not None, "a synthetic-weights job"
+    return tensors_digest(synthetic_state_dict(weights, refit + 1))
+
+
+def served_ranks(status: Mapping[str, Any]) -> list[int]:
+    """Every rollout rank the status's ledger lists, in order."""
+    return sorted(rank for row in status.get("versions") or [] for rank in row["replicas"])
