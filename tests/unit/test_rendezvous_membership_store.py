@@ -124,6 +124,37 @@ def test_a_rollout_rank_rejoins_a_later_epoch_with_its_own_agent(tmp_path: Path)
     assert (second.epoch, second.version, second.members()) == (1, 2, (0, 1))
 
 
+def test_a_replacement_waiting_for_its_epoch_joins_a_new_policy_gang_that_published(
+    tmp_path: Path,
+) -> None:
+    """CI on 3b37f43 (a real drain of the node holding policy rank 0 and rollout rank 0):
+    rollout rank 0's replacement started at epoch 0 just before the policy gang's restart;
+    epoch 1's first barrier waits for every rollout slot's pod to publish for it, and the
+    replacement waited for a barrier of epoch 0 or later: neither came (60 s, every rank
+    failed).  Now it rejoins the new gang's epoch as soon as that gang published."""
+    store = _store(tmp_path)
+    replacement = Member("rollout", 0, 0, "r0-g1", generation=1)
+    store.publish_metadata(replacement, json.dumps({"name": "r0-g1"}))
+    thread, out = _in_thread(lambda: store.wait_membership(replacement, 30))
+    # The restarted gang and the surviving rollout rank publish for epoch 1; no barrier yet.
+    store.publish_metadata(Member("policy", 0, 1, "p0-e1"), "{}")
+    store.publish_metadata(Member("rollout", 1, 1, "r1", 2), "{}")
+    live = LIVE | {("policy", 0): LivePod("p0-e1"), ("rollout", 0): LivePod("r0-g1", 1)}
+
+    def first_opening() -> BarrierEntry | None:
+        # The coordinator's rule for an epoch's first barrier: every rollout slot held.
+        want = membership(store.snapshot(1), 1, 2, live, None)
+        return want if want is not None and None not in want.rollout else None
+
+    _eventually("epoch 1's first barrier to be possible", lambda: first_opening() is not None)
+    opened = first_opening()
+    assert opened is not None
+    store.put_entry(BARRIER_KEY, opened)
+    thread.join(30)
+    assert out == [opened]
+    assert opened.epoch == 1 and opened.is_member("rollout", 0, "r0-g1", 1)
+
+
 def test_a_stale_or_removed_rollout_rank_is_told(tmp_path: Path) -> None:
     store = _store(tmp_path)
     for me in (P0, R0, R1):

@@ -264,11 +264,17 @@ class RendezvousStore(ABC):
 
         def listed(data: Mapping[str, str]) -> BarrierEntry | None:
             barrier = self._listed(me, joined[-1], data)
-            if barrier is None or barrier.epoch == joined[-1]:
+            if barrier is not None and barrier.epoch == joined[-1]:
                 return barrier
-            # Rejoin inside the one wait, so that its timeout covers the whole of it.
-            self._rejoin(me, barrier.epoch)
-            joined.append(barrier.epoch)
+            # A later epoch's barrier, or a new policy gang that published before any:
+            # its first barrier opens only once every rollout slot's pod published for
+            # it, this one's too (a replacement started just before the policy gang's
+            # restart waited for its old epoch's barrier while the new one waited for it).
+            later = barrier.epoch if barrier is not None else _newest_policy_epoch(me, data)
+            if later > joined[-1]:
+                # Rejoin inside the one wait, so that its timeout covers the whole of it.
+                self._rejoin(me, later)
+                joined.append(later)
             return None
 
         return self._wait([0], listed, timeout, what, cancel)
@@ -485,6 +491,24 @@ class RendezvousStore(ABC):
 #: Waits decode the whole map on every change; most values did not change since the last
 #: time, and decoding is pure, so remember the results.
 _decode_cached = functools.lru_cache(maxsize=4 * MAX_RANKS)(decode_entry)
+
+
+def _newest_policy_epoch(me: Member, data: Mapping[str, str]) -> int:
+    """For a rollout ``me``: the latest epoch a policy rank published metadata for in
+    ``data`` (-1: none, or ``me`` is a policy rank); an entry that does not decode is
+    passed over here (the coordinator names it)."""
+    if me.role != "rollout":
+        return -1
+    latest = -1
+    for key, value in data.items():
+        if key.startswith("meta.policy."):
+            try:
+                entry = _decode_cached(key, value)
+            except EntryError:
+                continue
+            if isinstance(entry, MetadataEntry):
+                latest = max(latest, entry.epoch)
+    return latest
 
 
 def _notice_for(me: Member, joined: int, data: Mapping[str, str]) -> PreemptNotice | None:
