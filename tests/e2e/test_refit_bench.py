@@ -28,6 +28,16 @@ REQUIRED = {
 }
 
 
+def _ratio_of_rounded(ratio: float, num: float, den: float, digits: int) -> bool:
+    """Whether ``ratio`` (printed to 3 decimals) is ``num / den`` of the unrounded figures,
+    given that both were printed to ``digits`` decimals: the ratio must lie in the interval
+    the rounding leaves open (a fixed tolerance flaked once, on a 14 ms run)."""
+    half = 0.5 * 10**-digits
+    low = (num - half) / (den + half)
+    high = (num + half) / (den - half) if den > half else float("inf")
+    return low - 0.0005 <= ratio <= high + 0.0005
+
+
 def test_quick_bench_emits_one_valid_json_line_per_case() -> None:
     done = subprocess.run(
         [
@@ -59,7 +69,7 @@ def test_quick_bench_emits_one_valid_json_line_per_case() -> None:
         for key, kind in REQUIRED.items():
             assert isinstance(line[key], kind), (key, line)
         assert line["bucket_mib"] == 1 and line["gbps"] > 0
-        assert abs(line["x_raw_nixl"] - line["gbps"] / line["raw_nixl_gbps"]) < 0.01
+        assert _ratio_of_rounded(line["x_raw_nixl"], line["gbps"], line["raw_nixl_gbps"], 3)
         if line["case"].startswith("session"):
             assert line["verified"] is True, line  # every rollout ended with the sent bytes
             assert line["registrations_last"] == 0, line  # reused after the warm-up
@@ -87,7 +97,7 @@ def test_quick_sharded_bench_compares_with_gather_then_send() -> None:
     assert line["case"] == "sharded-send" and line["topology"] == "2x1"
     assert line["verified"] is True, line  # the rollout ended bit-exact with the model
     assert line["sharded_s"] > 0 and line["gather_s"] > 0
-    assert abs(line["x_gather"] - line["gather_s"] / line["sharded_s"]) < 0.01
+    assert _ratio_of_rounded(line["x_gather"], line["gather_s"], line["sharded_s"], 4), line
     assert len(line["sharded_runs_s"]) == len(line["gather_runs_s"]) == 1
     assert "ratio: gather-then-send takes" in done.stdout
 
