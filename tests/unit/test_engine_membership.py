@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from refit_worker.checkpoint_engines import PeerError, RefitTimeoutError
+from refit_worker.checkpoint_engines import DeclinedError, PeerError, RefitTimeoutError
+from refit_worker.checkpoint_engines.agent import WholeRefitWanted
 from refit_worker.checkpoint_engines.delivery import Delivery, TargetDropped
 from refit_worker.checkpoint_engines.messages import (
     BufferDesc,
@@ -142,8 +143,8 @@ def test_decline_round_trips_and_the_old_protocol_is_refused_by_version() -> Non
     decline = Decline(refit=4, reason="rollout rank 0: it waits for refit 5 or later")
     assert decode(encode(decline)) == decline
     assert decode(encode(manifest(version=7))).version == 7  # type: ignore[union-attr]
-    with pytest.raises(ProtocolError, match="protocol version 3, this worker speaks version 4"):
-        decode(b'RFT1{"v":3,"kind":"credit","refit":0,"seq":0,"buffer":0}')
+    with pytest.raises(ProtocolError, match="protocol version 4, this worker speaks version 5"):
+        decode(b'RFT1{"v":4,"kind":"credit","refit":0,"seq":0,"buffer":0}')
 
 
 async def test_delivery_drops_a_failing_target_and_keeps_the_first_reason() -> None:
@@ -175,3 +176,17 @@ async def test_delivery_lets_this_ranks_own_errors_through() -> None:
     with pytest.raises(ValueError, match="bad layout"):
         await Delivery().attempt(0, own())
     await asyncio.sleep(0)
+
+
+async def test_a_target_that_wants_the_refit_whole_is_dropped_and_listed_for_it() -> None:
+    delivery = Delivery()
+
+    async def declines_the_delta() -> None:
+        raise WholeRefitWanted("rollout rank 2 serves refit 3, the delta is onto refit 4")
+
+    async def declines() -> None:
+        raise DeclinedError("rollout rank 1 waits for refit 9")
+
+    assert await delivery.attempt(2, declines_the_delta()) is None
+    assert await delivery.attempt(1, declines()) is None
+    assert delivery.wants_whole == {2} and set(delivery.dropped) == {1, 2}

@@ -25,9 +25,10 @@ from .messages import Decline, Manifest
 class RefitDeclinedError(RuntimeError):
     """This rollout rank declined refit ``refit`` (nothing landed); ``reason`` says why."""
 
-    def __init__(self, refit: int, reason: str) -> None:
+    def __init__(self, refit: int, reason: str, *, whole: bool = False) -> None:
         super().__init__(f"declined refit {refit}: {reason}")
-        self.refit, self.reason = refit, reason
+        #: ``whole``: it declined a delta and still takes this refit, whole.
+        self.refit, self.reason, self.whole = refit, reason, whole
 
 
 class Decliner:
@@ -36,14 +37,19 @@ class Decliner:
     def __init__(self, agent: NixlAgent, rank: int, sent: set[tuple[str, int]]) -> None:
         self.agent, self.rank, self.sent = agent, rank, sent
 
-    def __call__(self, peer: str, refit: int, reason: str) -> None:
+    def __call__(self, peer: str, refit: int, reason: str, *, whole: bool = False) -> None:
+        # A delta declined for the whole refit is answered by a new send of the same id,
+        # which may need a decline of its own: only plain declines are sent once.
         if (peer, refit) in self.sent:
             return
-        self.sent.add((peer, refit))
+        if not whole:
+            self.sent.add((peer, refit))
         with contextlib.suppress(PeerError):
             self.agent.send_control(
                 peer,
-                Decline(refit=refit, reason=f"rollout rank {self.rank}: {reason}"[:2000]),
+                Decline(
+                    refit=refit, reason=f"rollout rank {self.rank}: {reason}"[:2000], whole=whole
+                ),
                 who=f"rollout rank {self.rank}",
             )
 

@@ -72,6 +72,10 @@ class DeclinedError(PeerError):
     disagreed): not delivered, not a failure of this rank."""
 
 
+class WholeRefitWanted(DeclinedError):
+    """A rollout peer declined the delta it was offered and wants the refit whole."""
+
+
 def _nixl(exc: BaseException) -> str:
     """A nixl error as one line: its type (nixl's types name the status) and text."""
     return f"{type(exc).__name__}: {exc}"
@@ -337,7 +341,8 @@ class NixlAgent:
             raise PeerError(f"{peer!r} aborted refit {refit}: {abort.reason}")
         decline = self._control.get((peer, "decline", refit, 0))
         if isinstance(decline, Decline) and kind != "decline":
-            raise DeclinedError(f"{peer!r} declined refit {refit}: {decline.reason}")
+            error = WholeRefitWanted if decline.whole else DeclinedError
+            raise error(f"{peer!r} declined refit {refit}: {decline.reason}")
         return self._control.pop((peer, kind, refit, seq), None)
 
     def pending(self, peer: str, kind: str) -> list[int]:
@@ -480,6 +485,7 @@ __all__ = [
     "PeerError",
     "PreparedWrites",
     "RefitTimeoutError",
+    "WholeRefitWanted",
     "preinit_nixl_agent",
     "resolve_nixl_backend_kwargs",
 ]

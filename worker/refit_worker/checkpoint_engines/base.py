@@ -116,6 +116,8 @@ class RefitTiming:
     #: A policy rank: the targets taken out of this refit (failed, declined, dropped by the
     #: caller), each with its reason; they did not receive it.
     dropped: Mapping[int, str] = field(default_factory=dict)
+    #: A policy rank: the dropped targets that declined a delta and want the refit whole.
+    wants_whole: frozenset[int] = frozenset()
 
 
 class CheckpointEngine(abc.ABC):

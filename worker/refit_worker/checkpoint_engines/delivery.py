@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
-from .agent import PeerError, RefitTimeoutError
+from .agent import PeerError, RefitTimeoutError, WholeRefitWanted
 
 T = TypeVar("T")
 
@@ -35,6 +35,8 @@ class Delivery:
 
     def __init__(self) -> None:
         self.dropped: dict[int, str] = {}
+        #: Dropped targets that declined a delta and want this refit whole.
+        self.wants_whole: set[int] = set()
 
     def drop(self, rank: int, reason: str) -> None:
         """Take ``rank`` out of the refit (the first reason is kept)."""
@@ -53,7 +55,7 @@ class Delivery:
         try:
             return await step
         except TARGET_ERRORS as exc:
-            self.drop(rank, _reason(exc))
+            self._failed(rank, exc)
             return None
 
     def attempt_now(self, rank: int, step: Callable[[], T]) -> T | None:
@@ -61,8 +63,13 @@ class Delivery:
         try:
             return step()
         except TARGET_ERRORS as exc:
-            self.drop(rank, _reason(exc))
+            self._failed(rank, exc)
             return None
+
+    def _failed(self, rank: int, exc: BaseException) -> None:
+        if isinstance(exc, WholeRefitWanted) and rank not in self.dropped:
+            self.wants_whole.add(rank)
+        self.drop(rank, _reason(exc))
 
     def delivered(self, ranks: Iterable[int]) -> tuple[int, ...]:
         """The ranks of ``ranks`` that were not dropped, in order."""

@@ -24,7 +24,13 @@ notification of refit ``k-1`` can never be taken for refit ``k``:
 * ``abort`` (either way): the refit failed on the peer, with its reason;
 * ``decline`` (receiver -> sender): this rank will not take refit ``k`` (an older refit
   than it waits for, or its sources disagree on the membership); the sender counts the
-  target as not delivered, not as an error.
+  target as not delivered, not as an error.  ``whole``: it will take refit ``k`` whole, not
+  as the delta it was offered (it lacks the delta's base, or the delta's result failed the
+  whole-state check); the sender owes it the whole refit.
+
+A manifest's ``delta`` (:class:`DeltaHeader`) says the refit is a delta: one ``uint8``
+tensor of changed elements (:mod:`.delta`) to apply onto the version ``base_refit`` /
+``base_digest`` the receiver serves, whose result must have the whole-state ``digest``.
 
 A manifest carries the sender's membership ``version`` and rollout world size, so that a
 receiver with several sources takes a refit only when they all planned it from the same
@@ -51,14 +57,15 @@ from pydantic import (
 )
 
 PROTOCOL_VERSION: Literal[1] = 1
-#: Version of the control messages.  4: every source sends a manifest carrying the
+#: Version of the control messages.  5: a manifest may carry a ``delta``; a decline may ask
+#: for the ``whole`` refit.  4: every source sends a manifest carrying the
 #: membership ``version`` and ``rollout_world_size``; ``decline``.  3: manifest entries may
 #: carry the source boxes of a sharded tensor (``sources``) and the destination's place in
 #: it (``offset``).  2: the receiver plans from the manifest and answers ``ready`` with its
 #: landing memory; per-piece integrity digests (1 had credits with ``landing``, pieces in
 #: every ``bucket`` and per-tensor CRCs in the manifest).  A peer of another version is
 #: refused by name.
-CONTROL_VERSION: Literal[4] = 4
+CONTROL_VERSION: Literal[5] = 5
 CONTROL_MAGIC = b"RFT1"
 
 
@@ -129,7 +136,7 @@ def parse_metadata(
 
 
 class _Control(_Model):
-    v: Literal[4] = CONTROL_VERSION
+    v: Literal[5] = CONTROL_VERSION
     refit: int = Field(ge=0)
 
 
@@ -156,6 +163,32 @@ class ManifestEntry(_Model):
     sources: tuple[SourceBox, ...] | None = None
 
 
+class DeltaEntry(_Model):
+    """The changed elements of one tensor inside a delta's bytes: ``count`` flat indices
+    (``index_dtype``, ascending) at byte ``offset``, then their new values (the tensor's
+    ``dtype``) at byte ``values_offset``."""
+
+    name: str = Field(min_length=1)
+    dtype: str
+    numel: int = Field(ge=0)
+    count: int = Field(ge=1)
+    index_dtype: Literal["int32", "int64"]
+    offset: int = Field(ge=0)
+    values_offset: int = Field(ge=0)
+
+
+class DeltaHeader(_Model):
+    """A refit sent as the changes since the version ``base_refit`` (whole-state digest
+    ``base_digest``); applied to it, it must give the whole-state ``digest``."""
+
+    base_refit: int = Field(ge=0)
+    base_digest: str = Field(min_length=1, max_length=64)
+    digest: str = Field(min_length=1, max_length=64)
+    #: Bytes of the delta tensor; tensors without a change are not listed.
+    nbytes: int = Field(ge=0)
+    entries: tuple[DeltaEntry, ...]
+
+
 class Manifest(_Control):
     kind: Literal["manifest"] = "manifest"
     seq: Literal[0] = 0
@@ -171,6 +204,9 @@ class Manifest(_Control):
     rollout_world_size: int | None = Field(None, ge=1)
     #: The sender's connection to this receiver (see ``Routes.connection``); None: unnamed.
     connection: str | None = Field(None, min_length=1, max_length=64)
+    #: The refit is a delta onto a version the receiver serves (see :class:`DeltaHeader`);
+    #: ``tensors`` then lists the one tensor of its bytes.
+    delta: DeltaHeader | None = None
 
 
 class BucketReady(_Control):
@@ -257,6 +293,8 @@ class Decline(_Control):
     kind: Literal["decline"] = "decline"
     seq: Literal[0] = 0
     reason: str
+    #: The receiver still wants this refit, whole (it could not use the delta offered).
+    whole: bool = False
 
 
 Message = Manifest | Ready | BucketReady | Credit | Digest | Done | Abort | Decline

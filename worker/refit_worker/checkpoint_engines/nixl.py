@@ -66,11 +66,17 @@ from .base import CheckpointEngine, RefitTiming
 from .engine_common import EngineCommon
 from .layout import TargetWeightLayout
 from .mapping import check_world_sizes, source_ranks_for_rollout
-from .messages import BufferDesc, MetadataLike, NixlAgentMetadata, parse_metadata
+from .messages import (
+    BufferDesc,
+    DeltaHeader,
+    MetadataLike,
+    NixlAgentMetadata,
+    parse_metadata,
+)
 from .peers import PeerUpdate, Role
 from .planning import check_bucket_size
 from .policy_side import PolicySide
-from .receiver import TargetResolver
+from .receiver import DeltaTarget, TargetResolver
 from .registry import MemoryRegistry
 from .rollout_side import ReceivedRefit, RolloutKept, RolloutSide
 from .routes import Target
@@ -330,7 +336,11 @@ class NIXLCheckpointEngine(CheckpointEngine):
         return self._rollout
 
     async def send_weights(
-        self, weights: Iterable[tuple[str, torch.Tensor]], *, refit_id: int | None = None
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        *,
+        refit_id: int | None = None,
+        delta: DeltaHeader | None = None,
     ) -> RefitTiming:
         """Send all of ``weights`` to this refit's targets; return once each confirmed or
         was dropped.
@@ -340,8 +350,15 @@ class NIXLCheckpointEngine(CheckpointEngine):
         the returned timing lists ``delivered`` and ``dropped`` (rank -> reason); ``bytes``
         are those written to the delivered targets.  Raises only for this rank's own
         failures (bad weights, a local NIXL error).
+
+        ``delta``: ``weights`` is the one tensor of a delta (:mod:`.delta`) onto the version
+        the header names; a target that lacks that version declines it and is listed in
+        the timing's ``wants_whole`` (send it the refit whole).  Raises
+        :class:`~.policy_side.DeltaNotApplicable` before anything is sent when a target
+        reshapes what it receives.
         """
-        return await self._policy_side().send_weights(weights, refit_id=refit_id)
+        side = self._policy_side()
+        return await side.send_weights(weights, refit_id=refit_id, delta=delta)
 
     def drop_target(self, rank: int, reason: str) -> bool:
         """Stop waiting for rollout rank ``rank`` in the send in progress (call it from the
@@ -380,6 +397,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         *,
         refit_id: int | None = None,
         min_refit: int | None = None,
+        delta: DeltaTarget | None = None,
     ) -> ReceivedRefit:
         """Receive a refit straight into ``targets``: contiguous tensors by name.
 
@@ -394,9 +412,14 @@ class NIXLCheckpointEngine(CheckpointEngine):
         ``min_refit=k``: take the first refit with id >= k that this rank's sources agree
         on; older refits (and refits whose sources disagree on the membership) are declined
         before anything lands.  ``timing.refit_id`` says which refit landed.
+
+        ``delta``: how to take a delta refit (the version served, and what applies a delta
+        onto a spare copy and checks the result); the returned ``tensors`` are then that
+        spare copy and ``delta`` names the base.  Without it a delta is declined and the
+        refit taken whole.
         """
         side = self._rollout_side()
-        return await side.receive_into(targets, refit_id=refit_id, min_refit=min_refit)
+        return await side.receive_into(targets, refit_id=refit_id, min_refit=min_refit, delta=delta)
 
     def decline_pending(self, below: int, reason: str) -> int:
         """A rollout rank that holds every refit < ``below``: decline the policy's pending

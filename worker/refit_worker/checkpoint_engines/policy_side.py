@@ -16,12 +16,19 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from .base import RefitTiming
+from .delta import DELTA_TENSOR
 from .engine_common import EngineCommon
 from .integrity import algorithm_for
+from .messages import DeltaHeader
 from .routes import Routes
 from .sender import RefitSender, TargetStream
 from .shards import is_sharded, local_sources
 from .sources import prepare_sources, sources_ready
+
+
+class DeltaNotApplicable(ValueError):
+    """A delta cannot go to this refit's targets (one reshapes the weights it receives);
+    raised before anything is sent: send the refit whole."""
 
 
 class PolicySide:
@@ -35,12 +42,18 @@ class PolicySide:
         self._sending: RefitSender | None = None
 
     async def send_weights(
-        self, weights: Iterable[tuple[str, torch.Tensor]], *, refit_id: int | None = None
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        *,
+        refit_id: int | None = None,
+        delta: DeltaHeader | None = None,
     ) -> RefitTiming:
         """:meth:`~.nixl.NIXLCheckpointEngine.send_weights`: send to this refit's targets."""
         common, peers = self.common, self.common.peers
         given = list(weights)
         sharded = is_sharded(given)
+        if delta is not None:
+            self._check_delta(given, sharded)
         # The weights are checked before the refit id moves on: bad input changes nothing.
         if sharded:
             local = local_sources(
@@ -50,7 +63,7 @@ class PolicySide:
             items = prepare_sources(given, common.device)
         refit = common.next_refit(refit_id)
         registered = common.registry.registered
-        sender = self._sender(refit)
+        sender = self._sender(refit, delta)
         targets = peers.targets(self.rank, stripe=common.stripe, sharded=sharded)
         if sharded:
             streams = sender.plan_sharded(
@@ -69,7 +82,25 @@ class PolicySide:
         self._after()
         return timing
 
-    def _sender(self, refit: int) -> RefitSender:
+    def _check_delta(self, given: list[tuple[str, torch.Tensor]], sharded: bool) -> None:
+        names = [name for name, _ in given]
+        if sharded or names != [DELTA_TENSOR]:
+            raise ValueError(
+                f"a delta refit sends the one tensor {DELTA_TENSOR!r}, got {names[:5]}"
+            )
+        peers = self.common.peers
+        shaped = [
+            t.rank
+            for t in peers.targets(self.rank, stripe=self.common.stripe, sharded=False)
+            if t.layout is not None
+        ]
+        if shaped:
+            raise DeltaNotApplicable(
+                f"rollout ranks {shaped} receive the weights in a layout of their own, "
+                "which a delta of the sent tensors does not fit"
+            )
+
+    def _sender(self, refit: int, delta: DeltaHeader | None) -> RefitSender:
         """The sender of refit ``refit``, by the engine's settings and membership."""
         common = self.common
         return RefitSender(
@@ -85,6 +116,7 @@ class PolicySide:
             integrity=algorithm_for(common.device) if common.checksum else None,
             version=common.peers.version,
             rollout_world_size=common.peers.rollout_world_size,
+            delta=delta,
         )
 
     def _timing(
@@ -103,6 +135,7 @@ class PolicySide:
             routes_built=built - self._routes_built,
             delivered=delivered,
             dropped=dict(sender.delivery.dropped),
+            wants_whole=frozenset(sender.delivery.wants_whole),
         )
         self._routes_built = built
         return timing
@@ -127,4 +160,4 @@ class PolicySide:
         self._routes = {}
 
 
-__all__ = ["PolicySide"]
+__all__ = ["DeltaNotApplicable", "PolicySide"]

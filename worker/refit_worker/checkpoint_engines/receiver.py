@@ -28,6 +28,13 @@ source boxes: the receiver connects to each on first use, every byte lands in th
 the reassembly memory of the views API, yielded whole at the end), and bucket ``k`` comes
 from ``plan.senders[k]``.
 
+A delta refit (the manifest's ``delta``, :mod:`.delta`) is taken only by :meth:`into` with
+a :class:`DeltaTarget` that serves the delta's base version; otherwise it is declined with
+``whole`` (the senders then send the refit whole) before anything lands.  Its one tensor
+lands in memory of the receiver's own; once verified, the target applies it onto a spare
+copy and checks the whole-state digest, and only then is ``done`` confirmed (a result that
+is not the trainer's is declined with ``whole`` too: the served weights stay as they were).
+
 Completeness and integrity are checked *before the last batch is yielded* (and before
 :meth:`~RefitReceiver.into` returns): a refit that would end incomplete or corrupted raises
 instead, so a caller that commits after the loop never commits a partial refit.
@@ -45,15 +52,19 @@ from dataclasses import dataclass, field
 
 import torch
 
+from refit_worker.contract.entries import ServedVersion
+
 from .admission import Decliner, RefitDeclinedError, first_manifest, other_manifests
 from .agent import REFIT_BACKOFF, NixlAgent
 from .base import TensorMeta, dtype_from_name
 from .boxes import Box
+from .delta import DELTA_TENSOR, DeltaArena, DeltaRejectedError
 from .integrity import Hasher, algorithm_for, as_bytes
 from .layout_checks import layout_problems
 from .messages import (
     BucketReady,
     Credit,
+    DeltaHeader,
     Digest,
     Done,
     LandingSet,
@@ -87,6 +98,16 @@ class LayoutMismatchError(IncompleteRefitError):
     """The tensors to receive into do not match the refit's; raised before any byte lands."""
 
 
+@dataclass(frozen=True)
+class DeltaTarget:
+    """How one ``into`` takes a delta refit: the version the rank serves (None: none yet),
+    and what applies a verified delta's bytes onto it, returning the filled spare tensors
+    (raising :class:`~.delta.DeltaRejectedError` when the result is not the trainer's)."""
+
+    base: ServedVersion | None
+    apply: Callable[[DeltaHeader, torch.Tensor], Mapping[str, torch.Tensor]]
+
+
 @dataclass
 class Source:
     """A policy rank that writes to this rollout rank."""
@@ -106,6 +127,8 @@ class Shared:
     staging: Staging | None = None
     #: Per source agent: the connection its last manifest named (``Manifest.connection``).
     connections: dict[str, str] = field(default_factory=dict)
+    #: Where a delta's bytes land (kept across refits: registered once).
+    delta_arena: DeltaArena = field(default_factory=DeltaArena)
 
 
 class RefitReceiver:
@@ -127,12 +150,16 @@ class RefitReceiver:
         device: torch.device,
         shared: Shared,
         decline: Decliner,
+        delta: DeltaTarget | None = None,
     ) -> None:
         self.agent, self.rank, self.refit, self.exact = agent, rank, refit, exact
         self.buffers, self.peers, self.timeout_s = list(buffers), peers, timeout_s
         #: (train world size, rollout world size, stripe) of the membership this rank has.
         self.world = world
         self.device, self.shared, self.decline = device, shared, decline
+        self.delta = delta
+        #: A delta refit: the spare tensors it was applied onto (set before ``done``).
+        self.applied: Mapping[str, torch.Tensor] | None = None
         self.sources: list[Source] = []  # this refit's, in turn order (set by admit)
         self.manifest: Manifest | None = None
         self._specs: list[TensorSpec] = []
@@ -169,7 +196,7 @@ class RefitReceiver:
             for seq in range(len(self.plan.buckets)):
                 await self._bucket(seq)
             await self._finish()
-            return resolved
+            return resolved if self.applied is None else self.applied
         except BaseException as exc:
             self.fail(exc)
             raise
@@ -264,6 +291,10 @@ class RefitReceiver:
         self.sources = [Source(rank, peers[rank]) for rank in ranks]
         self._by_rank = {source.rank: source for source in self.sources}
         self._follow_connections({first: manifest, **others})
+        if manifest.delta is not None:
+            refused = self._refuses(manifest)
+            if refused is not None:
+                self._declined(ranks, refused, whole=True)
         self.manifest = manifest
         self.control_s += time.perf_counter() - t0
 
@@ -278,12 +309,35 @@ class RefitReceiver:
                 self.shared.sent.pop(agent, None)
                 self.shared.connections[agent] = manifest.connection
 
-    def _declined(self, ranks: Sequence[int], reason: str) -> None:
+    def _refuses(self, manifest: Manifest) -> str | None:
+        """Why this receive cannot take the manifest's delta (None: it can)."""
+        delta = manifest.delta
+        if delta is None:
+            return None
+        entries = [(e.name, e.dtype, e.shape) for e in manifest.tensors]
+        if entries != [(DELTA_TENSOR, "uint8", (delta.nbytes,))]:
+            raise IncompleteRefitError(
+                f"{self.who}: a delta manifest must list the one tensor {DELTA_TENSOR!r} of "
+                f"{delta.nbytes} bytes, it lists {entries[:3]}"
+            )
+        if self.delta is None:
+            return "this receive takes whole refits only (in place, or as views)"
+        base = self.delta.base
+        if base is None:
+            return "it serves no version yet"
+        if (base.refit, base.digest) != (delta.base_refit, delta.base_digest):
+            return (
+                f"it serves refit {base.refit} ({base.digest}), the delta is onto refit "
+                f"{delta.base_refit} ({delta.base_digest})"
+            )
+        return None
+
+    def _declined(self, ranks: Sequence[int], reason: str, *, whole: bool = False) -> None:
         peers = self.peers()
         for rank in ranks:
             if rank in peers:
-                self.decline(peers[rank], self.refit, reason)
-        raise RefitDeclinedError(self.refit, reason)
+                self.decline(peers[rank], self.refit, reason, whole=whole)
+        raise RefitDeclinedError(self.refit, reason, whole=whole)
 
     async def _begin(self, targets: TargetResolver | None) -> Mapping[str, torch.Tensor]:
         if self.manifest is None:
@@ -293,7 +347,10 @@ class RefitReceiver:
             raise RuntimeError("the refit was not admitted (engine bug)")
         t0 = time.perf_counter()
         resolved: Mapping[str, torch.Tensor] = {}
-        if targets is not None:
+        if manifest.delta is not None:
+            memory = self.shared.delta_arena.take(manifest.delta.nbytes, self.device)
+            resolved = landing = {DELTA_TENSOR: memory}
+        elif targets is not None:
             resolved = targets(specs)
             problems = layout_problems(specs, resolved, self.device)
             if problems:
@@ -362,6 +419,18 @@ class RefitReceiver:
             )
         self.integrity = manifest.integrity
         return specs
+
+    def _apply_delta(self) -> None:
+        """A delta refit: apply its verified bytes onto the spare copy; a result that is
+        not the trainer's is declined (``whole``), so the senders send it whole."""
+        manifest = self.manifest
+        if manifest is None or manifest.delta is None or self.delta is None:
+            return
+        data = self._memory.get(DELTA_TENSOR, torch.empty(0, dtype=torch.uint8))
+        try:
+            self.applied = self.delta.apply(manifest.delta, data)
+        except DeltaRejectedError as exc:
+            self._declined([source.rank for source in self.sources], str(exc), whole=True)
 
     def _assembled(self) -> list[tuple[str, torch.Tensor]]:
         """Every tensor of a sharded refit, whole, as views of its reassembly memory."""
@@ -487,6 +556,7 @@ class RefitReceiver:
                 mine = await asyncio.wrap_future(future)
                 theirs = await self._wait(self._sender(seq), "digest", seq, f"digest {seq}")
                 self._compare(seq, mine, theirs)
+        self._apply_delta()
         self.shared.registry.sweep(keep=2)
         for source in self.sources:
             # Every source used this refit's landing set: from now on it is named by id.
@@ -515,6 +585,7 @@ def _shard_spec(entry: ManifestEntry) -> ShardSpec:
 
 
 __all__ = [
+    "DeltaTarget",
     "IncompleteRefitError",
     "LayoutMismatchError",
     "RefitReceiver",

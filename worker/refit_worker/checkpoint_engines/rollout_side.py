@@ -25,9 +25,11 @@ import torch
 
 from .admission import Decliner, RefitDeclinedError
 from .base import RefitTiming
+from .delta import DeltaArena
 from .engine_common import EngineCommon
+from .messages import DeltaHeader
 from .planning import TensorSpec
-from .receiver import RefitReceiver, Shared, TargetResolver
+from .receiver import DeltaTarget, RefitReceiver, Shared, TargetResolver
 from .staging import Staging
 
 
@@ -38,6 +40,9 @@ class ReceivedRefit:
     #: The filled targets, by name (the caller's own tensors, or what its resolver gave).
     tensors: Mapping[str, torch.Tensor]
     timing: RefitTiming
+    #: A delta refit: what it was applied onto (``tensors`` are then the filled spare
+    #: copy); None: the refit came whole.
+    delta: DeltaHeader | None = None
 
 
 def _sync_device(device: torch.device) -> None:
@@ -53,6 +58,7 @@ class RolloutKept:
     buffers: list[torch.Tensor] = field(default_factory=list)
     registration: Any = None
     staging: Staging | None = None  # reassembly memory kept across refits
+    delta_arena: DeltaArena = field(default_factory=DeltaArena)  # where deltas land
     declined: set[tuple[str, int]] = field(default_factory=set)  # (source agent, refit)
     #: Whether the last ``receive_into`` let senders write into its targets (after a
     #: failure: whether they may hold a mix of old and new bytes).
@@ -102,7 +108,7 @@ class RolloutSide:
         self._sent.pop(agent_name, None)
         self._connections.pop(agent_name, None)
 
-    def _receiver(self, refit: int, exact: bool) -> RefitReceiver:
+    def _receiver(self, refit: int, exact: bool, delta: DeltaTarget | None = None) -> RefitReceiver:
         common, kept = self.common, self.kept
         if kept.staging is None:
             kept.staging = Staging(common.registry)
@@ -118,27 +124,43 @@ class RolloutSide:
             timeout_s=common.timeout_s,
             device=common.device,
             shared=Shared(
-                common.registry, common.hash_pool, self._sent, kept.staging, self._connections
+                common.registry,
+                common.hash_pool,
+                self._sent,
+                kept.staging,
+                self._connections,
+                kept.delta_arena,
             ),
             decline=Decliner(common.agent, self.rank, kept.declined),
+            delta=delta,
         )
 
-    async def _admitted(self, refit_id: int | None, min_refit: int | None) -> RefitReceiver:
+    async def _admitted(
+        self, refit_id: int | None, min_refit: int | None, delta: DeltaTarget | None = None
+    ) -> RefitReceiver:
         """A receiver whose refit was admitted: exactly ``refit_id`` (default: the next), or
-        the first of id >= ``min_refit`` that its sources agree on (declined ones skipped)."""
+        the first of id >= ``min_refit`` that its sources agree on (declined ones skipped;
+        a delta declined for the whole refit is waited for again, whole)."""
         if min_refit is not None and refit_id is not None:
             raise ValueError("pass refit_id= or min_refit=, not both")
         if min_refit is None:
-            receiver = self._receiver(self.common.next_refit(refit_id), exact=True)
-            await self._admit(receiver)
-            return receiver
+            refit = self.common.next_refit(refit_id)
+            while True:
+                receiver = self._receiver(refit, exact=True, delta=delta)
+                try:
+                    await self._admit(receiver)
+                except RefitDeclinedError as exc:
+                    if not exc.whole:
+                        raise
+                    continue
+                return receiver
         self.common.next_refit(min_refit)  # validates it
         while True:
-            receiver = self._receiver(min_refit, exact=False)
+            receiver = self._receiver(min_refit, exact=False, delta=delta)
             try:
                 await self._admit(receiver)
             except RefitDeclinedError as exc:
-                min_refit = exc.refit + 1
+                min_refit = exc.refit if exc.whole else exc.refit + 1
                 continue
             self.common.refit_id = receiver.refit + 1
             return receiver
@@ -200,6 +222,7 @@ class RolloutSide:
         *,
         refit_id: int | None = None,
         min_refit: int | None = None,
+        delta: DeltaTarget | None = None,
     ) -> ReceivedRefit:
         """:meth:`~.nixl.NIXLCheckpointEngine.receive_into`: land a refit in ``targets``."""
         resolve: TargetResolver
@@ -211,14 +234,26 @@ class RolloutSide:
             def resolve(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
                 return fixed
 
-        receiver = await self._admitted(refit_id, min_refit)
-        registered = self.common.registry.registered
-        try:
-            resolved = await receiver.into(resolve)
-        finally:
-            self.kept.targets_exposed = receiver.exposed
-        nbytes = sum(t.numel() * t.element_size() for t in resolved.values())
-        return ReceivedRefit(resolved, self._received(receiver, nbytes, registered))
+        while True:
+            receiver = await self._admitted(refit_id, min_refit, delta)
+            registered = self.common.registry.registered
+            try:
+                resolved = await receiver.into(resolve)
+            except RefitDeclinedError as exc:
+                if not exc.whole:
+                    raise
+                # The delta's result was not the trainer's: the senders send it whole.
+                refit_id, min_refit = (exc.refit, None) if min_refit is None else (None, exc.refit)
+                continue
+            finally:
+                self.kept.targets_exposed = receiver.exposed
+            header = receiver.manifest.delta if receiver.manifest is not None else None
+            if header is not None:
+                nbytes = header.nbytes
+            else:
+                nbytes = sum(t.numel() * t.element_size() for t in resolved.values())
+            timing = self._received(receiver, nbytes, registered)
+            return ReceivedRefit(resolved, timing, header)
 
 
 __all__ = ["ReceivedRefit", "RolloutKept", "RolloutSide"]

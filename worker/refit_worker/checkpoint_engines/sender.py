@@ -54,6 +54,7 @@ from .integrity import Algorithm, Hasher, as_bytes
 from .messages import (
     BucketReady,
     Credit,
+    DeltaHeader,
     Digest,
     Done,
     LandingSet,
@@ -122,8 +123,11 @@ class RefitSender:
         integrity: Algorithm | None,
         version: int = 0,
         rollout_world_size: int | None = None,
+        delta: DeltaHeader | None = None,
     ) -> None:
         self.agent, self.rank, self.refit = agent, rank, refit
+        #: This refit is a delta onto the version the header names (None: whole).
+        self.delta = delta
         self.version, self.rollout_world_size = version, rollout_world_size
         #: Targets taken out of this refit, with their reasons.
         self.delivery = Delivery()
@@ -235,6 +239,8 @@ class RefitSender:
                 if id(future) not in kept:
                     future.cancel()
             stream.hashes.clear()
+            if rank in self.delivery.wants_whole:
+                continue  # it stopped this send itself and waits for the refit whole
             self.agent.abort(
                 stream.target.agent,
                 self.refit,
@@ -305,6 +311,9 @@ class RefitSender:
             self._settle()
 
     def _send_manifest(self, stream: TargetStream) -> None:
+        # A new send of this refit (the whole refit after a declined delta) gets a new
+        # answer: the decline of the last one must not stand for it.
+        self.agent.discard(stream.target.agent, "decline", self.refit)
         self.agent.send_control(
             stream.target.agent, self._manifest(stream), who=self._who(stream.target)
         )
@@ -334,6 +343,7 @@ class RefitSender:
                 "version": self.version,
                 "rollout_world_size": self.rollout_world_size,
                 "connection": stream.routes.connection,
+                "delta": self.delta,
             }
         )
 
