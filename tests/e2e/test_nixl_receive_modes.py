@@ -3,9 +3,10 @@
 Real: one policy and one rollout ``RefitSession`` in separate processes, the file-backed
 rendezvous store (the test opens the barrier, as the operator would), real NIXL (UCX)
 WRITEs straight into the rollout's tensors, integrity hashes on (the default), a real
-SIGTERM (``os.kill``) for a preemption and a real SIGKILL for a dead peer.  The one hook:
+SIGTERM (``os.kill``) for a preemption and a real SIGKILL for a dead peer.  The hooks:
 the policy can be told to stall after the first bucket of a refit, so a refit is caught
-half-way every time (``tests.support.session_procs.SessionJob.pause_at``).
+half-way every time (``tests.support.session_procs.SessionJob.pause_at``), or to flip a
+bit of a delta refit after encoding it (``corrupt_at``).
 """
 
 from __future__ import annotations
@@ -112,3 +113,39 @@ def test_layout_mismatch_is_refused_before_any_byte_lands(tmp_path: Path, mode: 
     # (docs/failure-domains.md), not that the layout was wrong.
     assert policy["error_type"] == "RefitUndelivered", policy
     assert "refit 0 reached no rollout member" in policy["error"], policy
+
+
+@pytest.mark.parametrize("mode", ["receive", "double_buffer"])
+def test_delta_refits_land_bit_exact_and_a_corrupt_one_is_rejected(
+    tmp_path: Path, mode: str
+) -> None:
+    """Issue #32: with ``transfer.delta: on`` and 2% of the elements changing per refit,
+    refits after the first cross as deltas, applied onto a spare copy and checked whole
+    before the commit.  Refit 3's delta has one flipped bit (the trainer's digest stays
+    true): the replica rejects it while still serving refit 2, bit for bit, and takes
+    refit 3 whole; the deltas go on after it."""
+    job = SessionJob(mode=mode, refits=6, delta="on", changes=0.02, corrupt_at=3)
+    reports = run_session_job(job, tmp_path)
+    policy, rollout = reports["policy"], reports["rollout"]
+    assert "error" not in rollout and "error" not in policy, (policy, rollout)
+    assert rollout["refits"] == [sent_digests(job, k) for k in range(job.refits)]
+    (rejected,) = rollout["rejected"]
+    assert "the trainer's is" in rejected["error"], rejected
+    assert rejected["committed"] == rejected["served"] == 2, rejected
+    assert rejected["live"] == sent_digests(job, 2)  # what it served meanwhile: refit 2
+    sent = [refit["bytes"] for refit in policy["refits"]]
+    whole = sent[0]
+    assert sent[3] == whole, sent  # the rejected delta's refit went again, whole
+    assert all(0 < sent[k] < whole / 4 for k in (1, 2, 4, 5)), sent
+
+
+def test_an_in_place_receiver_takes_delta_refits_whole(tmp_path: Path) -> None:
+    """In place, a delta could not be checked before the weights serve: the receiver
+    declines it and the policy sends that refit whole, every time."""
+    job = SessionJob(mode="in_place", refits=3, delta="on", changes=0.02)
+    reports = run_session_job(job, tmp_path)
+    policy, rollout = reports["policy"], reports["rollout"]
+    assert "error" not in rollout and "error" not in policy, (policy, rollout)
+    assert rollout["refits"] == [sent_digests(job, k) for k in range(job.refits)]
+    sent = [refit["bytes"] for refit in policy["refits"]]
+    assert sent == [sent[0]] * job.refits, sent

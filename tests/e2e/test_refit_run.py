@@ -20,6 +20,9 @@ from tests.support.fault_runs import sent_refits
 from tests.support.processes import processes_under
 from tests.support.versions import trainer_digest
 
+from refit_operator.models import parse_spec
+from refit_worker.weights import synthetic_state_dict
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {
     **os.environ,
@@ -592,3 +595,71 @@ def test_a_drained_rollout_replica_hands_over_to_its_replacement(tmp_path: Path)
     exited = _logged_at(old, "exiting with code 83")
     # The replacement served before the drained pod went.
     assert seeded < handed <= exited, (seeded, handed, exited)
+
+
+DELTA_REFITS = 21
+DELTA_SENT = re.compile(r"refit (\d+) as a delta onto refit (\d+)")
+DELTA_APPLIED = re.compile(r"refit applied as a delta onto refit (\d+)")
+
+
+def test_deltas_in_a_row_end_bit_exact_and_a_replacement_gets_a_whole_version_first(
+    tmp_path: Path,
+) -> None:
+    """Issue #32: an MoE-shaped model of which a training step changes 1% of the
+    elements, ``transfer.delta: on``, 1 policy and 2 rollout ranks, rollout-0 SIGKILLed at
+    refit 5: the replica never killed applies 20 deltas in a row, each checked whole before
+    it commits and bit for bit against regenerated weights; the replacement starts from a
+    whole version (a peer's seed, or the policy's whole refit after it declined a delta it
+    had no base for) and then takes deltas too."""
+    path = _manifest(
+        tmp_path,
+        **{
+            "policy.replicas": 1,
+            "rollout.replicas": 2,
+            "transfer.refits": DELTA_REFITS,
+            "transfer.delta": "on",
+            "weights.synthetic.changes": 0.01,
+            "weights.synthetic.experts": 2,
+            "weights.synthetic.pace": 0.2,
+        },
+    )
+    status, work = tmp_path / "job.json", tmp_path / "work"
+    args = ["--kill-rollout-at-refit", "5", "--plain", "--status-file", str(status)]
+    done = _run([str(path), *args, "--workdir", str(work)], timeout=420)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert f"refits {DELTA_REFITS}/{DELTA_REFITS}" in out and "replacements 1" in out, out
+    assert "verification: bit-exact" in out, out
+    logs = work / "logs"
+    policy = "".join(p.read_text() for p in logs.glob("e2e-run-policy-*.log"))
+    # Every refit after the first went out as a delta onto the one before it.
+    sent = {int(m.group(1)): int(m.group(2)) for m in DELTA_SENT.finditer(policy)}
+    assert sent == {k: k - 1 for k in range(1, DELTA_REFITS)}, policy[-3000:]
+    # The replica never killed applied all 20, each checked before it committed.
+    (kept,) = logs.glob("e2e-run-rollout-1-g0-*.log")
+    applied = [int(m.group(1)) for m in DELTA_APPLIED.finditer(kept.read_text())]
+    assert applied == list(range(DELTA_REFITS - 1)), applied
+    # The replacement: first a whole version (never a delta onto nothing), then deltas.
+    (late,) = logs.glob("e2e-run-rollout-0-g1-*.log")
+    text = late.read_text()
+    first = re.search(r"refit (\d+) committed", text)
+    assert first is not None, text
+    later = [int(m.group(1)) for m in DELTA_APPLIED.finditer(text)]
+    assert later and min(later) >= int(first.group(1)), text
+    assert later == list(range(later[0], DELTA_REFITS - 1)), later  # deltas in a row from then on
+    # What crossed: the first refit whole, then deltas of ~1% of the elements.
+    shard = work / "rendezvous" / "shard-0"
+    report = json.loads((shard / "progress.rollout.1").read_text())
+    spec = yaml.safe_load(path.read_text())["spec"]
+    whole = _model_bytes(spec)
+    assert whole < report["bytes_total"] < 2 * whole, (report["bytes_total"], whole)
+    # The ledger names the trainer's state, regenerated here, on both replicas.
+    digest = trainer_digest(spec, DELTA_REFITS - 1)
+    versions = json.loads(status.read_text())["status"]["versions"]
+    assert versions == [{"refit": DELTA_REFITS - 1, "digest": digest, "replicas": [0, 1]}], versions
+
+
+def _model_bytes(spec: dict[str, Any]) -> int:
+    weights = parse_spec(spec).weights.synthetic
+    assert weights is not None, "a synthetic-weights job"
+    return sum(t.numel() * t.element_size() for t in synthetic_state_dict(weights).values())

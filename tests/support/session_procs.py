@@ -3,8 +3,10 @@
 Each rank is a separate process (multiprocessing spawn) running a real ``RefitSession``
 over the file-backed rendezvous store; the test opens the barrier as the operator would.
 Transfers are real NIXL (UCX) WRITEs; preemption is a real SIGTERM sent with ``os.kill``.
-The only test hook: a policy rank can be told to stop sending after its first bucket
+The only test hooks: a policy rank can be told to stop sending after its first bucket
 (``pause_at``), so that a refit is reliably caught half-way; it reports ``paused`` then.
+And with delta refits (``delta="auto"``), to flip one bit of one delta after it was encoded
+(``corrupt_at``): the trainer's digest stays true, so the replica must catch it.
 Results cross back as JSON in queues.
 """
 
@@ -44,6 +46,12 @@ class SessionJob:
     #: ``big.weight`` split by rows into two names (as per-expert names split a fused
     #: tensor); "" sends "A" every refit.
     layouts: str = ""
+    #: ``transfer.delta`` ("on", "auto"; "" leaves it unset).
+    delta: str = ""
+    #: Each refit changes this share of the elements of refit 0's state (0: every refit
+    #: is a new random state).
+    changes: float = 0.0
+    corrupt_at: int = -1  # the delta of this refit gets one flipped bit (see the module)
 
 
 def _config(job: SessionJob, role: str) -> Any:
@@ -61,6 +69,8 @@ def _config(job: SessionJob, role: str) -> Any:
             bucket_size=job.bucket_size,
             timeout_seconds=job.timeout_s,
             device=job.device,  # type: ignore[arg-type]
+            delta=job.delta or None,  # type: ignore[arg-type]
+            refits=job.refits,  # a rank that reports "done" is owed nothing more
         ),
         rendezvous=RendezvousConfig(store="file", location=job.store),
     )
@@ -81,6 +91,46 @@ def _pause_after_first_bucket(out_q: Any) -> None:
     sender.RefitSender._send_bucket = send_then_stall  # type: ignore[method-assign]
 
 
+def _corrupt_next_delta() -> None:
+    """Flip one bit of a value in the next delta this policy rank encodes."""
+    from refit_worker import delta_source
+
+    original = delta_source.encode_delta
+
+    def encode_then_flip(*args: Any, **kwargs: Any) -> Any:
+        delta = original(*args, **kwargs)
+        delta.data[delta.entries[0].values_offset] ^= 0x10
+        delta_source.encode_delta = original
+        return delta
+
+    delta_source.encode_delta = encode_then_flip  # type: ignore[assignment]
+
+
+def _record_rejections(session: Any, report: dict[str, Any]) -> None:
+    """Note what this rollout rank served when it rejected a delta."""
+    from refit_worker import receiving
+    from refit_worker.checkpoint_engines.delta import DeltaRejectedError
+
+    original = receiving.apply_delta
+
+    def apply_and_note(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except DeltaRejectedError as exc:
+            served = session.served_version
+            report["rejected"].append(
+                {
+                    "error": str(exc),
+                    "committed": session.committed.refit_id,
+                    "served": None if served is None else served.refit,
+                    "live": {n: digest(t) for n, t in session.committed.state.items()},
+                }
+            )
+            raise
+
+    receiving.apply_delta = apply_and_note  # type: ignore[assignment]
+
+
 def _live(refit: int, wrong_shape: str, device: str) -> dict[str, torch.Tensor]:
     live = {n: torch.empty_like(t, device=device) for n, t in state_dict(refit).items()}
     if wrong_shape:
@@ -97,8 +147,16 @@ def sent_digests(job: SessionJob, refit: int) -> dict[str, str]:
 
 
 def _sent(job: SessionJob, refit: int) -> dict[str, torch.Tensor]:
-    """What the policy sends in ``refit`` (see ``SessionJob.layouts``)."""
-    sent = {n: t.to(job.device) for n, t in state_dict(refit).items()}
+    """What the policy sends in ``refit`` (see ``SessionJob.layouts`` and ``changes``)."""
+    if job.changes:
+        from refit_worker.weights import advance
+
+        state = state_dict(0)
+        for step in range(1, refit + 1):
+            advance(state, step, job.changes)
+    else:
+        state = state_dict(refit)
+    sent = {n: t.to(job.device) for n, t in state.items()}
     if job.layouts and job.layouts[refit] == "B":
         top, bottom = sent.pop("big.weight").chunk(2)
         sent["big.top"], sent["big.bottom"] = top.contiguous(), bottom.contiguous()
@@ -143,8 +201,10 @@ def rank_main(job_json: str, role: str, out_q: Any) -> None:
     faulthandler.dump_traceback_later(0.95 * PATIENCE_S, exit=True)
     stop = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
-    report: dict[str, Any] = {"role": role, "refits": [], "pointers": []}
+    report: dict[str, Any] = {"role": role, "refits": [], "pointers": [], "rejected": []}
     session = RefitSession(_config(job, role), stop_requested=lambda: stop["flag"])
+    if role == "rollout" and job.delta:  # "on" or "auto"
+        _record_rejections(session, report)
     live = _live(0, job.wrong_shape, job.device)
     pool = bytearray(_POOL_BYTES)
     try:
@@ -153,9 +213,11 @@ def rank_main(job_json: str, role: str, out_q: Any) -> None:
             if role == "policy":
                 if refit == job.pause_at:
                     _pause_after_first_bucket(out_q)
+                if refit == job.corrupt_at:
+                    _corrupt_next_delta()
                 sent = _sent(job, refit)
-                asyncio.run(session.send(sent.items(), refit_id=refit))
-                report["refits"].append({})
+                stats = asyncio.run(session.send(sent.items(), refit_id=refit))
+                report["refits"].append({"bytes": stats.bytes})
                 continue
             if job.mode == "receive":
                 asyncio.run(session.receive(refit_id=refit))

@@ -293,8 +293,13 @@ def _initial_state(config: WorkerConfig) -> StateDict:
     """The weights as they were after the refits earlier epochs already moved."""
     state = load_weights(config.weights)
     for step in range(1, config.first_refit + 1):
-        advance(state, step)
+        advance(state, step, _changes(config))
     return state
+
+
+def _changes(config: WorkerConfig) -> float | None:
+    """The synthetic model's share of elements a step changes (None: all, or real weights)."""
+    return config.weights.changes if isinstance(config.weights, SyntheticWeights) else None
 
 
 async def _refits(
@@ -309,7 +314,7 @@ async def _refits(
             _stop_at_boundary(config, session, handler)
             # Refit k carries the weights after training step k + 1.
             await _train_step(config, session)
-            advance(state, refit + 1)
+            advance(state, refit + 1, _changes(config))
             _log_refit(config, await session.send(state.items(), refit_id=refit))
         # Late joiners (a replacement, a scale-up) still get the last refit.
         await session.linger(state.items())
@@ -373,7 +378,7 @@ def _verifier(config: WorkerConfig, expected: StateDict) -> Verifier | None:
     def verify(refit_id: int, staged: StateDict) -> None:
         # Refit k carries the weights after training step k + 1.
         for step in range(steps["done"] + 1, refit_id + 2):
-            advance(expected, step)
+            advance(expected, step, _changes(config))
         steps["done"] = max(steps["done"], refit_id + 1)
         if staged.keys() != expected.keys():
             missing = sorted(expected.keys() - staged.keys())[:3]

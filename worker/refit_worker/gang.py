@@ -83,8 +83,12 @@ class Verdict:
 
 
 def fold_verdict(flags: Sequence[int]) -> Verdict:
-    """The verdict from each rank's ``1 * settled + 2 * past`` (see :meth:`PolicyGang.verdict`)."""
-    return Verdict(any(f & 1 for f in flags), any(f & 2 for f in flags))
+    """The verdict from each rank's ``1 * settled + 2 * past + 4 * resend`` (see
+    :meth:`PolicyGang.verdict`): settled once any rank delivered and no rank owes a member
+    the whole refit (a declined delta), unless the time is up."""
+    past = any(f & 2 for f in flags)
+    resend = any(f & 4 for f in flags)
+    return Verdict(any(f & 1 for f in flags) and (past or not resend), past)
 
 
 def join_policy_group(config: WorkerConfig) -> None:
@@ -145,9 +149,9 @@ class PolicyGang:
             )
         return decode_plan(self._broadcast_bytes(bytes(length)), refit_id).barrier
 
-    def verdict(self, *, settled: bool, past: bool) -> Verdict:
+    def verdict(self, *, settled: bool, past: bool, resend: bool = False) -> Verdict:
         """Every rank's outcome of one send, folded the same way on each rank."""
-        flag = int(settled) + 2 * int(past)
+        flag = int(settled) + 2 * int(past) + 4 * int(resend)
         if not self.shared:
             return fold_verdict([flag])
         return fold_verdict([int(f) for f in all_gather_item(flag, torch.int64, group=self.group)])

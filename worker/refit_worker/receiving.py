@@ -22,7 +22,10 @@ from refit_worker.checkpoint_engines import (
     RefitTiming,
 )
 from refit_worker.checkpoint_engines.base import dtype_from_name
+from refit_worker.checkpoint_engines.delta import apply_delta
+from refit_worker.checkpoint_engines.messages import DeltaHeader
 from refit_worker.checkpoint_engines.planning import TensorSpec
+from refit_worker.checkpoint_engines.receiver import DeltaTarget
 from refit_worker.contract.entries import (
     BarrierEntry,
     ServedVersion,
@@ -154,7 +157,8 @@ class RolloutSession(RefitSession):
             shapes = {s.name: (s.shape, dtype_from_name(s.dtype)) for s in specs}
             return self._own.spare(shapes, device)
 
-        landed = await self._arrive(engine, resolve, self._first(refit_id), refit_id is None)
+        delta = self._delta_target(lambda: self._own.spare(self._own.layout(), device))
+        landed = await self._arrive(engine, resolve, self._first(refit_id), refit_id is None, delta)
         arrived = landed.timing.refit_id
         if verify is not None:
             verify(arrived, dict(landed.tensors))
@@ -216,7 +220,8 @@ class RolloutSession(RefitSession):
         def spare(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
             return double.spare([s.name for s in specs])
 
-        landed = await self._arrive(engine, spare, self._first(refit_id), refit_id is None)
+        delta = self._delta_target(lambda: double.spare(list(self._base_state())))
+        landed = await self._arrive(engine, spare, self._first(refit_id), refit_id is None, delta)
         arrived = landed.timing.refit_id
         self._check(verify, arrived, landed.tensors, partial=False)
         started = time.perf_counter()
@@ -229,6 +234,7 @@ class RolloutSession(RefitSession):
         targets: Callable[[Sequence[TensorSpec]], Mapping[str, torch.Tensor]],
         min_refit: int,
         current: bool,
+        delta: DeltaTarget | None = None,
     ) -> ReceivedRefit:
         """A refit into spare memory: seeded from live peers when this pod has committed
         nothing yet and a peer offers one, else the policy's send (:meth:`_land`).
@@ -244,7 +250,31 @@ class RolloutSession(RefitSession):
                 self._seeded_from = seeded.sources
                 timing = RefitTiming(seeded.refit, "rollout", seeded.bytes, seeded.seconds, 0.0, 0)
                 return ReceivedRefit(seeded.tensors, timing)
-        return await self._land(engine, targets, min_refit, partial=False)
+        return await self._land(engine, targets, min_refit, partial=False, delta=delta)
+
+    def _base_state(self) -> Mapping[str, torch.Tensor]:
+        committed = self._committed
+        return {} if committed is None else committed.state
+
+    def _delta_target(self, spare: Callable[[], Mapping[str, torch.Tensor]]) -> DeltaTarget:
+        """How this receive takes a delta: onto the version it serves (none yet: it
+        declines deltas), applied into ``spare()`` and checked whole before it commits."""
+
+        def apply(header: DeltaHeader, data: torch.Tensor) -> Mapping[str, torch.Tensor]:
+            filled = spare()
+            apply_delta(header, data, self._base_state(), filled)
+            log.info(
+                "rollout rank %d: refit applied as a delta onto refit %d (%d tensors "
+                "changed, %d bytes); whole-state digest %s matches the trainer's",
+                self.config.rank,
+                header.base_refit,
+                len(header.entries),
+                header.nbytes,
+                header.digest,
+            )
+            return filled
+
+        return DeltaTarget(self.served_version, apply)
 
     def _first(self, refit_id: int | None) -> int:
         return self.reporter.log.refits_completed if refit_id is None else refit_id
@@ -256,6 +286,7 @@ class RolloutSession(RefitSession):
         min_refit: int,
         *,
         partial: bool,
+        delta: DeltaTarget | None = None,
     ) -> ReceivedRefit:
         """Receive the first refit >= ``min_refit`` into ``targets``, following the
         membership: a refit in flight when the policy epoch changes is abandoned and
@@ -265,7 +296,8 @@ class RolloutSession(RefitSession):
             await asyncio.to_thread(self._at_boundary)
             try:
                 return await self.connection.watched(
-                    engine.receive_into(targets, min_refit=min_refit), self._still_member
+                    engine.receive_into(targets, min_refit=min_refit, delta=delta),
+                    self._still_member,
                 )
             except LayoutMismatchError:
                 raise  # refused before any byte landed: nothing changed

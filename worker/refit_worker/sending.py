@@ -12,6 +12,11 @@ and lets the round's *case* say whether to go on.  There are two cases:
   ranks' progress itself.  It stops when every slot reported ``done``, or after
   ``timeout_seconds`` in which nothing changed.
 
+With ``transfer.delta`` on (or auto, while deltas pay) a refit's first round sends only the
+elements that changed since the last refit (:mod:`.delta_source`); a member that could not
+use them declines for the whole refit, and the next round (on every rank: the gang's
+verdict waits for it) sends it whole.  Lingering always sends whole.
+
 Must not import: the operator, kubernetes (the store does that lazily).
 """
 
@@ -28,10 +33,12 @@ import torch
 import torch.distributed as dist
 
 from refit_worker.checkpoint_engines import RefitTiming
+from refit_worker.checkpoint_engines.policy_side import DeltaNotApplicable
 from refit_worker.checkpoint_engines.shards import is_sharded
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry
 from refit_worker.contract.roles import Role
+from refit_worker.delta_source import DeltaSource, Offer
 from refit_worker.following import PeerSet
 from refit_worker.gang import PolicyGang, join_policy_group
 from refit_worker.owed import (
@@ -107,6 +114,9 @@ class PolicySession(RefitSession):
         self._gang: PolicyGang | None = None
         #: The last refit this rank sent, and who confirmed it.
         self._last: Served | None = None
+        #: ``transfer.delta: auto``: the weights as last sent (None: every refit whole).
+        delta = config.transfer.delta
+        self._deltas = None if delta is None or delta == "off" else DeltaSource(config.rank, delta)
 
     def _before_connect(self) -> None:
         cfg = self.config
@@ -157,8 +167,11 @@ class PolicySession(RefitSession):
         items = [(name, tensor.detach()) for name, tensor in weights]
         mapping = self._mapping(items)
         rounds = _RefitRounds(self, refit_id, mapping)
-        served = await self._serve(items, mapping, Served(refit_id), rounds)
+        offer = self._offer(items, refit_id, mapping)
+        served = await self._serve(items, mapping, Served(refit_id), rounds, offer)
         self._last = served
+        if self._deltas is not None and offer is not None:
+            self._deltas.sent(refit_id, items, offer)
         timing = served.timing
         if timing is None:  # the refit rounds end only after a round's send
             raise RuntimeError(f"refit {refit_id}: the serve loop ended without a send")
@@ -201,6 +214,21 @@ class PolicySession(RefitSession):
 
     # -- the serve loop ------------------------------------------------------------------
 
+    def _offer(self, items: Items, refit: int, mapping: RankMapping) -> Offer | None:
+        """The first round's payload with ``transfer.delta: auto`` (None: off)."""
+        if self._deltas is None:
+            return None
+        if mapping.sharded:
+            log.warning(
+                "policy rank %d: transfer.delta is %s, but the weights are sharded "
+                "(DTensor): delta refits need the whole weights on the rank; sending whole",
+                self.config.rank,
+                self.config.transfer.delta,
+            )
+            self._deltas = None
+            return None
+        return self._deltas.offer(items, refit)
+
     def _mapping(self, items: Items) -> RankMapping:
         engine = self.connection.engine
         return RankMapping(
@@ -208,11 +236,17 @@ class PolicySession(RefitSession):
         )
 
     async def _serve(
-        self, items: Items, mapping: RankMapping, served: Served, rounds: _Rounds
+        self,
+        items: Items,
+        mapping: RankMapping,
+        served: Served,
+        rounds: _Rounds,
+        offer: Offer | None = None,
     ) -> Served:
         """Serve ``served.refit`` round by round until ``rounds`` says it ended: each round
         sends what :func:`~refit_worker.owed.owed` names (by ``mapping``), to those
-        members only."""
+        members only.  ``offer``: the first round's delta, if any; later rounds are whole."""
+        first = offer if offer is not None and offer.header is not None else None
         while True:
             look = await rounds.look()
             if look is None:
@@ -224,7 +258,8 @@ class PolicySession(RefitSession):
                 confirmed=served.confirmed,
                 mapping=mapping,
             )
-            timing = await self._send_round(items, served.refit, look, due)
+            timing = await self._send_round(items, served.refit, look, due, first)
+            first = None
             if timing is None:  # nothing to send to this round
                 timing = RefitTiming(served.refit, "policy", 0, 0.0, 0.0, 0)
             else:
@@ -233,11 +268,16 @@ class PolicySession(RefitSession):
             served.timing = timing
             if await rounds.ended(look, due, timing):
                 return served
-            if not timing.delivered:  # a round that reached no one: give the members time
+            if not (timing.delivered or timing.wants_whole):  # reached no one: give them time
                 await asyncio.sleep(ROUND_INTERVAL_S)
 
     async def _send_round(
-        self, items: Items, refit: int, look: Look, due: dict[int, Owed]
+        self,
+        items: Items,
+        refit: int,
+        look: Look,
+        due: dict[int, Owed],
+        delta: Offer | None = None,
     ) -> RefitTiming | None:
         """One send of ``refit`` to ``due``; None when there is no one to send to (nothing
         due, or listed members whose metadata is not readable yet).  A round that owes
@@ -256,6 +296,15 @@ class PolicySession(RefitSession):
         if not peers.targets:
             return None
         engine = self.connection.engine
+        if delta is not None and delta.header is not None:
+            try:
+                return await self.connection.watched(
+                    engine.send_weights(iter(delta.items), refit_id=refit, delta=delta.header),
+                    self._drop_gone,
+                )
+            except DeltaNotApplicable as exc:  # raised before anything was sent
+                log.warning("policy rank %d: %s; sending whole from now on", self.config.rank, exc)
+                self._deltas = None
         return await self.connection.watched(
             engine.send_weights(iter(items), refit_id=refit), self._drop_gone
         )
@@ -289,6 +338,8 @@ class _RefitRounds:
 
     async def ended(self, look: Look, due: dict[int, Owed], timing: RefitTiming) -> bool:
         settled = bool(timing.delivered)
+        # A member that declined the delta still wants this refit: the gang sends again.
+        resend = bool(timing.wants_whole)
         if not settled:
             # Each member this rank sends to declined because it already committed this
             # refit or a later one (from another source): nothing is owed any more.
@@ -297,7 +348,10 @@ class _RefitRounds:
                 progress = await asyncio.to_thread(self.session.store.progress_all)
                 settled = all_have(mine, progress)
         verdict = await asyncio.to_thread(
-            self.session.gang.verdict, settled=settled, past=time.monotonic() >= self.deadline
+            self.session.gang.verdict,
+            settled=settled,
+            past=time.monotonic() >= self.deadline,
+            resend=resend,
         )
         if verdict.settled:
             return True
@@ -307,6 +361,15 @@ class _RefitRounds:
                 f"policy rank {rank}: refit {self.refit} reached no rollout "
                 f"member within {self.timeout:g}s (dropped: {dict(timing.dropped)})"
             )
+        if resend or timing.delivered:  # another rank's members want it whole
+            log.info(
+                "policy rank %d: refit %d goes again, whole, to the members that could not "
+                "use the delta (rollout ranks %s here)",
+                rank,
+                self.refit,
+                sorted(timing.wants_whole),
+            )
+            return False
         log.warning(
             "policy rank %d: refit %d reached no member (dropped: %s); sending it again",
             rank,

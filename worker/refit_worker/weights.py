@@ -45,17 +45,28 @@ def synthetic_state_dict(spec: SyntheticWeights, refit: int = 0) -> StateDict:
         else:
             state[name] = values.to(dtype)
     for step in range(1, refit + 1):
-        advance(state, step)
+        advance(state, step, spec.changes)
     return state
 
 
-def advance(state: StateDict, refit: int) -> None:
+def advance(state: StateDict, refit: int, changes: float | None = None) -> None:
     """Change every tensor in place for refit ``refit`` (a stand-in for an optimiser step).
+
+    ``changes``: the share of each tensor's elements that change (every ``1/changes``-th
+    one, from an offset that moves with the step), as most bf16 elements keep their value
+    through a small optimiser step; None: all of them.
 
     Deterministic: applying steps ``1..k`` to a fresh state always gives the same bits, which
     is what lets a rollout rank (or a test) check a received refit exactly.
     """
-    for tensor in state.values():
+    for whole in state.values():
+        if changes is None or changes >= 1:
+            tensor = whole
+        else:
+            if not whole.is_contiguous():
+                raise ValueError("advance needs contiguous tensors (views of one buffer)")
+            stride = max(1, round(1 / changes))
+            tensor = whole.view(-1)[refit % stride :: stride]
         if tensor.dtype == torch.bool:
             tensor.logical_not_()
         elif tensor.is_floating_point() and tensor.dtype not in _FP8:
@@ -63,9 +74,13 @@ def advance(state: StateDict, refit: int) -> None:
         else:
             # Integers (a float step cannot be cast to them) and fp8 (no CPU arithmetic):
             # a byte-wise rotation still changes every value, deterministically.
-            if not tensor.is_contiguous():
+            if not whole.is_contiguous():
                 raise ValueError("advance needs contiguous tensors (views of one buffer)")
-            tensor.reshape(-1).view(torch.uint8).add_(refit % 7 + 1)
+            if tensor is whole:
+                tensor.reshape(-1).view(torch.uint8).add_(refit % 7 + 1)
+            else:  # a strided view: elements of several bytes rotate their low byte
+                bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+                tensor.view(bits[tensor.element_size()]).add_(refit % 7 + 1)
 
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)

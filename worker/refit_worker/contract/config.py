@@ -85,6 +85,16 @@ class SyntheticWeights(_Frozen):
             "back to back)."
         ),
     )
+    changes: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description=(
+            "Share of each tensor's elements a training step changes, spread evenly over "
+            "it, as a real optimiser step on bf16 weights leaves most elements as they were "
+            "(unset: every element changes). What makes a delta refit worth sending."
+        ),
+    )
 
 
 class SafetensorsWeights(_Frozen):
@@ -109,6 +119,21 @@ class TransferKnobs(_Frozen):
     device: Literal["cpu", "cuda"] = "cpu"
     shard_expert_weights: bool = False
     release_after_refit: bool = False
+    # None, not "off": an unset field stays out of the spec digest (render.spec_hash).
+    delta: Literal["off", "on", "auto"] | None = Field(
+        None,
+        description=(
+            "on: a policy rank that holds whole (not sharded) weights sends each refit as "
+            "the elements that changed since the last one, when that is at most half the "
+            "bytes; a replica applies it onto a copy of the version it serves and commits "
+            "only if the result's whole-state digest is the trainer's. A replica that lacks "
+            "that version gets the refit whole. Costs the policy rank one more copy of the "
+            "weights and a few passes over them per refit. auto: as on, but only while the "
+            "last delta refit took less time than the last whole one (tried again every 8 "
+            "refits): finding and applying the changes can cost more than a fast link "
+            "saves. off (or unset): every refit is sent whole."
+        ),
+    )
     timeout_seconds: float = Field(120.0, gt=0)
     refits: int = Field(3, ge=1, description="Refits before the job is done.")
 
