@@ -76,23 +76,22 @@ def test_quick_bench_emits_one_valid_json_line_per_case() -> None:
     assert "raw NIXL" in done.stdout and "x raw" in done.stdout  # the human table too
 
 
-def test_quick_sharded_bench_compares_with_gather_then_send() -> None:
-    """``bench/sharded_send.py``: both cases ran, the ratio is theirs, the rollout is exact."""
+def _quick_bench(script: str) -> subprocess.CompletedProcess[str]:
+    """``bench/<script> --quick --runs 1 --json``, which must succeed."""
     done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "sharded_send.py"),
-            "--quick",
-            "--runs",
-            "1",
-            "--json",
-        ],
+        [sys.executable, str(ROOT / "bench" / script), "--quick", "--runs", "1", "--json"],
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def test_quick_sharded_bench_compares_with_gather_then_send() -> None:
+    """``bench/sharded_send.py``: both cases ran, the ratio is theirs, the rollout is exact."""
+    done = _quick_bench("sharded_send.py")
     (line,) = [json.loads(row) for row in done.stdout.splitlines() if row.startswith("{")]
     assert line["case"] == "sharded-send" and line["topology"] == "2x1"
     assert line["verified"] is True, line  # the rollout ended bit-exact with the model
@@ -127,3 +126,29 @@ def test_the_peer_seed_bench_measures_a_seed_against_a_raw_read() -> None:
     assert figures["peers"] == 2 and figures["bytes"] >= 8 << 20, figures
     for key in ("seed_s", "raw_read_s", "memcpy_s", "x_raw", "x_memcpy", "gbps"):
         assert isinstance(figures[key], float) and figures[key] > 0, (key, figures)
+
+
+def test_the_delta_bench_measures_a_delta_against_a_whole_refit() -> None:
+    """``bench/delta_refit.py``: an FSDP2 AdamW run's bf16 weights sent both as deltas and
+    whole to real rollout processes; every case went as a delta of the changes the bench
+    counted, both rollouts ended bit-exact, and the ratio is the two timings'."""
+    done = _quick_bench("delta_refit.py")
+    lines = [json.loads(row) for row in done.stdout.splitlines() if row.startswith("{")]
+    assert sorted(line["lr"] for line in lines) == [1e-6, 1e-5], lines
+    for line in lines:
+        assert line["verified"] is True, line  # both rollouts ended with the trainer's bits
+        assert line["runs"] == 1 and line["model_mib"] > 0, line
+        assert 0 < line["changed_fraction"] < 1, line
+        (changed,) = line["changed_elements_runs"]
+        assert line["changed_fraction"] == round(changed / line["elements"], 6), line
+        assert line["all_delta"] is True and line["delta_bytes"] < line["whole_bytes"], line
+        # What went on the wire is the changes the bench counted: an int32 index and a bf16
+        # value per changed element, each section 8-byte aligned, per tensor.
+        assert 6 * changed <= line["delta_bytes"] <= 6 * changed + 16 * line["tensors"], line
+        assert line["whole_bytes"] == 2 * line["elements"], line
+        assert line["delta_s"] > 0 and line["whole_s"] > 0, line
+        assert _ratio_of_rounded(line["x_full"], line["whole_s"], line["delta_s"], 4), line
+    # A larger learning rate changes more of the bf16 weights.
+    low, high = sorted(lines, key=lambda line: line["lr"])
+    assert low["changed_fraction"] < high["changed_fraction"], lines
+    assert "delta bytes / whole bytes" in done.stdout and "x_full" in done.stdout
