@@ -114,7 +114,7 @@ class PolicySession(RefitSession):
         self._gang: PolicyGang | None = None
         #: The last refit this rank sent, and who confirmed it.
         self._last: Served | None = None
-        #: ``transfer.delta: auto``: the weights as last sent (None: every refit whole).
+        #: ``transfer.delta`` on or auto: the weights as last sent (None: every refit whole).
         delta = config.transfer.delta
         self._deltas = None if delta is None or delta == "off" else DeltaSource(config.rank, delta)
 
@@ -215,7 +215,7 @@ class PolicySession(RefitSession):
     # -- the serve loop ------------------------------------------------------------------
 
     def _offer(self, items: Items, refit: int, mapping: RankMapping) -> Offer | None:
-        """The first round's payload with ``transfer.delta: auto`` (None: off)."""
+        """The first round's payload with ``transfer.delta`` on or auto (None: off)."""
         if self._deltas is None:
             return None
         if mapping.sharded:
@@ -296,7 +296,7 @@ class PolicySession(RefitSession):
         if not peers.targets:
             return None
         engine = self.connection.engine
-        if delta is not None and delta.header is not None:
+        if delta is not None and delta.header is not None:  # the first round's delta
             try:
                 return await self.connection.watched(
                     engine.send_weights(iter(delta.items), refit_id=refit, delta=delta.header),

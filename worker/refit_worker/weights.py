@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from refit_worker.checkpoint_engines.base import WIRE_DTYPES, dtype_from_name
+from refit_worker.checkpoint_engines.base import SAME_WIDTH_INT, WIRE_DTYPES, dtype_from_name
 from refit_worker.contract.config import SafetensorsWeights, SyntheticWeights, WeightsSource
 from refit_worker.contract.failures import MissingWeightsError, UnsupportedWeightsError
 from refit_worker.contract.synthetic import synthetic_shapes
@@ -59,28 +59,30 @@ def advance(state: StateDict, refit: int, changes: float | None = None) -> None:
     Deterministic: applying steps ``1..k`` to a fresh state always gives the same bits, which
     is what lets a rollout rank (or a test) check a received refit exactly.
     """
+    # None: the whole tensor; else a view of every stride-th element.
+    stride = None if changes is None or changes >= 1 else max(1, round(1 / changes))
     for whole in state.values():
-        if changes is None or changes >= 1:
-            tensor = whole
-        else:
-            if not whole.is_contiguous():
-                raise ValueError("advance needs contiguous tensors (views of one buffer)")
-            stride = max(1, round(1 / changes))
-            tensor = whole.view(-1)[refit % stride :: stride]
+        rotated = not (whole.dtype == torch.bool or _float_arith(whole))
+        # A strided view, or a byte-wise rotation, needs the tensor's own flat memory.
+        if (stride is not None or rotated) and not whole.is_contiguous():
+            raise ValueError("advance needs contiguous tensors (views of one buffer)")
+        tensor = whole if stride is None else whole.view(-1)[refit % stride :: stride]
         if tensor.dtype == torch.bool:
             tensor.logical_not_()
-        elif tensor.is_floating_point() and tensor.dtype not in _FP8:
+        elif _float_arith(tensor):
             tensor.add_(0.5 * refit)
+        # Integers (a float step cannot be cast to them) and fp8 (no CPU arithmetic): a
+        # byte-wise rotation still changes every value, deterministically; in a strided
+        # view, elements of several bytes rotate their low byte.
+        elif tensor is whole:
+            tensor.reshape(-1).view(torch.uint8).add_(refit % 7 + 1)
         else:
-            # Integers (a float step cannot be cast to them) and fp8 (no CPU arithmetic):
-            # a byte-wise rotation still changes every value, deterministically.
-            if not whole.is_contiguous():
-                raise ValueError("advance needs contiguous tensors (views of one buffer)")
-            if tensor is whole:
-                tensor.reshape(-1).view(torch.uint8).add_(refit % 7 + 1)
-            else:  # a strided view: elements of several bytes rotate their low byte
-                bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-                tensor.view(bits[tensor.element_size()]).add_(refit % 7 + 1)
+            tensor.view(SAME_WIDTH_INT[tensor.element_size()]).add_(refit % 7 + 1)
+
+
+def _float_arith(tensor: torch.Tensor) -> bool:
+    """Whether a float step can be added to ``tensor`` on the CPU (not fp8)."""
+    return tensor.is_floating_point() and tensor.dtype not in _FP8
 
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)

@@ -54,6 +54,15 @@ _ITEMSIZE = {
 }
 
 
+#: The integer dtype of each element width, to compare or rotate elements as their bits.
+SAME_WIDTH_INT: dict[int, torch.dtype] = {
+    1: torch.uint8,
+    2: torch.int16,
+    4: torch.int32,
+    8: torch.int64,
+}
+
+
 def element_size(name: str) -> int:
     """Bytes per element of the wire dtype ``name``."""
     if name not in _ITEMSIZE:

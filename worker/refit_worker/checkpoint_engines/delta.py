@@ -32,14 +32,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import dtype_name
+from .base import SAME_WIDTH_INT, dtype_name
 from .integrity import Algorithm, as_bytes, tensors_digest
 from .messages import DeltaEntry, DeltaHeader
 
 #: The one tensor a delta refit sends (its manifest lists nothing else).
 DELTA_TENSOR = "kube-refit/delta"
 _ALIGN = 8
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _INDEX = {"int32": torch.int32, "int64": torch.int64}
 #: A delta is sent only while its bytes stay under this share of the whole refit's.
 MAX_SHARE = 0.5
@@ -97,7 +96,7 @@ class DeltaArena:
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's elements as integers of the same width (flat, no copy)."""
-    return tensor.reshape(-1).view(_BITS[tensor.element_size()])
+    return tensor.reshape(-1).view(SAME_WIDTH_INT[tensor.element_size()])
 
 
 def _align(value: int) -> int:
@@ -158,8 +157,7 @@ def encode_delta(
 
 
 def _slot(data: torch.Tensor, offset: int, count: int, dtype: torch.dtype) -> torch.Tensor:
-    size = count * torch.empty((), dtype=dtype).element_size()
-    return data[offset : offset + size].view(dtype)
+    return data[offset : offset + count * dtype.itemsize].view(dtype)
 
 
 def worth_sending(delta_bytes: int, whole_bytes: int) -> bool:
