@@ -510,6 +510,9 @@ def test_kubectl_scale_up_and_down_mid_job_leaves_the_policy_pods(
     doc = _job(job, refits=60)
     doc["spec"]["rollout"]["replicas"] = 1
     doc["spec"]["weights"]["synthetic"]["pace"] = 0.2  # refits at a trainer's pace
+    # Each step waits for every replica to serve, so the new ones join mid-job however
+    # long their start takes (not a race with the job's end).
+    doc["spec"]["weights"]["synthetic"]["lockstep"] = True
     cluster.kubectl.apply(doc)
     _refits(cluster, job, 2)
     policy = _started(cluster, job, "policy")

@@ -620,8 +620,9 @@ def test_deltas_in_a_row_end_bit_exact_and_a_replacement_gets_a_whole_version_fi
             "transfer.delta": "on",
             "weights.synthetic.changes": 0.01,
             "weights.synthetic.experts": 2,
-            # Time for the replacement to start and take deltas before the job ends.
-            "weights.synthetic.pace": 0.5,
+            # The trainer waits for the replacement to serve before its next step, so the
+            # replacement takes deltas however long its start takes (not a race with pace).
+            "weights.synthetic.lockstep": True,
         },
     )
     status, work = tmp_path / "job.json", tmp_path / "work"

@@ -10,7 +10,15 @@ from refit_worker.contract.entries import (
     ProgressState,
     RolloutMember,
 )
-from refit_worker.owed import Owed, RankMapping, all_done, all_have, lacks, owed
+from refit_worker.owed import (
+    Owed,
+    RankMapping,
+    all_done,
+    all_have,
+    lacks,
+    not_serving,
+    owed,
+)
 
 ONE = RankMapping(policy_rank=0, train_world_size=1, stripe=True, sharded=False)
 
@@ -134,3 +142,22 @@ def test_all_have_counts_only_the_reports_of_the_pods_now_in_the_slots() -> None
     assert not all_have({0: Owed(0, "a", 5, 1)}, progress)
     assert not all_have({0: Owed(0, "a", 4, 1), 1: Owed(1, "b", 4, 1)}, progress)
     assert not all_have({}, progress)
+
+
+def test_a_lockstep_trainer_waits_for_every_slot_including_one_being_replaced() -> None:
+    barrier = _barrier(("a", 0), ("b", 1), None)
+    progress = {
+        ("rollout", 0): _progress(0, "a", 6, "running"),
+        # Slot 1's report is its replaced pod's, which had committed refit 5.
+        ("rollout", 1): _progress(1, "b-old", 6, "running"),
+        ("rollout", 2): _progress(2, "c-old", 6, "running"),
+    }
+    # Slot 1's new pod has not reported; slot 2 is empty (its replacement on its way).
+    assert not_serving(barrier, progress, 5) == [1, 2]
+    progress[("rollout", 1)] = _progress(1, "b", 6, "running")
+    assert not_serving(barrier, progress, 5) == [2]
+    full = _barrier(("a", 0), ("b", 1), ("c", 0))
+    progress[("rollout", 2)] = _progress(2, "c", 5, "running")  # one refit behind
+    assert not_serving(full, progress, 5) == [2]
+    progress[("rollout", 2)] = _progress(2, "c", 7, "running")  # a later one serves too
+    assert not_serving(full, progress, 5) == []

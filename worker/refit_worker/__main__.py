@@ -342,10 +342,16 @@ async def _refits(
     await session.linger()
 
 
-async def _train_step(config: WorkerConfig, session: RefitSession) -> None:
+async def _train_step(config: WorkerConfig, session: PolicySession) -> None:
     """The demo's stand-in for a training step: ``weights.synthetic.pace`` seconds, cut
-    short by a stop request (the boundary check that follows acts on it)."""
-    pace = config.weights.pace if isinstance(config.weights, SyntheticWeights) else None
+    short by a stop request (the boundary check that follows acts on it).  With
+    ``weights.synthetic.lockstep`` it first waits for every rollout slot to serve the last
+    refit sent, as a synchronous on-policy trainer waits for rollouts of those weights."""
+    synthetic = config.weights if isinstance(config.weights, SyntheticWeights) else None
+    last = session.last_sent
+    if synthetic is not None and synthetic.lockstep and last is not None:
+        await session.await_rollouts(last)
+    pace = synthetic.pace if synthetic is not None else None
     deadline = time.monotonic() + (pace or 0.0)
     while (left := deadline - time.monotonic()) > 0 and not session.preemption_pending():
         await asyncio.sleep(min(left, 0.2))

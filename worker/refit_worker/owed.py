@@ -11,7 +11,9 @@ sends to what it names; these functions are the whole of what it decides from.
 - :func:`all_have`: whether those members' pods reported the refit committed (then a send
   that reached no one still settled it);
 - :func:`all_done`: whether every rollout slot's pod reported ``done`` (a lingering rank
-  may stop).
+  may stop);
+- :func:`not_serving`: the rollout slots whose pod has not committed a refit yet (a
+  lockstep trainer waits for none before its next step).
 
 Must not import: the operator, kubernetes; nothing here does I/O.
 """
@@ -101,6 +103,20 @@ def all_have(due: Mapping[int, Owed], progress: Progress) -> bool:
         (report := _report(progress, rank, o.uid)) is not None and report.refits_completed > o.refit
         for rank, o in due.items()
     )
+
+
+def not_serving(barrier: BarrierEntry, progress: Progress, refit: int) -> list[int]:
+    """The rollout slots of ``barrier`` that do not serve ``refit`` (or a later one) yet:
+    empty (a replacement on its way), or held by a pod whose own report has not committed
+    it.  Empty when every slot serves it."""
+    slots = members(barrier)
+    return [
+        rank
+        for rank in range(len(barrier.rollout))
+        if rank not in slots
+        or (report := _report(progress, rank, slots[rank][0])) is None
+        or report.refits_completed <= refit
+    ]
 
 
 def seeding_peer(barrier: BarrierEntry, progress: Progress, last: int) -> int | None:

@@ -47,12 +47,14 @@ from refit_worker.owed import (
     RankMapping,
     all_done,
     all_have,
+    not_serving,
     owed,
     seeding_peer,
 )
 from refit_worker.refits import RefitStats, RefitUndelivered
 from refit_worker.rendezvous import Preempted, RendezvousStore
 from refit_worker.session_base import RefitSession
+from refit_worker.waits import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +213,43 @@ class PolicySession(RefitSession):
             self.reporter.log.seeding = False
             self.reporter.publish("done", "all refits done")
         return self._last.sends - before
+
+    @property
+    def last_sent(self) -> int | None:
+        """The last refit this rank sent (None: none yet in this epoch)."""
+        return None if self._last is None else self._last.refit
+
+    async def await_rollouts(self, refit: int) -> bool:
+        """Wait until every rollout slot of the latest barrier serves ``refit`` (or a later
+        one), as a synchronous, on-policy trainer does before its next step: a replacement
+        is seeded or sent the refit first, so the next one reaches it as a delta, not late.
+
+        Bounded by ``timeout_seconds`` (False, with a warning naming the slots: the caller
+        trains on) and cut short by a preemption (False)."""
+        timeout = self.config.transfer.timeout_seconds
+        deadline = time.monotonic() + timeout
+        waiting: list[int] = []
+        # Short sleeps first: the replicas usually report the commit just after the send.
+        delays = Backoff(first=0.05, cap=ROUND_INTERVAL_S).delays()
+        while not self.preemption_pending():
+            barrier = await asyncio.to_thread(self.store.barrier, self.member.epoch)
+            if barrier is not None:
+                progress = await asyncio.to_thread(self.store.progress_all)
+                waiting = not_serving(barrier, progress, refit)
+                if not waiting:
+                    return True
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "policy rank %d: rollout slots %s do not serve refit %d after %gs; "
+                    "training on without them (weights.synthetic.lockstep)",
+                    self.config.rank,
+                    waiting,
+                    refit,
+                    timeout,
+                )
+                return False
+            await asyncio.sleep(next(delays))
+        return False
 
     # -- the serve loop ------------------------------------------------------------------
 

@@ -95,6 +95,16 @@ class SyntheticWeights(_Frozen):
             "(unset: every element changes). What makes a delta refit worth sending."
         ),
     )
+    lockstep: bool | None = Field(
+        None,
+        description=(
+            "The demo trainer starts each training step only once every rollout slot "
+            "serves the last refit (a replacement too: seeded or sent it first), as a "
+            "synchronous on-policy RL loop trains on rollouts of the weights it just sent; "
+            "each wait is bounded by transfer.timeoutSeconds (unset or false: it does not "
+            "wait)."
+        ),
+    )
 
 
 class SafetensorsWeights(_Frozen):
