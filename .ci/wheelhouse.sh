@@ -23,8 +23,10 @@
 #
 # The install is uv's (its wheel kept in the wheelhouse too, pinned here): it links files
 # from its own cache instead of unpacking and byte-compiling torch again, 5-6 minutes of
-# pip on 2 busy cores, on the critical path of a warm CI run.  Should uv fail, pip
-# installs from the same folder.
+# pip on 2 busy cores, on the critical path of a warm CI run.  It byte-compiles as pip
+# does (in parallel): these machines set PYTHONDONTWRITEBYTECODE, so without the .pyc
+# files every worker's `import torch` would compile it again (+1 s each).  Should uv
+# fail, pip installs from the same folder.
 #
 # Exits non-zero with pip's message when the fill or the install fails; the README's own
 # pip step then installs from the registry as usual.  .ci/run passes the folder to the
@@ -37,7 +39,7 @@ rebuild=0
 for arg in "$@"; do
     case "$arg" in
         --rebuild) rebuild=1 ;;
-        -h | --help) sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "wheelhouse.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -86,7 +88,8 @@ flock -u 9
 started=$(date +%s)
 offline=(--no-index --find-links "$final" -c "$root/constraints.txt" -e "$root[test]")
 if python -m pip install --quiet --no-index --find-links "$final" "$uv_pin" >&2 \
-    && python -m uv pip install --quiet --python "$(command -v python)" "${offline[@]}" >&2; then
+    && python -m uv pip install --quiet --compile-bytecode --python "$(command -v python)" \
+        "${offline[@]}" >&2; then
     how=uv
 else
     log "uv could not install from $final; pip installs instead"
