@@ -137,6 +137,14 @@ class PeerSeeds:
                 )
             await asyncio.sleep(LOOK_INTERVAL_S)
 
+    def policy_gone(self) -> bool:
+        """Whether the policy ranks of this epoch are done and left late members to the
+        rollout peers that stay: no send will come any more."""
+        store, member = self.connection.store, self.connection.member
+        barrier = store.barrier(member.epoch)
+        refits = self.connection.config.transfer.refits
+        return barrier is not None and policy_done(barrier, store.progress_all(), refits)
+
     def _look(self, min_refit: int) -> tuple[list[SeedSource], bool]:
         """The peers to seed from, and whether the policy ranks are all done."""
         store, member = self.connection.store, self.connection.member

@@ -73,6 +73,11 @@ class _Rejoin(Exception):
     is no longer listed): abandon it and look again."""
 
 
+class _PolicyDone(Exception):
+    """The policy ranks finished and left late members to the rollout peers that stay:
+    the send this rank waits for will not come; a peer seeds the refit instead."""
+
+
 class RolloutSession(RefitSession):
     """Receiving refits (rollout ranks); see the module docstring."""
 
@@ -245,12 +250,37 @@ class RolloutSession(RefitSession):
         self._seeded_from = ()
         if self._committed is None:
             lowest = min_refit - 1 if current and min_refit > 0 else min_refit
-            seeded = await self._seeds.take(targets, lowest)
+            seeded = await self._seed(targets, lowest)
             if seeded is not None:
-                self._seeded_from = seeded.sources
-                timing = RefitTiming(seeded.refit, "rollout", seeded.bytes, seeded.seconds, 0.0, 0)
-                return ReceivedRefit(seeded.tensors, timing)
+                return seeded
+        try:
+            return await self._land(
+                engine, targets, min_refit, partial=False, delta=delta, seed=True
+            )
+        except _PolicyDone:
+            # A rank that joined as the last refit went out (a drain's replacement seeded
+            # just before it): the policy ranks saw a peer stay to seed it, and left.
+            log.info(
+                "rollout rank %d: the policy ranks are done and refit >= %d did not reach "
+                "this rank; seeding it from a rollout peer that stays",
+                self.config.rank,
+                min_refit,
+            )
+        seeded = await self._seed(targets, min_refit)
+        if seeded is not None:
+            return seeded
+        # None only once a new policy epoch started meanwhile: its send comes.
         return await self._land(engine, targets, min_refit, partial=False, delta=delta)
+
+    async def _seed(
+        self, targets: Callable[[Sequence[TensorSpec]], Mapping[str, torch.Tensor]], lowest: int
+    ) -> ReceivedRefit | None:
+        seeded = await self._seeds.take(targets, lowest)
+        if seeded is None:
+            return None
+        self._seeded_from = seeded.sources
+        timing = RefitTiming(seeded.refit, "rollout", seeded.bytes, seeded.seconds, 0.0, 0)
+        return ReceivedRefit(seeded.tensors, timing)
 
     def _base_state(self) -> Mapping[str, torch.Tensor]:
         committed = self._committed
@@ -287,20 +317,23 @@ class RolloutSession(RefitSession):
         *,
         partial: bool,
         delta: DeltaTarget | None = None,
+        seed: bool = False,
     ) -> ReceivedRefit:
         """Receive the first refit >= ``min_refit`` into ``targets``, following the
         membership: a refit in flight when the policy epoch changes is abandoned and
-        taken from the new epoch.  An in-place failure after landing began says so."""
+        taken from the new epoch.  An in-place failure after landing began says so.
+        ``seed``: raise :class:`_PolicyDone` once the policy ranks are done (a peer can
+        seed the refit instead)."""
         who = f"rollout rank {self.config.rank}: refit >= {min_refit}"
+        watch = self._still_member_or_policy_done if seed else self._still_member
         while True:
             await asyncio.to_thread(self._at_boundary)
             try:
                 return await self.connection.watched(
-                    engine.receive_into(targets, min_refit=min_refit, delta=delta),
-                    self._still_member,
+                    engine.receive_into(targets, min_refit=min_refit, delta=delta), watch
                 )
-            except LayoutMismatchError:
-                raise  # refused before any byte landed: nothing changed
+            except (LayoutMismatchError, _PolicyDone):
+                raise  # refused before any byte landed, or no send will come
             except _Rejoin as exc:
                 self._abandoned(engine, partial, exc)
             except Preempted as exc:
@@ -412,6 +445,11 @@ class RolloutSession(RefitSession):
         barrier = await asyncio.to_thread(self.store.barrier)
         if self._moved(barrier):
             raise _Rejoin("the membership moved on (a new policy epoch, or not listed now)")
+
+    async def _still_member_or_policy_done(self) -> None:
+        await self._still_member()
+        if await asyncio.to_thread(self._seeds.policy_gone):
+            raise _PolicyDone("the policy ranks are done")
 
     def _check(
         self,
