@@ -30,7 +30,7 @@ from refit_worker.checkpoint_engines.seeding import (
     pull,
 )
 from refit_worker.connection import Connection
-from refit_worker.contract.entries import SeedPointer
+from refit_worker.contract.entries import BarrierEntry, SeedPointer
 from refit_worker.seeding import policy_done, predecessor, seed_sources
 
 log = logging.getLogger(__name__)
@@ -137,13 +137,11 @@ class PeerSeeds:
                 )
             await asyncio.sleep(LOOK_INTERVAL_S)
 
-    def policy_gone(self) -> bool:
-        """Whether the policy ranks of this epoch are done and left late members to the
-        rollout peers that stay: no send will come any more."""
-        store, member = self.connection.store, self.connection.member
-        barrier = store.barrier(member.epoch)
-        refits = self.connection.config.transfer.refits
-        return barrier is not None and policy_done(barrier, store.progress_all(), refits)
+    def policy_gone(self, barrier: BarrierEntry) -> bool:
+        """Whether the policy ranks of ``barrier`` (this rank's epoch) are done and left
+        late members to the rollout peers that stay: no send will come any more."""
+        progress = self.connection.store.progress_all()
+        return policy_done(barrier, progress, self.connection.config.transfer.refits)
 
     def _look(self, min_refit: int) -> tuple[list[SeedSource], bool]:
         """The peers to seed from, and whether the policy ranks are all done."""

@@ -442,13 +442,22 @@ class RolloutSession(RefitSession):
         return self._policy_epoch() > mine
 
     async def _still_member(self) -> None:
+        await self._member_barrier()
+
+    async def _member_barrier(self) -> BarrierEntry | None:
+        """The latest barrier (None: none yet), if this rank's place did not move (else
+        :class:`_Rejoin`)."""
         barrier = await asyncio.to_thread(self.store.barrier)
         if self._moved(barrier):
             raise _Rejoin("the membership moved on (a new policy epoch, or not listed now)")
+        return barrier
 
     async def _still_member_or_policy_done(self) -> None:
-        await self._still_member()
-        if await asyncio.to_thread(self._seeds.policy_gone):
+        # One barrier read for both checks: this runs every second of a receive.
+        barrier = await self._member_barrier()
+        if barrier is None or barrier.epoch != self.member.epoch:
+            return  # the policy ranks of this epoch have no barrier to be read by yet
+        if await asyncio.to_thread(self._seeds.policy_gone, barrier):
             raise _PolicyDone("the policy ranks are done")
 
     def _check(
