@@ -11,11 +11,19 @@ CUDA.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 _TIERS = ("unit", "integration", "e2e", "cluster", "engines")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Every process a test starts inherits this: a native crash (SIGSEGV, SIGABRT) in a
+    # child then leaves its Python stacks on the stderr the test captures (one child once
+    # ended -6 with stderr empty, and nothing said where).
+    os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -52,6 +52,11 @@ _FATAL = {400, 401, 403, 404, 422}
 #: A waiting thread wakes on every change; at the latest after this, to look at its
 #: cancel flag (which cannot notify the condition).
 _WAKE = Backoff(first=0.25, cap=0.25)
+#: How long a finished wait gives its watch threads to end.  A daemon thread still inside
+#: socket code when the interpreter exits is ended by ``pthread_exit`` on Python < 3.14,
+#: which can abort the whole process (SIGABRT, seen once in CI); a cut stream ends its
+#: thread in milliseconds, a thread still connecting within ``_CONNECT_SECONDS``.
+_JOIN_SECONDS = 2.0
 
 
 def load_api_client() -> Any:
@@ -216,6 +221,7 @@ class ConfigMapStore(RendezvousStore):
                 )
         finally:
             state.stop()
+            _join(feeds, _JOIN_SECONDS)
 
     def _feed(self, shard: int, state: _WaitState) -> None:
         """Keep ``state.data[shard]`` current: list, then watch; list again after 410."""
@@ -332,6 +338,14 @@ class _WaitState:
             responses = list(self._open)
         for response in responses:
             _interrupt(response)
+
+
+def _join(threads: Sequence[threading.Thread], seconds: float) -> None:
+    """Join ``threads`` within ``seconds`` in all; one that has not ended by then is left
+    (it is a daemon and stops at its next look at the stop flag)."""
+    deadline = time.monotonic() + seconds
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _interrupt(response: Any) -> None:
