@@ -106,12 +106,19 @@ def seed_words(replica: RolloutReplica) -> str | None:
     the ReplicaSeeded Event and ``refit run`` say it the same way."""
     if replica.seeded_from is None:
         return None
-    source = "the policy" if replica.seeded_from == "policy" else replica.seeded_from
     return (
-        f"seeded from {source}: refit {replica.seeded_refit}, "
+        f"{first_refit_source(replica.seeded_from)}: refit {replica.seeded_refit}, "
         f"{decimal_bytes(replica.seeded_bytes or 0)} in {replica.seeded_seconds or 0.0:.3f} s, "
         f"serving {replica.seconds_to_serving or 0.0:.1f} s after its start"
     )
+
+
+def first_refit_source(seeded_from: str) -> str:
+    """Where a pod's first refit came from: a peer seeds one; the policy sends one (no
+    seeding took place, so the words do not say so)."""
+    if seeded_from == "policy":
+        return "took its first refit from the policy"
+    return f"seeded from {seeded_from}"
 
 
 def decimal_bytes(n: int) -> str:

@@ -129,7 +129,8 @@ def test_a_replacement_starts_unseeded_and_its_own_seed_is_announced() -> None:
     assert _replica(served.status, 1).seeded_from == "policy"
     (event,) = _seeded_events(served)
     assert event.message == (
-        "rollout-1 (pod job-rollout-1-g1) seeded from the policy: refit 0, 2.5 kB in "
+        "rollout-1 (pod job-rollout-1-g1) took its first refit from the policy: refit 0, "
+        "2.5 kB in "
         "0.500 s, serving 7.2 s after its start"
     )
 

@@ -10,7 +10,7 @@ from refit_operator.core.decision import Emit
 from refit_operator.local.faults import Fault, outcome
 from refit_operator.local.runner import RunResult
 from refit_operator.models import Phase, RefitJobSpec, RefitJobStatus
-from refit_operator.status import RolloutReplica, seed_words, version_words
+from refit_operator.status import RolloutReplica, first_refit_source, seed_words, version_words
 
 
 def human_bytes(n: float) -> str:
@@ -95,7 +95,7 @@ def replica_lines(status: RefitJobStatus) -> list[str]:
         seeded = ""
         if replica.seeded_from is not None:
             seeded = (
-                f"  seeded from {replica.seeded_from}, serving "
+                f"  {first_refit_source(replica.seeded_from)}, serving "
                 f"{replica.seconds_to_serving or 0.0:.1f} s after its start"
             )
         out.append(
