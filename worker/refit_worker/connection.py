@@ -175,11 +175,11 @@ class Connection:
         barrier (drops targets) or raises to abandon the transfer."""
         task = asyncio.ensure_future(transfer)
         checked = time.monotonic()
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=WATCH_INTERVAL_S)
-            if done:
-                return task.result()
-            try:
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=WATCH_INTERVAL_S)
+                if done:
+                    return task.result()
                 if await asyncio.to_thread(self.preemption_pending):
                     raise Preempted(
                         f"{self.config.role} rank {self.config.rank}: stopped at a "
@@ -188,11 +188,13 @@ class Connection:
                 if membership is not None and time.monotonic() - checked >= MEMBERSHIP_INTERVAL_S:
                     checked = time.monotonic()
                     await membership()
-            except BaseException:
+        except BaseException:
+            # Also when this call is cancelled: the transfer must not go on landing alone.
+            if not task.done():
                 task.cancel()
                 # Bounded: cancellation lands at the engine's next await (a bucket boundary).
                 await asyncio.wait({task}, timeout=self.config.transfer.timeout_seconds)
-                raise
+            raise
 
     def report_end(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
         """Say how this rank stopped, so the job's status can tell; a stale pod says
