@@ -6,6 +6,7 @@ Nothing here starts a worker: every case ends before the runner.
 
 from __future__ import annotations
 
+import argparse
 import os
 from datetime import UTC, datetime
 from pathlib import Path
@@ -367,3 +368,27 @@ def test_relative_script_paths_are_read_from_the_manifests_directory(tmp_path: P
     assert local["policy"]["args"] == ["--lr", "0.1"] and local["rollout"] == raw["rollout"]
     assert notes == [f"policy.command: train.py -> {tmp_path / 'train.py'}"]
     assert raw["policy"]["command"] == ["python", "train.py"]  # the manifest is not changed
+
+
+@pytest.mark.parametrize(
+    ("drained", "phase", "replacements", "note"),
+    [
+        ("j-rollout-0-g0", "Succeeded", 0, "after it had committed every refit"),
+        ("j-rollout-0-g0", "Succeeded", 1, None),  # replaced: the drain did its part
+        ("j-rollout-0-g0", "Failed", 0, None),  # the failure says what happened
+        ("j-policy-0-e0", "Succeeded", 0, None),  # a policy drain is a new epoch instead
+        (None, "Succeeded", 0, "nothing was drained"),
+    ],
+)
+def test_a_drain_that_changed_nothing_says_so(
+    drained: str | None, phase: str, replacements: int, note: str | None
+) -> None:
+    from refit_operator.local.command import _undrained_note
+
+    status = _status(phase=phase, refits_completed=3, rollout={"replacements": replacements})
+    args = argparse.Namespace(drain_at_refit=1, drain_after=None)
+    said = _undrained_note(args, RunResult(status, drained=drained))
+    if note is None:
+        assert said is None
+    else:
+        assert said is not None and note in said, said

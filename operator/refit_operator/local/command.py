@@ -447,8 +447,23 @@ def _opening_lines(
 
 
 def _undrained_note(args: argparse.Namespace, result: RunResult) -> str | None:
-    """Why a drain that was asked for did not happen, or None."""
-    if result.drained is not None or result.interrupted:
+    """Why a drain that was asked for did not happen or changed nothing, or None."""
+    if result.interrupted:
+        return None
+    if result.drained is not None:
+        late = (
+            result.succeeded
+            and "-rollout-" in result.drained
+            and result.status.rollout.replacements == 0
+        )
+        if late:
+            # The runner looks between rounds: on a starved machine the pod may finish
+            # its last refit before the drain reaches it, and a finished slot needs no one.
+            return (
+                f"refit run: note: the drain reached {result.drained} after it had "
+                "committed every refit: no replacement was needed (give the job a "
+                "weights.synthetic.pace or more refits to see one)"
+            )
         return None
     if args.drain_at_refit is not None:
         return (
