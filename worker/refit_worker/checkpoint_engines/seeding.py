@@ -346,9 +346,11 @@ async def _read_share(
             raise SeedError(f"{source.label}: its landing set does not hold {name!r} whole")
         local.append((target.data_ptr(), nbytes, device_id(target)))
         remote.append((offered.addr, nbytes, offered.dev_id))
-    if landing.metadata:
-        reader.agent.add_remote_memory(source.agent.agent_name, landing.metadata)
     try:
+        # Inside: a peer that left since its manifest was read (a drained pod that
+        # stopped staying) fails here already; that is a failed seed, not this rank's.
+        if landing.metadata:
+            reader.agent.add_remote_memory(source.agent.agent_name, landing.metadata)
         await reader.agent.read(
             source.agent.agent_name,
             local,
