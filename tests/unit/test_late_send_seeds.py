@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import torch
+from tests.support.operator_run import eventually
 
 import refit_worker.peer_seeds as peer_seeds
 from refit_worker.checkpoint_engines.messages import NixlAgentMetadata
@@ -47,8 +48,6 @@ LAST = REFITS - 1
 #: membership check), far inside the transfer timeout it would otherwise hit.
 ACT_S = 20.0
 
-T = TypeVar("T")
-
 
 class _NoSend:
     """An engine whose receive never completes: the policy sent the refit to another pod."""
@@ -66,13 +65,6 @@ class _NoSend:
             self.cancelled = True
             raise
         raise AssertionError("unreachable: the event is never set")
-
-
-async def _within(step: Awaitable[T], what: str) -> T:
-    try:
-        return await asyncio.wait_for(step, ACT_S)
-    except TimeoutError:
-        raise AssertionError(f"waited {ACT_S:g}s for {what}") from None
 
 
 def _uid() -> str:
@@ -157,11 +149,8 @@ class _Looks:
 
     async def seen(self, count: int) -> None:
         """Until the session checked ``count`` times (each ~1 s apart, between polls)."""
-        await _within(self._count(count), f"the session's check #{count} of the policy ranks")
-
-    async def _count(self, count: int) -> None:
-        while len(self.said) < count:
-            await asyncio.sleep(0.05)
+        what = f"the session's check #{count} of the policy ranks"
+        await eventually(lambda: len(self.said) >= count, what, timeout=ACT_S)
 
 
 def _targets(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
@@ -210,7 +199,7 @@ class _Waiting:
         )
 
     async def started(self) -> None:
-        await _within(self.engine.waiting.wait(), "the rank to wait for the send")
+        await eventually(self.engine.waiting.is_set, "the rank to wait for the send", ACT_S)
         await self.looks.seen(2)
         assert self.looks.said[:2] == [False, False]
         assert not self.arriving.done() and self.pulls.calls == []
@@ -225,7 +214,8 @@ async def test_a_rank_waiting_for_a_send_seeds_it_once_the_policy_ranks_are_done
     await rank.started()
     # The policy ranks finish and leave late members to rollout-0, which stays.
     job.policy("done", REFITS)
-    received = await _within(rank.arriving, "the rank to seed the refit from rollout-0")
+    await eventually(rank.arriving.done, "the rank to seed the refit from rollout-0", ACT_S)
+    received = rank.arriving.result()
     assert (received.timing.refit_id, received.timing.bytes) == (LAST, 512)
     assert rank.engine.cancelled, "the wait for the send was not given up"
     assert rank.looks.said[-1] is True and rank.looks.said.count(True) == 1
