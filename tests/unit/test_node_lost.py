@@ -123,7 +123,12 @@ def _pods(node_of: dict[int, str], status: dict[str, Any] | None = None) -> list
     return out
 
 
-def _round(pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any]], bound: float = 30.0):
+def _round(
+    pods: list[dict[str, Any]],
+    nodes: dict[str, dict[str, Any]],
+    bound: float = 30.0,
+    status: RefitJobStatus | None = None,
+):
     facts = {name: node_facts(node) for name, node in nodes.items()}
     observed = observe(
         pods,
@@ -133,7 +138,8 @@ def _round(pods: list[dict[str, Any]], nodes: dict[str, dict[str, Any]], bound: 
         now=NOW,
         node_lost_seconds=bound,
     )
-    status = RefitJobStatus(created_epoch=0, phase=Phase.RUNNING)
+    if status is None:
+        status = RefitJobStatus(created_epoch=0, phase=Phase.RUNNING)
     job = JobView(ref=REF, generation=1, raw_spec=SPEC, status=status)
     return observed, reconcile(job, observed, NOW, RenderOptions())
 
@@ -192,10 +198,37 @@ def test_pods_on_an_out_of_service_node_are_force_deleted_with_their_uid() -> No
     # No plain delete of a pod that is force-deleted goes out beside it.
     assert sorted(a.name for a in pod_deletes if a.name in on_a) == sorted(on_a)
     events = [a.message for a in decision.actions if isinstance(a, Emit) and a.reason == "NodeLost"]
+    # Both are pods the job still counts on: the one stuck Terminating is named too.
     assert events == [
         f"node node-a is out of service ({OUT_OF_SERVICE}) (nodeLostSeconds 30): "
-        f"pods {pods[0]['metadata']['name']} are lost"
+        f"pods {pods[0]['metadata']['name']}, {pods[2]['metadata']['name']} are lost"
     ]
+
+
+def _node_lost_events(actions: tuple[Any, ...]) -> list[str]:
+    return [a.message for a in actions if isinstance(a, Emit) and a.reason == "NodeLost"]
+
+
+@pytest.mark.parametrize("lost", [(0,), (1, 2)], ids=["policy-pod", "rollout-pods"])
+def test_pods_the_taint_eviction_deleted_first_are_announced_once(lost: tuple[int, ...]) -> None:
+    # kube-controller-manager evicted them (the pods' tolerationSeconds ran out) before the
+    # operator's round found the node lost: they are deleting, and nobody announced them.
+    pods = _pods(dict.fromkeys(lost, "node-a"))
+    evicted = {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}
+    for index in lost:
+        pods[index]["metadata"]["deletionTimestamp"] = "2026-12-01T11:59:55Z"
+        pods[index]["status"] = {**RUNNING, "conditions": [*RUNNING["conditions"], evicted]}
+    names = ", ".join(sorted(pods[i]["metadata"]["name"] for i in lost))
+    nodes = {"node-a": _node("node-a", "Unknown", 34), "node-b": _node("node-b", "True", 900)}
+    _, first = _round(pods, nodes)
+    assert _node_lost_events(first.actions) == [
+        "node node-a unreachable (Ready Unknown) since 2026-12-01T11:59:26Z "
+        f"(nodeLostSeconds 30): pods {names} are lost"
+    ]
+    # That round replaced them (a new epoch, or the slots' next generation): from its
+    # status the job no longer counts on them, and they are not announced again.
+    _, second = _round(pods, nodes, status=first.status)
+    assert _node_lost_events(second.actions) == []
 
 
 def test_without_nodes_nothing_is_lost_and_nothing_is_added() -> None:

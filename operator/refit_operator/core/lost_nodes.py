@@ -13,7 +13,7 @@ Pure; must not import kopf, kubernetes or aiohttp.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from refit_operator.core.decision import Delete, Emit
 from refit_operator.core.draft import Draft
@@ -40,12 +40,20 @@ def force_deletes(observed: Observed) -> list[Delete]:
     ]
 
 
-def node_events(observed: Observed) -> list[Emit]:
-    """One Warning per lost node naming the pods of the job lost with it; a pod already
-    deleting was announced before."""
+def node_events(observed: Observed, current: Collection[str] = ()) -> list[Emit]:
+    """One Warning per lost node naming the pods of the job lost with it.
+
+    ``current``: the names of the pods the job still counts on (the epoch's policy pods,
+    the rollout slots' pods).  Such a pod is announced even when it is already deleting:
+    kube-controller-manager's taint eviction (a ``tolerationSeconds`` as short as
+    ``nodeLostSeconds``) may delete it before the round that finds it lost.  Any other
+    pod is announced only while not deleting, since the round that replaced it (or
+    deleted it) announced it.
+    """
+    counted = set(current)
     by_node: dict[str, list[ObservedPod]] = {}
     for pod in observed.pods:
-        if pod.node_lost and pod.node is not None and not pod.deleting:
+        if pod.node_lost and pod.node is not None and (not pod.deleting or pod.name in counted):
             by_node.setdefault(pod.node, []).append(pod)
     events = []
     for node, pods in sorted(by_node.items()):
@@ -82,9 +90,10 @@ def recheck_after(observed: Observed) -> float | None:
     return min(waits) if waits else None
 
 
-def act(observed: Observed, draft: Draft) -> None:
+def act(observed: Observed, draft: Draft, current: Collection[str] = ()) -> None:
     """Add the force deletes, the Events and the look again to the round's draft; a
-    plain delete of a pod that is force-deleted is dropped."""
+    plain delete of a pod that is force-deleted is dropped.  ``current``: as for
+    :func:`node_events`."""
     forced = force_deletes(observed)
     if forced:
         names = {d.name for d in forced}
@@ -94,7 +103,7 @@ def act(observed: Observed, draft: Draft) -> None:
             if not (isinstance(a, Delete) and a.kind == "Pod" and a.name in names)
         ]
         draft.actions.extend(forced)
-    draft.actions.extend(node_events(observed))
+    draft.actions.extend(node_events(observed, current))
     wait = recheck_after(observed)
     if wait is not None:
         draft.later(wait)

@@ -49,7 +49,7 @@ def reconcile(job: JobView, observed: Observed, now: datetime, options: RenderOp
     outcome = decide(inp, draft)
     # Whatever the steps decided: pods on lost nodes are announced, force-deleted when out
     # of service, and a not-ready node's bound is waited out.
-    lost_nodes.act(observed, draft)
+    lost_nodes.act(observed, draft, current=[p.name for p in inp.current])
     new = phase_of(outcome, current=job.status.phase, retry_invalid=retry)
     closing.close_round(inp, draft, old=job.status.phase, new=new)
     ttl.expire(draft, job.basics.ttl_seconds_after_finished, new)
