@@ -463,16 +463,25 @@ def test_kill_rollout_at_refit_replaces_that_replica_alone(tmp_path: Path) -> No
     done = _run([str(path), *args, "--workdir", str(work)], timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    # The killed pod's bytes stay counted beside its replacement's: the count is every
-    # refit each of the three rollout pods' logs says the policy sent it.  Not a count of
-    # pods: a pod may get nothing from the policy (seeded by its peer, issue #31, or
-    # killed before its first commit); once on a loaded machine the status counted two.
-    logs = [p.read_text() for p in (work / "logs").glob("e2e-run-rollout-*.log")]
+    # The killed pod's bytes stay counted beside its replacement's: each rollout pod's
+    # count is every refit its log says the policy sent it.  Not a count of pods: a pod may
+    # get nothing from the policy (seeded by its peer, issue #31, or killed before its
+    # first commit); once on a loaded machine the status counted two.  The killed pod's
+    # log may be one refit short: its rank reports a commit, then logs it, and the SIGKILL
+    # can land between the two (met beside a busy core: reported 1, logged 0).
+    logs = {p.name: p.read_text() for p in (work / "logs").glob("e2e-run-rollout-*.log")}
     assert len(logs) == 3, out
     final = json.loads(status.read_text())["status"]
     model = final["rolloutReplicas"][0]["seededBytes"]  # any refit's bytes
-    sent = sum(len(sent_refits(text)) for text in logs)
-    assert _one_byte_figure(out, status) == sent * model, (final["bytesCounted"], out)
+    counted = {row["uid"][:8]: row["bytes"] for row in final["bytesCounted"]}
+    assert _one_byte_figure(out, status) == sum(counted.values()), out
+    killed = re.search(r"e2e-run-rollout-0-g0-(\w{8})\.log", " ".join(logs))
+    assert killed is not None, sorted(logs)
+    for name, text in logs.items():
+        uid = name.removesuffix(".log")[-8:]
+        logged = len(sent_refits(text)) * model
+        allowed = (logged, logged + model) if uid == killed.group(1) else (logged,)
+        assert counted.get(uid, 0) in allowed, (name, counted, logged, out)
     assert re.search(r"reason=Fault SIGKILL rollout pod e2e-run-rollout-0\S* at refit 2", out)
     assert "the policy pods ran on untouched (same 2 uid(s))" in out, out
     assert re.search(r"its replacement committed its first refit [\d.]+ s after the kill", out)
