@@ -27,14 +27,17 @@ Must not import: nixl, torch.distributed, the transport modules of this package.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
 from .base import SAME_WIDTH_INT, dtype_name
-from .integrity import Algorithm, as_bytes, tensors_digest
-from .messages import DeltaEntry, DeltaHeader
+from .boxes import Box, intersect
+from .delta_shards import block_problem, box_of, global_index, state_blocks_digest
+from .integrity import Algorithm, algorithm_for, as_bytes, tensors_digest
+from .messages import BlockRef, DeltaEntry, DeltaHeader
 
 #: The one tensor a delta refit sends (its manifest lists nothing else).
 DELTA_TENSOR = "kube-refit/delta"
@@ -107,9 +110,13 @@ def encode_delta(
     current: Mapping[str, torch.Tensor],
     previous: Mapping[str, torch.Tensor],
     arena: DeltaArena,
+    blocks: Mapping[str, BlockRef] | None = None,
 ) -> Delta:
     """The elements of ``current`` whose bits differ from ``previous`` (same names, dtypes
-    and shapes, contiguous), packed into ``arena``'s memory on ``current``'s device."""
+    and shapes, contiguous), packed into ``arena``'s memory on ``current``'s device.
+
+    ``blocks``: a sharded sender's local shards, each tensor the block it names of a
+    global tensor (:mod:`.delta_shards`); the entries carry it."""
     if set(current) != set(previous):
         raise ValueError(
             f"the weights changed their names since the base: added "
@@ -136,6 +143,12 @@ def encode_delta(
         offset = _align(cursor)
         values_offset = _align(offset + index.numel() * _INDEX[kind].itemsize)
         cursor = values_offset + index.numel() * tensor.element_size()
+        block = None if blocks is None else blocks[name]
+        if block is not None and math.prod(block.size) != tensor.numel():
+            raise ValueError(
+                f"tensor {name!r}: the local shard has {tensor.numel()} elements, its block "
+                f"{block.offset}+{block.size} {math.prod(block.size)}"
+            )
         entries.append(
             DeltaEntry(
                 name=name,
@@ -145,6 +158,7 @@ def encode_delta(
                 index_dtype=kind,
                 offset=offset,
                 values_offset=values_offset,
+                block=block,
             )
         )
     device = next(iter(current.values())).device if current else torch.device("cpu")
@@ -172,15 +186,13 @@ def check_delta(header: DeltaHeader, data: torch.Tensor, base: Mapping[str, torc
         raise DeltaRejectedError(
             f"the delta has {data.numel()} bytes, its header says {header.nbytes}"
         )
-    seen: set[str] = set()
+    seen: dict[str, list[Box | None]] = {}
     for entry in header.entries:
         tensor = base.get(entry.name)
         if tensor is None:
             raise DeltaRejectedError(f"the delta names tensor {entry.name!r}, which the base lacks")
-        if entry.name in seen:
-            raise DeltaRejectedError(f"the delta lists tensor {entry.name!r} twice")
-        seen.add(entry.name)
-        if entry.dtype != dtype_name(tensor.dtype) or entry.numel != tensor.numel():
+        _check_block(entry, tensor, seen.setdefault(entry.name, []))
+        if entry.dtype != dtype_name(tensor.dtype) or entry.numel != _entry_numel(entry, tensor):
             raise DeltaRejectedError(
                 f"tensor {entry.name!r}: the delta is for {entry.numel} x {entry.dtype}, the "
                 f"base holds {tensor.numel()} x {dtype_name(tensor.dtype)}"
@@ -191,10 +203,37 @@ def check_delta(header: DeltaHeader, data: torch.Tensor, base: Mapping[str, torc
         if misaligned or index_end > entry.values_offset or values_end > header.nbytes:
             raise DeltaRejectedError(f"tensor {entry.name!r}: its entry lies outside the delta")
         index = _slot(data, entry.offset, entry.count, _INDEX[entry.index_dtype])
-        if int(index.min()) < 0 or int(index.max()) >= tensor.numel():
+        if int(index.min()) < 0 or int(index.max()) >= entry.numel:
             raise DeltaRejectedError(
-                f"tensor {entry.name!r}: an index lies outside its {tensor.numel()} elements"
+                f"tensor {entry.name!r}: an index lies outside its {entry.numel} elements"
             )
+
+
+def _entry_numel(entry: DeltaEntry, tensor: torch.Tensor) -> int:
+    """The elements an entry's indices run over: its block's, else the tensor's."""
+    return tensor.numel() if entry.block is None else math.prod(entry.block.size)
+
+
+def _check_block(entry: DeltaEntry, tensor: torch.Tensor, before: list[Box | None]) -> None:
+    """An entry's block must be a block of ``tensor`` that no other entry of it overlaps;
+    an entry without a block (the whole tensor) must be the tensor's only one."""
+    name, block = entry.name, entry.block
+    if block is None:
+        if before:
+            raise DeltaRejectedError(f"the delta lists tensor {name!r} twice")
+        before.append(None)
+        return
+    problem = block_problem(block)
+    if problem is not None or block.shape != tuple(tensor.shape):
+        raise DeltaRejectedError(
+            f"tensor {name!r}: {problem or f'the block is of a {list(block.shape)} tensor'}, "
+            f"the base holds {list(tensor.shape)}"
+        )
+    box = box_of(block)
+    for other in before:
+        if other is None or (box.numel and other.numel and intersect(box, other) is not None):
+            raise DeltaRejectedError(f"the delta lists tensor {name!r} twice (block {box})")
+    before.append(box)
 
 
 def apply_delta(
@@ -214,16 +253,35 @@ def apply_delta(
         spare[name].copy_(tensor)
     for entry in header.entries:
         target = spare[entry.name]
-        index = _slot(data, entry.offset, entry.count, _INDEX[entry.index_dtype]).long()
+        index = _slot(data, entry.offset, entry.count, _INDEX[entry.index_dtype])
+        flat = index.long() if entry.block is None else global_index(index, entry.block)
         values = _slot(data, entry.values_offset, entry.count, target.dtype)
-        target.view(-1)[index] = values
-    digest = tensors_digest(spare, algorithm)
+        target.view(-1)[flat] = values
+    where = ""
+    if header.blocks is None:
+        digest = tensors_digest(spare, algorithm)
+    else:
+        try:
+            digest, first = state_blocks_digest(
+                spare, header.blocks, algorithm or _algorithm_of(spare)
+            )
+        except ValueError as exc:
+            raise DeltaRejectedError(f"the delta's blocks do not fit the base: {exc}") from exc
+        if first is not None:
+            where = (
+                f" (first differing: {first.name!r} block {first.block.offset}+{first.block.size})"
+            )
     if digest != header.digest:
         raise DeltaRejectedError(
             f"the delta onto refit {header.base_refit} gives state {digest}, the trainer's is "
-            f"{header.digest}: rejected, the served weights are unchanged"
+            f"{header.digest}{where}: rejected, the served weights are unchanged"
         )
     return digest
+
+
+def _algorithm_of(state: Mapping[str, torch.Tensor]) -> Algorithm:
+    device = next(iter(state.values())).device if state else torch.device("cpu")
+    return algorithm_for(device)
 
 
 def base_bytes(named: Mapping[str, torch.Tensor]) -> int:

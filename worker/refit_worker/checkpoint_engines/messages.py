@@ -163,10 +163,31 @@ class ManifestEntry(_Model):
     sources: tuple[SourceBox, ...] | None = None
 
 
+class BlockRef(_Model):
+    """A block of a tensor of global ``shape``: ``size[d]`` entries from ``offset[d]``."""
+
+    shape: tuple[Annotated[int, Field(ge=0)], ...]
+    offset: tuple[Annotated[int, Field(ge=0)], ...]
+    size: tuple[Annotated[int, Field(ge=0)], ...]
+
+
+class BlockHash(_Model):
+    """The integrity hash of one block of a tensor (a sharded delta's whole-state check)."""
+
+    name: str = Field(min_length=1)
+    dtype: str
+    block: BlockRef
+    hash: int = Field(ge=0, lt=2**64)
+
+
 class DeltaEntry(_Model):
     """The changed elements of one tensor inside a delta's bytes: ``count`` flat indices
     (``index_dtype``, ascending) at byte ``offset``, then their new values (the tensor's
-    ``dtype``) at byte ``values_offset``."""
+    ``dtype``) at byte ``values_offset``.
+
+    From a sharded sender (``block`` set) the entry covers one block of the tensor: the
+    indices are flat within the block, ``numel`` is the block's, and a tensor may have one
+    entry per block."""
 
     name: str = Field(min_length=1)
     dtype: str
@@ -175,6 +196,7 @@ class DeltaEntry(_Model):
     index_dtype: Literal["int32", "int64"]
     offset: int = Field(ge=0)
     values_offset: int = Field(ge=0)
+    block: BlockRef | None = None
 
 
 class DeltaHeader(_Model):
@@ -187,6 +209,9 @@ class DeltaHeader(_Model):
     #: Bytes of the delta tensor; tensors without a change are not listed.
     nbytes: int = Field(ge=0)
     entries: tuple[DeltaEntry, ...]
+    #: From sharded senders: every block's hash, of which ``digest`` is the digest (no
+    #: sender holds a whole tensor); the receiver hashes the same blocks of its result.
+    blocks: tuple[BlockHash, ...] | None = None
 
 
 class Manifest(_Control):
