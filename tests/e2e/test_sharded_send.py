@@ -73,6 +73,35 @@ def test_sharded_send_is_bit_exact_with_no_collective(
         assert all(n < model_bytes * rollouts for n in sent), "no rank sent everything"
 
 
+#: A sharded delta's agreement before the plan: every rank's offer, its length then its
+#: JSON bytes (the changed elements' entries and the blocks' hashes, never the weights).
+DELTA_OFFERS = ("torch.distributed.all_gather", "torch.distributed.all_gather")
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "tp"])
+def test_sharded_senders_send_deltas_of_their_own_blocks_bit_exact(
+    tmp_path: Path, layout: str
+) -> None:
+    # Only the MLPs' down projections train: Shard(0) under FSDP2, Shard(1) under TP
+    # (RowwiseParallel), about an eighth of the elements.
+    job = ShardedJob(
+        layout=layout, refits=5, mode="double_buffer", delta="on", train="mlp.down_proj"
+    )
+    reports = run_sharded_job(job, tmp_path)
+    _check_bit_exact(reports, job)
+    model_bytes = reports[("policy", 0)]["model_bytes"]
+    for refit in range(job.refits):
+        counted = [reports[("policy", r)]["collectives"][refit] for r in range(job.policy)]
+        assert counted == [list(DELTA_OFFERS + GANG_PLAN)] * job.policy, f"refit {refit}"
+        sent = sum(reports[("policy", r)]["bytes"][refit] for r in range(job.policy))
+        if refit == 0:
+            assert sent == model_bytes, "the first refit has no base: whole"
+        else:
+            assert 0 < sent < model_bytes / 3, f"refit {refit}: {sent} of {model_bytes} bytes"
+            # Each rank wrote its own piece: both sent some of the changes.
+            assert all(reports[("policy", r)]["bytes"][refit] for r in range(job.policy))
+
+
 def test_unsupported_placements_are_refused_naming_the_parameter(tmp_path: Path) -> None:
     refusals = run_refusals(tmp_path)
     name = "'model.layers.0.self_attn.q_proj.weight'"

@@ -75,6 +75,10 @@ class ShardedJob:
     timeout_s: float = 60.0
     store: str = ""
     pg: str = ""
+    #: ``transfer.delta`` (None: off).
+    delta: str | None = None
+    #: Only parameters whose name holds this are stepped ('': all), so a delta is small.
+    train: str = ""
 
 
 class CollectiveCounter(TorchDispatchMode):
@@ -224,7 +228,9 @@ def _config(job: ShardedJob, role: str, rank: int) -> Any:
         rollout_world_size=job.rollouts,
         pod_uid=str(uuid.uuid4()),
         pod_name=f"sharded-{role}-{rank}",
-        transfer=TransferConfig(bucket_size=job.bucket_size, timeout_seconds=job.timeout_s),
+        transfer=TransferConfig(
+            bucket_size=job.bucket_size, timeout_seconds=job.timeout_s, delta=job.delta
+        ),
         rendezvous=RendezvousConfig(store="file", location=job.store),
     )
 
@@ -269,7 +275,8 @@ def policy_main(job_json: str, rank: int, out_q: Any) -> None:
             for n, p in model.named_parameters()
             if isinstance(p, DTensor)
         }
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        trained = [p for n, p in model.named_parameters() if job.train in n]
+        optimizer = torch.optim.AdamW(trained, lr=1e-2)
         session.connect()
         for refit in range(job.refits):
             if refit:

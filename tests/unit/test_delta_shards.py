@@ -29,6 +29,7 @@ from refit_worker.checkpoint_engines.delta_shards import (
 )
 from refit_worker.checkpoint_engines.integrity import tensors_digest
 from refit_worker.checkpoint_engines.messages import BlockHash, DeltaHeader
+from refit_worker.delta_gang import RankOffer, fold_offers
 from refit_worker.weights import advance
 
 Named = dict[str, torch.Tensor]
@@ -215,3 +216,70 @@ def test_merged_pieces_keep_each_ranks_entries_inside_its_own_bytes() -> None:
     assert all(o % 8 == 0 and v % 8 == 0 for o, v in ends)
     assert len({e.offset for e in header.entries}) == len(header.entries)
     assert header.nbytes == data.numel()
+
+
+def _offers(before: Named, after: Named, layout: Layout, *, bases: list[int]) -> list[RankOffer]:
+    """Each rank's offer as :meth:`DeltaSource.offer_sharded` builds it (base refit per rank)."""
+    boxes = _rank_blocks(before, layout)
+    offers = []
+    for rank in range(4):
+        refs = {n: block_ref(before[n].shape, b) for n, (b, _) in boxes[rank].items()}
+        now = {n: block_view(after[n], r).contiguous() for n, r in refs.items()}
+        then = {n: block_view(before[n], r).contiguous() for n, r in refs.items()}
+        mine = [n for n, (_, encodes) in boxes[rank].items() if encodes]
+        delta = encode_delta(
+            {n: now[n] for n in mine}, {n: then[n] for n in mine}, DeltaArena(), refs
+        )
+        offers.append(
+            RankOffer(
+                can=True,
+                base_refit=bases[rank],
+                base_digest=f"xxh3_64/blocks:{bases[rank]:016x}",
+                nbytes=delta.nbytes,
+                entries=delta.entries,
+                changed=delta.changed,
+                total=delta.total,
+                whole=sum(now[n].numel() * now[n].element_size() for n in mine),
+                hashes=tuple(hash_blocks(now, refs, "xxh3_64")),
+            )
+        )
+    return offers
+
+
+def test_the_gang_agrees_on_one_delta_when_every_rank_can_and_it_pays() -> None:
+    before = _model()
+    after = {n: t.clone() for n, t in before.items()}
+    advance(after, 3, 0.05)
+    offers = _offers(before, after, MESH_2D, bases=[3, 3, 3, 3])
+    gang = fold_offers(offers, "xxh3_64")
+    assert gang.header is not None and gang.why_whole == ""
+    assert gang.total == sum(t.numel() for t in before.values()), "every element once"
+    assert [box.size[0] for _, box in gang.pieces] == [o.nbytes for o in offers]
+    spare = {n: torch.zeros_like(t) for n, t in before.items()}
+    data = torch.zeros(gang.header.nbytes, dtype=torch.uint8)  # no change sent: rejected
+    with pytest.raises(DeltaRejectedError):
+        apply_delta(gang.header, data, before, spare)
+
+
+@pytest.mark.parametrize(
+    ("change", "bases", "unable", "why"),
+    [
+        (0.05, [3, 3, 2, 3], None, "different bases"),
+        (0.05, [3, 3, 3, 3], 1, "policy ranks [1] hold no base"),
+        (1.0, [3, 3, 3, 3], None, "100.0% of the elements changed"),
+    ],
+)
+def test_the_gang_sends_whole_when_one_rank_cannot_or_a_delta_would_not_pay(
+    change: float, bases: list[int], unable: int | None, why: str
+) -> None:
+    before = _model()
+    after = {n: t.clone() for n, t in before.items()}
+    advance(after, 3, change)
+    offers = _offers(before, after, FSDP, bases=bases)
+    if unable is not None:
+        offers[unable] = RankOffer(can=False, hashes=offers[unable].hashes)
+    gang = fold_offers(offers, "xxh3_64")
+    assert gang.header is None and gang.pieces == ()
+    assert why in gang.why_whole
+    # The version's digest is the same either way: the blocks of the weights sent.
+    assert gang.digest == fold_offers(_offers(before, after, FSDP, bases=[3] * 4), "xxh3_64").digest

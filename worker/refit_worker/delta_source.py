@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
+from refit_worker.checkpoint_engines.boxes import Box
 from refit_worker.checkpoint_engines.delta import (
     DELTA_TENSOR,
     Delta,
@@ -35,8 +36,11 @@ from refit_worker.checkpoint_engines.delta import (
     encode_delta,
     worth_sending,
 )
-from refit_worker.checkpoint_engines.integrity import tensors_digest
+from refit_worker.checkpoint_engines.delta_shards import block_ref, encoded_here, hash_blocks
+from refit_worker.checkpoint_engines.integrity import Algorithm, tensors_digest
 from refit_worker.checkpoint_engines.messages import DeltaHeader
+from refit_worker.checkpoint_engines.shards import ShardedSource
+from refit_worker.delta_gang import RankOffer, fold_offers
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,10 @@ class Offer:
     delta: Delta | None
     #: When the offer was made (the refit's time runs from here: encoding is part of it).
     started: float = 0.0
+    #: A sharded refit: every rank's piece of the delta tensor (None: not sharded, or
+    #: whole), and this rank's blocks of the weights (what :meth:`DeltaSource.sent` copies).
+    pieces: tuple[tuple[int, Box], ...] | None = None
+    local: dict[str, torch.Tensor] | None = None
 
 
 class DeltaSource:
@@ -80,6 +88,8 @@ class DeltaSource:
         self._whole_s: float | None = None
         self._delta_s: float | None = None
         self._since = 0
+        #: Why deltas stopped for good (None: they go on).
+        self.refused: str | None = None
 
     def offer(self, items: Items, refit: int) -> Offer:
         """The first round's payload for refit ``refit`` of ``items``."""
@@ -117,6 +127,89 @@ class DeltaSource:
         )
         return Offer(digest, header, [(DELTA_TENSOR, delta.data)], delta, started)
 
+    def offer_sharded(
+        self,
+        local: Sequence[ShardedSource],
+        refit: int,
+        exchange: Callable[[bytes], list[bytes]],
+        algorithm: Algorithm,
+    ) -> Offer:
+        """The first round's payload for refit ``refit`` of a DTensor trainer's weights
+        (``local``: this rank's blocks), agreed with the other policy ranks through
+        ``exchange`` (every rank's bytes, in rank order): all send a delta, each its own
+        piece, or all send whole (:mod:`refit_worker.delta_gang`)."""
+        started = time.perf_counter()
+        current = {s.held.name: s.local for s in local}
+        refs = {s.held.name: block_ref(s.held.shape, _own_box(s, self.rank)) for s in local}
+        mine = [
+            s.held.name
+            for index, s in enumerate(local)
+            if encoded_here(s.held.boxes, self.rank, index)
+        ]
+        hashes = tuple(hash_blocks(current, refs, algorithm))
+        copy, version = self._copy, self._version
+        can = (
+            self.refused is None
+            and copy is not None
+            and version is not None
+            and _same_layout(current, copy)
+            and prefer_delta(self.mode, self._whole_s, self._delta_s, self._since)
+        )
+        whole = sum(current[n].numel() * current[n].element_size() for n in mine)
+        delta: Delta | None = None
+        mine_offer = RankOffer(can=False, whole=whole, hashes=hashes)
+        if can and copy is not None and version is not None:
+            delta = encode_delta(
+                {n: current[n] for n in mine}, {n: copy[n] for n in mine}, self._arena, refs
+            )
+            mine_offer = RankOffer(
+                can=True,
+                base_refit=version[0],
+                base_digest=version[1],
+                nbytes=delta.nbytes,
+                entries=delta.entries,
+                changed=delta.changed,
+                total=delta.total,
+                whole=whole,
+                hashes=hashes,
+            )
+        offers = [
+            RankOffer.model_validate_json(data)
+            for data in exchange(mine_offer.model_dump_json().encode())
+        ]
+        gang = fold_offers(offers, algorithm)
+        if gang.header is None or delta is None:
+            if version is not None:
+                log.info(
+                    "policy rank %d: refit %d goes whole: %s", self.rank, refit, gang.why_whole
+                )
+            return Offer(gang.digest, None, [], None, started, local=current)
+        log.info(
+            "policy rank %d: refit %d as a delta onto refit %d, all policy ranks: %.2f%% of "
+            "the elements changed, %d of %d bytes (%d of them this rank's)",
+            self.rank,
+            refit,
+            gang.header.base_refit,
+            100 * gang.changed_fraction,
+            gang.nbytes,
+            gang.whole,
+            delta.nbytes,
+        )
+        return Offer(
+            gang.digest,
+            gang.header,
+            [(DELTA_TENSOR, delta.data)],
+            delta,
+            started,
+            pieces=gang.pieces,
+            local=current,
+        )
+
+    def refuse(self, reason: str) -> None:
+        """Send every later refit whole (a target reshapes what it receives).  A sharded
+        rank still offers, so that the gang's exchanges stay in step."""
+        self.refused = reason
+
     def sent(self, refit: int, items: Items, offer: Offer) -> None:
         """Refit ``refit`` (``offer``) reached its members: the next delta is onto it."""
         seconds = time.perf_counter() - offer.started
@@ -136,13 +229,17 @@ class DeltaSource:
             self._whole_s = seconds
             self._since += 1
         digest = offer.digest
-        current = _contiguous(items)
+        current = offer.local if offer.local is not None else _contiguous(items)
         copy = self._copy
         if copy is None or not _same_layout(current, copy):
             copy = {name: torch.empty_like(t) for name, t in current.items()}
         for name, tensor in current.items():
             copy[name].copy_(tensor)
         self._copy, self._version = copy, (refit, digest)
+
+
+def _own_box(source: ShardedSource, rank: int) -> Box:
+    return next(box for r, box in source.held.boxes if r == rank)
 
 
 def _contiguous(items: Items) -> dict[str, torch.Tensor]:

@@ -8,7 +8,8 @@ gang met again in the trainer's next collective only once the group's timeout re
 it.  Here policy rank 0 alone reads the barrier and hands it to the others over the
 policy role's torch.distributed group (the group the entrypoint joins, or the caller's):
 a length, then the plan's JSON bytes as a uint8 tensor (never pickle).  After the send
-the ranks gather one small int each, so that they all retry a refit, or none does.
+the ranks gather one small int each, so that they all retry a refit, or none does.  A
+sharded delta's offers (:mod:`refit_worker.delta_source`) are exchanged the same way.
 
 :func:`encode_plan`, :func:`decode_plan` and :func:`fold_verdict` are pure; :class:`PolicyGang`
 runs the collectives (blocking: the session calls them in a worker thread).
@@ -155,6 +156,22 @@ class PolicyGang:
         if not self.shared:
             return fold_verdict([flag])
         return fold_verdict([int(f) for f in all_gather_item(flag, torch.int64, group=self.group)])
+
+    def exchange(self, data: bytes) -> list[bytes]:
+        """Every rank's ``data`` (JSON, never pickle), in rank order: the lengths, then the
+        bytes padded to the longest (two all-gathers).  A sharded delta's offers go this
+        way: a few bytes per changed tensor and block, never the weights."""
+        if not self.shared:
+            return [data]
+        lengths = [int(n) for n in all_gather_item(len(data), torch.int64, group=self.group)]
+        mine = torch.zeros(max(lengths), dtype=torch.uint8)
+        if data:
+            mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        mine = mine.to(self.device)
+        gathered = [torch.empty_like(mine) for _ in lengths]
+        dist.all_gather(gathered, mine, group=self.group)
+        pairs = zip(gathered, lengths, strict=True)
+        return [bytes(t[:n].cpu().numpy().tobytes()) for t, n in pairs]
 
     def _broadcast_length(self, length: int) -> int:
         tensor = torch.tensor([length], dtype=torch.int64, device=self.device)

@@ -22,7 +22,12 @@ from refit_worker.checkpoint_engines import (
     RefitTiming,
 )
 from refit_worker.checkpoint_engines.base import dtype_from_name
-from refit_worker.checkpoint_engines.delta import apply_delta
+from refit_worker.checkpoint_engines.delta import apply_delta, blocks_algorithm
+from refit_worker.checkpoint_engines.delta_shards import (
+    BlocksKey,
+    blocks_key,
+    state_blocks_digest,
+)
 from refit_worker.checkpoint_engines.messages import DeltaHeader
 from refit_worker.checkpoint_engines.planning import TensorSpec
 from refit_worker.checkpoint_engines.receiver import DeltaTarget
@@ -89,6 +94,10 @@ class RolloutSession(RefitSession):
         self._doubles: dict[int, DoubleBuffer] = {}  # by id() of the caller's target
         self._released: Any = None  # CUDA event: readers of the spare copy are done
         self._partial = False
+        #: A sharded delta's blocks and verified digest: of the refit being committed, and
+        #: of the committed one (so its next delta's base is not hashed again).
+        self._blocks_pending: tuple[BlocksKey, str] | None = None
+        self._blocks_digest: tuple[int, BlocksKey, str] | None = None
         self._seeds = PeerSeeds(self.connection)
         self._started_at = process_started_at()
         #: The peers the refit being committed was seeded from (empty: the policy's send).
@@ -292,7 +301,10 @@ class RolloutSession(RefitSession):
 
         def apply(header: DeltaHeader, data: torch.Tensor) -> Mapping[str, torch.Tensor]:
             filled = spare()
+            self._blocks_pending = None
             apply_delta(header, data, self._base_state(), filled)
+            if header.blocks is not None:  # the next sharded delta's base: no hash again
+                self._blocks_pending = (blocks_key(header.blocks), header.digest)
             log.info(
                 "rollout rank %d: refit applied as a delta onto refit %d (%d tensors "
                 "changed, %d bytes); whole-state digest %s matches the trainer's",
@@ -304,7 +316,20 @@ class RolloutSession(RefitSession):
             )
             return filled
 
-        return DeltaTarget(self.served_version, apply)
+        return DeltaTarget(self.served_version, apply, self._base_blocks_digest)
+
+    def _base_blocks_digest(self, header: DeltaHeader) -> str:
+        """The served version's digest in a sharded delta's blocks: known when that version
+        came as a sharded delta in the same blocks, else hashed here."""
+        blocks = header.blocks or ()
+        known = self._blocks_digest
+        committed = self._committed
+        if committed is None:
+            raise ValueError("no version is served")
+        if known is not None and known[:2] == (committed.refit_id, blocks_key(blocks)):
+            return known[2]
+        algorithm = blocks_algorithm(header)
+        return state_blocks_digest(committed.state, blocks, algorithm)[0]
 
     def _first(self, refit_id: int | None) -> int:
         return self.reporter.log.refits_completed if refit_id is None else refit_id
@@ -483,6 +508,8 @@ class RolloutSession(RefitSession):
 
     def _commit(self, refit_id: int, state: StateDict) -> None:
         self._committed = CommittedRefit(refit_id, state)  # one assignment: atomic to readers
+        pending, self._blocks_pending = self._blocks_pending, None
+        self._blocks_digest = None if pending is None else (refit_id, *pending)
         engine = self.connection.engine if self.connection.connected else None
         if engine is not None and engine.device.type == "cuda":
             # Readers queued on the old copy must finish before a refit refills it.

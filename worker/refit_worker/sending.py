@@ -33,8 +33,9 @@ import torch
 import torch.distributed as dist
 
 from refit_worker.checkpoint_engines import RefitTiming
+from refit_worker.checkpoint_engines.integrity import algorithm_for
 from refit_worker.checkpoint_engines.policy_side import DeltaNotApplicable
-from refit_worker.checkpoint_engines.shards import is_sharded
+from refit_worker.checkpoint_engines.shards import is_sharded, local_sources
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry
 from refit_worker.contract.roles import Role
@@ -169,7 +170,7 @@ class PolicySession(RefitSession):
         items = [(name, tensor.detach()) for name, tensor in weights]
         mapping = self._mapping(items)
         rounds = _RefitRounds(self, refit_id, mapping)
-        offer = self._offer(items, refit_id, mapping)
+        offer = await self._offer(items, refit_id, mapping)
         served = await self._serve(items, mapping, Served(refit_id), rounds, offer)
         self._last = served
         if self._deltas is not None and offer is not None:
@@ -253,20 +254,23 @@ class PolicySession(RefitSession):
 
     # -- the serve loop ------------------------------------------------------------------
 
-    def _offer(self, items: Items, refit: int, mapping: RankMapping) -> Offer | None:
-        """The first round's payload with ``transfer.delta`` on or auto (None: off)."""
-        if self._deltas is None:
+    async def _offer(self, items: Items, refit: int, mapping: RankMapping) -> Offer | None:
+        """The first round's payload with ``transfer.delta`` on or auto (None: off).  DTensor
+        weights: every policy rank offers the changes of its own blocks and the gang agrees
+        on one delta, or on a whole refit (a collective over the policy group: every rank
+        takes this step for every refit)."""
+        deltas = self._deltas
+        if deltas is None:
             return None
-        if mapping.sharded:
-            log.warning(
-                "policy rank %d: transfer.delta is %s, but the weights are sharded "
-                "(DTensor): delta refits need the whole weights on the rank; sending whole",
-                self.config.rank,
-                self.config.transfer.delta,
-            )
-            self._deltas = None
-            return None
-        return self._deltas.offer(items, refit)
+        if not mapping.sharded:
+            return deltas.offer(items, refit)
+        device = self.connection.engine.device
+        local = local_sources(
+            items, rank=self.config.rank, world_size=self.config.policy_world_size, device=device
+        )
+        return await asyncio.to_thread(
+            deltas.offer_sharded, local, refit, self.gang.exchange, algorithm_for(device)
+        )
 
     def _mapping(self, items: Items) -> RankMapping:
         engine = self.connection.engine
@@ -338,12 +342,17 @@ class PolicySession(RefitSession):
         if delta is not None and delta.header is not None:  # the first round's delta
             try:
                 return await self.connection.watched(
-                    engine.send_weights(iter(delta.items), refit_id=refit, delta=delta.header),
+                    engine.send_weights(
+                        iter(delta.items), refit_id=refit, delta=delta.header, pieces=delta.pieces
+                    ),
                     self._drop_gone,
                 )
             except DeltaNotApplicable as exc:  # raised before anything was sent
                 log.warning("policy rank %d: %s; sending whole from now on", self.config.rank, exc)
-                self._deltas = None
+                if delta.pieces is None:
+                    self._deltas = None
+                elif self._deltas is not None:  # the gang still exchanges offers each refit
+                    self._deltas.refuse(str(exc))
         return await self.connection.watched(
             engine.send_weights(iter(items), refit_id=refit), self._drop_gone
         )

@@ -36,7 +36,7 @@ import torch
 from .base import SAME_WIDTH_INT, dtype_name
 from .boxes import Box, intersect
 from .delta_shards import block_problem, box_of, global_index, state_blocks_digest
-from .integrity import Algorithm, algorithm_for, as_bytes, tensors_digest
+from .integrity import Algorithm, as_bytes, tensors_digest
 from .messages import BlockRef, DeltaEntry, DeltaHeader
 
 #: The one tensor a delta refit sends (its manifest lists nothing else).
@@ -162,7 +162,9 @@ def encode_delta(
             )
         )
     device = next(iter(current.values())).device if current else torch.device("cpu")
-    data = arena.take(cursor, device)
+    # Whole words: a sharded refit lays the ranks' deltas end to end, each aligned.
+    data = arena.take(_align(cursor), device)
+    data[cursor:].zero_()
     for entry, (_, tensor, index) in zip(entries, found, strict=True):
         _slot(data, entry.offset, entry.count, _INDEX[entry.index_dtype]).copy_(index)
         values = tensor.reshape(-1)[index]
@@ -262,9 +264,7 @@ def apply_delta(
         digest = tensors_digest(spare, algorithm)
     else:
         try:
-            digest, first = state_blocks_digest(
-                spare, header.blocks, algorithm or _algorithm_of(spare)
-            )
+            digest, first = state_blocks_digest(spare, header.blocks, blocks_algorithm(header))
         except ValueError as exc:
             raise DeltaRejectedError(f"the delta's blocks do not fit the base: {exc}") from exc
         if first is not None:
@@ -279,9 +279,15 @@ def apply_delta(
     return digest
 
 
-def _algorithm_of(state: Mapping[str, torch.Tensor]) -> Algorithm:
-    device = next(iter(state.values())).device if state else torch.device("cpu")
-    return algorithm_for(device)
+def blocks_algorithm(header: DeltaHeader) -> Algorithm:
+    """The hash a sharded delta's blocks were taken with (its digest's prefix): the
+    receiver hashes its result's blocks the same way."""
+    name = header.digest.split("/", 1)[0]
+    if name == "xxh3_64":
+        return "xxh3_64"
+    if name == "wsum64":
+        return "wsum64"
+    raise ValueError(f"the delta's digest {header.digest!r} names no known hash")
 
 
 def base_bytes(named: Mapping[str, torch.Tensor]) -> int:
@@ -297,6 +303,7 @@ __all__ = [
     "DeltaRejectedError",
     "apply_delta",
     "base_bytes",
+    "blocks_algorithm",
     "check_delta",
     "encode_delta",
     "worth_sending",

@@ -20,7 +20,6 @@ Must not import: nixl, torch.distributed, the transport modules of this package.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import torch
@@ -34,6 +33,14 @@ from .shard_plan import choose_holders
 
 #: Each rank's piece starts on this byte boundary (indices and values stay aligned).
 PIECE_ALIGN = 8
+
+
+#: Which blocks a sharded state is cut into (names, offsets and sizes; not the hashes).
+BlocksKey = tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]
+
+
+def blocks_key(blocks: Iterable[BlockHash]) -> BlocksKey:
+    return tuple(sorted((h.name, h.block.offset, h.block.size) for h in blocks))
 
 
 def box_of(block: BlockRef) -> Box:
@@ -188,12 +195,15 @@ def merge_pieces(
 ) -> tuple[tuple[DeltaEntry, ...], tuple[int, ...], int]:
     """The ranks' delta pieces (entries, bytes), in rank order, laid end to end: the
     entries with their offsets in the whole, each piece's first byte, and the whole's
-    bytes.  Each piece starts on a :data:`PIECE_ALIGN` boundary."""
+    bytes.  A piece's bytes are whole :data:`PIECE_ALIGN`-byte words (as
+    :func:`~.delta.encode_delta` pads them), so the pieces cover the whole with no gap."""
     entries: list[DeltaEntry] = []
     starts: list[int] = []
     cursor = 0
-    for piece_entries, nbytes in pieces:
-        start = math.ceil(cursor / PIECE_ALIGN) * PIECE_ALIGN
+    for rank, (piece_entries, nbytes) in enumerate(pieces):
+        if nbytes % PIECE_ALIGN:
+            raise ValueError(f"policy rank {rank}'s delta has {nbytes} bytes, not whole words")
+        start = cursor
         starts.append(start)
         for entry in piece_entries:
             entries.append(
@@ -210,10 +220,12 @@ def merge_pieces(
 
 __all__ = [
     "PIECE_ALIGN",
+    "BlocksKey",
     "block_problem",
     "block_ref",
     "block_view",
     "blocks_digest",
+    "blocks_key",
     "box_of",
     "check_blocks",
     "encoded_here",

@@ -63,6 +63,7 @@ import torch
 
 from .agent import NIXL_DEFAULT_BACKEND_NAME, NIXL_TRANSFER_BUFFER_COUNT, NixlAgent
 from .base import CheckpointEngine, RefitTiming
+from .boxes import Box
 from .engine_common import EngineCommon
 from .layout import TargetWeightLayout
 from .mapping import check_world_sizes, source_ranks_for_rollout
@@ -341,6 +342,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         *,
         refit_id: int | None = None,
         delta: DeltaHeader | None = None,
+        pieces: tuple[tuple[int, Box], ...] | None = None,
     ) -> RefitTiming:
         """Send all of ``weights`` to this refit's targets; return once each confirmed or
         was dropped.
@@ -355,10 +357,12 @@ class NIXLCheckpointEngine(CheckpointEngine):
         the header names; a target that lacks that version declines it and is listed in
         the timing's ``wants_whole`` (send it the refit whole).  Raises
         :class:`~.policy_side.DeltaNotApplicable` before anything is sent when a target
-        reshapes what it receives.
+        reshapes what it receives.  ``pieces``: the delta of sharded senders, laid end to end
+        (``(policy rank, box)`` each, :mod:`.delta_shards`): ``weights`` is this rank's
+        piece, and each rank writes only its own.
         """
         side = self._policy_side()
-        return await side.send_weights(weights, refit_id=refit_id, delta=delta)
+        return await side.send_weights(weights, refit_id=refit_id, delta=delta, pieces=pieces)
 
     def drop_target(self, rank: int, reason: str) -> bool:
         """Stop waiting for rollout rank ``rank`` in the send in progress (call it from the

@@ -16,13 +16,15 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from .base import RefitTiming
+from .boxes import Box
 from .delta import DELTA_TENSOR
 from .engine_common import EngineCommon
 from .integrity import algorithm_for
 from .messages import DeltaHeader
 from .routes import Routes
 from .sender import RefitSender, TargetStream
-from .shards import is_sharded, local_sources
+from .shard_plan import Holding
+from .shards import ShardedSource, is_sharded, local_sources
 from .sources import prepare_sources, sources_ready
 
 
@@ -47,6 +49,7 @@ class PolicySide:
         *,
         refit_id: int | None = None,
         delta: DeltaHeader | None = None,
+        pieces: tuple[tuple[int, Box], ...] | None = None,
     ) -> RefitTiming:
         """:meth:`~.nixl.NIXLCheckpointEngine.send_weights`: send to this refit's targets."""
         common, peers = self.common, self.common.peers
@@ -54,8 +57,13 @@ class PolicySide:
         sharded = is_sharded(given)
         if delta is not None:
             self._check_delta(given, sharded)
+        elif pieces is not None:
+            raise ValueError("pieces name a sharded delta's parts: pass its header as delta=")
         # The weights are checked before the refit id moves on: bad input changes nothing.
-        if sharded:
+        if delta is not None and pieces is not None:
+            local = [_delta_piece(delta, pieces, given[0][1], self.rank, common.device)]
+            sharded = True
+        elif sharded:
             local = local_sources(
                 given, rank=self.rank, world_size=peers.train_world_size, device=common.device
             )
@@ -158,6 +166,28 @@ class PolicySide:
         for routes in self._routes.values():
             routes.clear()  # prepared handles name the peer: release them first
         self._routes = {}
+
+
+def _delta_piece(
+    delta: DeltaHeader,
+    pieces: tuple[tuple[int, Box], ...],
+    piece: torch.Tensor,
+    rank: int,
+    device: torch.device,
+) -> ShardedSource:
+    """This rank's piece of a sharded delta as the block it holds of the delta tensor."""
+    mine = [box for r, box in pieces if r == rank]
+    if len(mine) != 1 or mine[0].size != (piece.numel(),) or piece.dtype != torch.uint8:
+        raise ValueError(
+            f"policy rank {rank}: its delta piece is {piece.numel()} x {piece.dtype}, the "
+            f"pieces give it {mine}"
+        )
+    if sum(box.numel for _, box in pieces) != delta.nbytes:
+        raise ValueError(
+            f"the pieces hold {sum(box.numel for _, box in pieces)} bytes, the delta {delta.nbytes}"
+        )
+    held = Holding(DELTA_TENSOR, "uint8", (delta.nbytes,), pieces)
+    return ShardedSource(held, piece.to(device).contiguous())
 
 
 __all__ = ["DeltaNotApplicable", "PolicySide"]

@@ -106,6 +106,9 @@ class DeltaTarget:
 
     base: ServedVersion | None
     apply: Callable[[DeltaHeader, torch.Tensor], Mapping[str, torch.Tensor]]
+    #: The digest of the served version cut into a sharded delta's blocks (raises
+    #: ``ValueError`` when they do not fit it); None: sharded deltas are declined.
+    base_blocks: Callable[[DeltaHeader], str] | None = None
 
 
 @dataclass
@@ -325,10 +328,29 @@ class RefitReceiver:
         base = self.delta.base
         if base is None:
             return "it serves no version yet"
+        if delta.blocks is not None:
+            return self._refuses_blocks(base, delta)
         if (base.refit, base.digest) != (delta.base_refit, delta.base_digest):
             return (
                 f"it serves refit {base.refit} ({base.digest}), the delta is onto refit "
                 f"{delta.base_refit} ({delta.base_digest})"
+            )
+        return None
+
+    def _refuses_blocks(self, base: ServedVersion, delta: DeltaHeader) -> str | None:
+        """A sharded delta's base is checked block by block: no sender hashed a whole tensor."""
+        if base.refit != delta.base_refit:
+            return f"it serves refit {base.refit}, the delta is onto refit {delta.base_refit}"
+        if self.delta is None or self.delta.base_blocks is None:
+            return "this receive does not take sharded deltas"
+        try:
+            ours = self.delta.base_blocks(delta)
+        except ValueError as exc:
+            return f"the delta's blocks do not fit the version it serves: {exc}"
+        if ours != delta.base_digest:
+            return (
+                f"its refit {base.refit} in the delta's blocks is {ours}, the delta is onto "
+                f"{delta.base_digest}"
             )
         return None
 
