@@ -11,33 +11,35 @@ than a bf16 ulp, so only the elements whose master value crossed a bf16 rounding
 change bits.  That share, ``changed_fraction`` (elements whose bf16 bits differ from the
 previous step's bf16 weights), is measured by the bench itself on every step.
 
-After every step policy rank 0 gathers the full bf16 weights (``full_tensor()`` of each
-parameter, a collective with rank 1) into the same plain tensors every step, OUTSIDE the
-timed region: delta refits are not supported for DTensor (sharded) senders in this version,
-a sharded sender sends whole.  Rank 0 then sends that step's weights through two
-:class:`~refit_worker.session.PolicySession` s of its own, each to a
+After every step each policy rank casts its own shards to bf16 (DTensors kept across
+steps, as a trainer's parameters; no gather) and both ranks send that step's weights
+through two :class:`~refit_worker.session.PolicySession` s each, every session to a
 :class:`~refit_worker.session.RolloutSession` in its own process (real NIXL over UCX, file
-rendezvous store, integrity hashes on, the sessions' defaults otherwise):
+rendezvous store, integrity hashes on, the sessions' defaults otherwise).  Each rank writes
+only its own blocks:
 
-* ``delta``: ``transfer.delta: on``: the step's first round sends only the changed
-  elements (int32 index + value), when that is at most half the bytes; the rollout
-  applies them onto a spare copy of the version it serves, checks the whole-state digest
-  against the trainer's, then commits and confirms;
+* ``delta``: ``transfer.delta: on``: each rank finds the changed elements of its own
+  blocks (int32 index + value), the ranks agree on one delta when it is at most half the
+  bytes, and each writes its piece; the rollout applies them onto a spare copy of the
+  version it serves, checks every block's hash against the trainer's, then commits and
+  confirms;
 * ``whole`` (the baseline): ``transfer.delta`` off: every refit is the whole weights.
 
-Each send is timed on the policy rank from the ``send`` call to its return (every receiver
+Each send is timed on policy rank 0 from the ``send`` call to its return (every receiver
 confirmed the refit complete, verified and committed), as ``bench/refit_throughput.py``
 times it; the two sessions go in alternating order.  The delta's time includes the work a
-delta costs on top of the bytes: the policy compares every element with the last refit,
-digests the whole state and keeps a copy of it; the rollout copies the served version into
-its spare, scatters the changes and digests the whole result.  The first refit of a case
+delta costs on top of the bytes: each policy rank compares its blocks with the last refit,
+hashes them and keeps a copy, and the ranks exchange their offers; the rollout copies the
+served version into its spare, scatters the changes and hashes every block of the result.
+The bytes are both ranks' (summed outside the timing).  The first refit of a case
 (the initial weights) and the first ``WARMUP_STEPS`` training steps are refitted but not
 timed (AdamW's first steps move every weight by the full learning rate; buffers are
 allocated and registered); every figure is the median of the ``--runs`` timed steps after them.
 ``x_full`` = whole seconds / delta seconds (>1: the delta is faster); ``rollout s`` is what
 the rollout ranks' ``RefitStats.seconds`` report (transfer + apply + commit).  At the end of
 each case both rollouts' committed weights are checked bit-exact against the trainer's bf16
-weights (``tensors_digest``, reported back as JSON files).
+weights (``tensors_digest`` of the full weights, gathered for that only, outside the timing;
+reported back as JSON files).
 
 ``--json`` adds one JSON line per case (``case``, ``lr``, ``changed_fraction``, ``x_full``,
 ``delta_s``, ``whole_s``, ``delta_bytes``, ``whole_bytes``, ``model_mib``, ``verified``,
@@ -114,24 +116,24 @@ def build(layers: int, hidden: int) -> Stack:
     return model
 
 
-def _config(name: str, role: str, job: dict[str, Any]) -> Any:
+def _config(name: str, role: str, job: dict[str, Any], rank: int = 0) -> Any:
     from refit_worker.contract.config import RendezvousConfig, TransferConfig, WorkerConfig
 
     return WorkerConfig(
         job=f"delta-bench-{name}",
         role=role,
-        rank=0,
-        policy_world_size=1,  # policy rank 0 of the trainer sends alone
+        rank=rank,
+        policy_world_size=POLICY_RANKS,  # every trainer rank sends its own shards
         rollout_world_size=1,
         pod_uid=str(uuid.uuid4()),
-        pod_name=f"delta-bench-{name}-{role}-0",
+        pod_name=f"delta-bench-{name}-{role}-{rank}",
         transfer=TransferConfig(
             delta="on" if name == "delta" else None,
             timeout_seconds=WAIT_S,
             refits=job["refits"],
         ),
         rendezvous=RendezvousConfig(store="file", location=job["stores"][name]),
-        termination_message_path=str(Path(job["tmp"]) / f"{name}-{role}.termination"),
+        termination_message_path=str(Path(job["tmp"]) / f"{name}-{role}-{rank}.termination"),
     )
 
 
@@ -147,8 +149,14 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.int16)
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's block of a DTensor (a plain tensor is its own)."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
+
+
 def policy(rank: int, job: dict[str, Any]) -> None:
-    """One FSDP2 trainer rank; rank 0 also gathers and sends every step's bf16 weights."""
+    """One FSDP2 trainer rank: it sends its own shards of every step's bf16 weights."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
@@ -165,14 +173,15 @@ def policy(rank: int, job: dict[str, Any]) -> None:
     )
     loop = asyncio.new_event_loop()
     sessions: dict[str, PolicySession] = {}
-    if rank == 0:
-        for name in SESSIONS:
-            sessions[name] = PolicySession(_config(name, "policy", job))
-            sessions[name].connect()
+    for name in SESSIONS:  # both ranks connect in the same order (the gang's collectives)
+        sessions[name] = PolicySession(_config(name, "policy", job, rank))
+        sessions[name].connect()
     layers, hidden = job["shape"]
     teacher = torch.randn(hidden, hidden, generator=torch.Generator().manual_seed(7)) / hidden**0.5
-    # Rank 0's bf16 weights as sent: the same tensors every step (as a trainer's parameters).
+    # This rank's bf16 shards as sent: the same DTensors every step (a trainer's parameters),
+    # and the last step's local bits (to count what changed, untimed).
     weights: dict[str, torch.Tensor] = {}
+    last: dict[str, torch.Tensor] = {}
     report: dict[str, Any] = {"cases": []}
     refit = 0
     for lr in job["lrs"]:
@@ -188,46 +197,51 @@ def policy(rank: int, job: dict[str, Any]) -> None:
                 optimizer.step()
                 optimizer.zero_grad()
             changed = 0
-            with torch.no_grad():  # untimed: the gather both ranks take part in
+            with torch.no_grad():  # untimed: a local cast, no collective
                 for name, param in model.named_parameters():
-                    local = param.detach().to(torch.bfloat16)
-                    full = local.full_tensor() if isinstance(local, DTensor) else local
-                    if rank != 0:
-                        continue
                     if name not in weights:
-                        weights[name] = torch.empty_like(full)
-                    elif step:
-                        changed += int((_bits(full) != _bits(weights[name])).sum())
-                    weights[name].copy_(full)
-            if rank == 0:
-                record: dict[str, Any] = {
-                    "refit": refit,
-                    "changed": changed,
-                    "timed": step > WARMUP_STEPS,
+                        weights[name] = param.detach().to(torch.bfloat16)
+                    else:
+                        weights[name].copy_(param.detach())
+                    local = _local(weights[name])
+                    if name in last and step:
+                        changed += int((_bits(local) != _bits(last[name])).sum())
+                    last[name] = local.clone()
+            record: dict[str, Any] = {"refit": refit, "timed": step > WARMUP_STEPS}
+            order = SESSIONS if step % 2 == 0 else SESSIONS[::-1]
+            for name in order:
+                started = time.perf_counter()
+                stats = loop.run_until_complete(
+                    sessions[name].send(weights.items(), refit_id=refit)
+                )
+                record[name] = {
+                    "seconds": time.perf_counter() - started,
+                    "bytes": stats.bytes,
+                    "stats_s": stats.seconds,
+                    "registrations": stats.registrations,
+                    "delivered": sorted(stats.delivered),
                 }
-                order = SESSIONS if step % 2 == 0 else SESSIONS[::-1]
-                for name in order:
-                    started = time.perf_counter()
-                    stats = loop.run_until_complete(
-                        sessions[name].send(weights.items(), refit_id=refit)
-                    )
-                    record[name] = {
-                        "seconds": time.perf_counter() - started,
-                        "bytes": stats.bytes,
-                        "stats_s": stats.seconds,
-                        "registrations": stats.registrations,
-                        "delivered": sorted(stats.delivered),
-                    }
-                case["steps"].append(record)
+            # Untimed: both ranks' bytes and changed elements (rank 0 reports the sums).
+            sums = torch.tensor(
+                [changed, record["delta"]["bytes"], record["whole"]["bytes"]], dtype=torch.int64
+            )
+            dist.all_reduce(sums)
+            record["changed"] = int(sums[0])
+            record["delta"]["bytes"], record["whole"]["bytes"] = int(sums[1]), int(sums[2])
+            case["steps"].append(record)
             refit += 1
             dist.barrier()
+        with torch.no_grad():  # untimed: the full weights, for the bit-exact check only
+            full = {n: w.full_tensor() if isinstance(w, DTensor) else w for n, w in weights.items()}
         if rank == 0:
-            case["digest"] = tensors_digest(weights)
-            case["elements"] = sum(t.numel() for t in weights.values())
-            case["tensors"] = len(weights)
-            case["whole_bytes"] = sum(t.numel() * t.element_size() for t in weights.values())
+            case["digest"] = tensors_digest(full)
+            case["elements"] = sum(t.numel() for t in full.values())
+            case["tensors"] = len(full)
+            case["whole_bytes"] = sum(t.numel() * t.element_size() for t in full.values())
             report["cases"].append(case)
-        del model, optimizer
+        del model, optimizer, full
+        weights.clear()
+        last.clear()
     for session in sessions.values():
         session.close()
     loop.close()
@@ -266,7 +280,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     from refit_worker.contract.rendezvous import Layout
     from refit_worker.rendezvous import FileStore, RendezvousTimeout
 
-    stores = [FileStore(Path(job["stores"][name]), Layout(1, 1, 1)) for name in SESSIONS]
+    stores = [FileStore(Path(job["stores"][name]), Layout(POLICY_RANKS, 1, 1)) for name in SESSIONS]
     procs = [CTX.Process(target=policy, args=(rank, job)) for rank in range(POLICY_RANKS)]
     procs += [CTX.Process(target=rollout, args=(name, job)) for name in SESSIONS]
     deadline = time.monotonic() + job["wait_s"]
@@ -347,7 +361,7 @@ def _line(
         "runs": job["runs"],
         "warmup_steps": WARMUP_STEPS,
         "policy_ranks": POLICY_RANKS,
-        "sender": "policy rank 0, full bf16 weights gathered untimed (full_tensor())",
+        "sender": f"{POLICY_RANKS} FSDP2 ranks, each its own bf16 shards (no gather)",
         "ucx_tls": os.environ.get("UCX_TLS", "default"),
         "load_1m": job["load_1m"],
     }
@@ -412,8 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"delta vs whole refit: FSDP2 AdamW on {POLICY_RANKS} gloo ranks, float32 master "
         f"weights, {layers} x {hidden}x{hidden} = {layers * hidden * hidden * 2 / 2**20:.0f} "
-        f"MiB sent as bf16 by policy rank 0 (full weights gathered outside the timing: delta "
-        f"refits need whole weights, not DTensor shards) -> 1 rollout per session; "
+        f"MiB sent as bf16 shards, each rank its own (no gather) -> 1 rollout per session; "
         f"{WARMUP_STEPS} warm-up steps + {runs} timed steps per case (medians), "
         f"UCX_TLS={os.environ.get('UCX_TLS', '(default)')}, "
         f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores",

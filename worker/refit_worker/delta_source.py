@@ -5,7 +5,9 @@ each refit it offers the elements that changed since (:mod:`~refit_worker.checkp
 when they are worth sending, with the digest the receiver's result must have; the refit's
 first round sends that, every later round (a replica that lacked the base, a result that
 failed the check, a late member) the whole weights.  Once a refit reached its members the
-copy is brought up to it.
+copy is brought up to it.  A DTensor trainer's rank keeps a copy of its own blocks only,
+and its offer is agreed with the other ranks (:meth:`DeltaSource.offer_sharded`,
+:mod:`refit_worker.delta_gang`).
 
 ``on`` sends a delta whenever it is at most half the bytes.  ``auto`` also asks whether
 deltas pay here (:func:`prefer_delta`): on a fast link (shared memory, a fast NIC) the

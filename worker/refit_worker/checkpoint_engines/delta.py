@@ -20,7 +20,9 @@ The delta travels as one ``uint8`` tensor (``DELTA_TENSOR``) whose layout the
 :func:`apply_delta` checks every entry against the base before it writes, writes only into
 the spare copy, and compares the result's whole-state digest with the trainer's: a delta
 that does not reproduce the trainer's state raises :class:`DeltaRejectedError` and the
-served weights are untouched.
+served weights are untouched.  A sharded trainer's delta (:mod:`.delta_shards`) has one
+entry per changed block, indices flat within the block, and its whole-state check is by
+block: the header lists every block's hash.
 
 Must not import: nixl, torch.distributed, the transport modules of this package.
 """

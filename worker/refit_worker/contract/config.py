@@ -133,12 +133,13 @@ class TransferKnobs(_Frozen):
     delta: Literal["off", "on", "auto"] | None = Field(
         None,
         description=(
-            "on: a policy rank that holds whole (not sharded) weights sends each refit as "
-            "the elements that changed since the last one, when that is at most half the "
-            "bytes; a replica applies it onto a copy of the version it serves and commits "
-            "only if the result's whole-state digest is the trainer's. A replica that lacks "
-            "that version gets the refit whole. Costs the policy rank one more copy of the "
-            "weights and a few passes over them per refit. auto: as on, but only while the "
+            "on: the policy sends each refit as the elements that changed since the last "
+            "one, when that is at most half the bytes (sharded FSDP2/TP ranks each send the "
+            "changes of their own blocks); a replica applies it onto a copy of the version "
+            "it serves and commits only if the result's whole-state digest is the trainer's. "
+            "A replica that lacks that version gets the refit whole. Costs each policy rank "
+            "one more copy of its weights and a few passes over them per refit. auto: as "
+            "on, but only while the "
             "last delta refit took less time than the last whole one (tried again every 8 "
             "refits): finding and applying the changes can cost more than a fast link "
             "saves. off (or unset): every refit is sent whole."
