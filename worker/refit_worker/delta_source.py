@@ -40,7 +40,7 @@ from refit_worker.checkpoint_engines.delta import (
 )
 from refit_worker.checkpoint_engines.delta_shards import block_ref, encoded_here, hash_blocks
 from refit_worker.checkpoint_engines.integrity import Algorithm, tensors_digest
-from refit_worker.checkpoint_engines.messages import DeltaHeader
+from refit_worker.checkpoint_engines.messages import BlockHash, BlockRef, DeltaHeader
 from refit_worker.checkpoint_engines.shards import ShardedSource
 from refit_worker.delta_gang import RankOffer, fold_offers
 
@@ -149,39 +149,14 @@ class DeltaSource:
             if encoded_here(s.held.boxes, self.rank, index)
         ]
         hashes = tuple(hash_blocks(current, refs, algorithm))
-        copy, version = self._copy, self._version
-        can = (
-            self.refused is None
-            and copy is not None
-            and version is not None
-            and _same_layout(current, copy)
-            and prefer_delta(self.mode, self._whole_s, self._delta_s, self._since)
-        )
-        whole = sum(current[n].numel() * current[n].element_size() for n in mine)
-        delta: Delta | None = None
-        mine_offer = RankOffer(can=False, whole=whole, hashes=hashes)
-        if can and copy is not None and version is not None:
-            delta = encode_delta(
-                {n: current[n] for n in mine}, {n: copy[n] for n in mine}, self._arena, refs
-            )
-            mine_offer = RankOffer(
-                can=True,
-                base_refit=version[0],
-                base_digest=version[1],
-                nbytes=delta.nbytes,
-                entries=delta.entries,
-                changed=delta.changed,
-                total=delta.total,
-                whole=whole,
-                hashes=hashes,
-            )
+        mine_offer, delta = self._rank_offer(current, refs, mine, hashes)
         offers = [
             RankOffer.model_validate_json(data)
             for data in exchange(mine_offer.model_dump_json().encode())
         ]
         gang = fold_offers(offers, algorithm)
         if gang.header is None or delta is None:
-            if version is not None:
+            if self._version is not None:
                 log.info(
                     "policy rank %d: refit %d goes whole: %s", self.rank, refit, gang.why_whole
                 )
@@ -206,6 +181,41 @@ class DeltaSource:
             pieces=gang.pieces,
             local=current,
         )
+
+    def _rank_offer(
+        self,
+        current: dict[str, torch.Tensor],
+        refs: dict[str, BlockRef],
+        mine: list[str],
+        hashes: tuple[BlockHash, ...],
+    ) -> tuple[RankOffer, Delta | None]:
+        """This rank's offer (and its delta, when it can send one): ``mine`` names the
+        blocks it encodes of ``current`` (its blocks, ``refs``)."""
+        copy, version = self._copy, self._version
+        whole = sum(current[n].numel() * current[n].element_size() for n in mine)
+        if (
+            self.refused is not None
+            or copy is None
+            or version is None
+            or not _same_layout(current, copy)
+            or not prefer_delta(self.mode, self._whole_s, self._delta_s, self._since)
+        ):
+            return RankOffer(can=False, whole=whole, hashes=hashes), None
+        delta = encode_delta(
+            {n: current[n] for n in mine}, {n: copy[n] for n in mine}, self._arena, refs
+        )
+        offer = RankOffer(
+            can=True,
+            base_refit=version[0],
+            base_digest=version[1],
+            nbytes=delta.nbytes,
+            entries=delta.entries,
+            changed=delta.changed,
+            total=delta.total,
+            whole=whole,
+            hashes=hashes,
+        )
+        return offer, delta
 
     def refuse(self, reason: str) -> None:
         """Send every later refit whole (a target reshapes what it receives).  A sharded

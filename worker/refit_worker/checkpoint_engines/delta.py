@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -141,28 +142,10 @@ def encode_delta(
     entries: list[DeltaEntry] = []
     cursor = 0
     for name, tensor, index in found:
-        kind = "int32" if tensor.numel() < 2**31 else "int64"
-        offset = _align(cursor)
-        values_offset = _align(offset + index.numel() * _INDEX[kind].itemsize)
-        cursor = values_offset + index.numel() * tensor.element_size()
         block = None if blocks is None else blocks[name]
-        if block is not None and math.prod(block.size) != tensor.numel():
-            raise ValueError(
-                f"tensor {name!r}: the local shard has {tensor.numel()} elements, its block "
-                f"{block.offset}+{block.size} {math.prod(block.size)}"
-            )
-        entries.append(
-            DeltaEntry(
-                name=name,
-                dtype=dtype_name(tensor.dtype),
-                numel=tensor.numel(),
-                count=index.numel(),
-                index_dtype=kind,
-                offset=offset,
-                values_offset=values_offset,
-                block=block,
-            )
-        )
+        entry = _entry(name, tensor, index.numel(), _align(cursor), block)
+        entries.append(entry)
+        cursor = entry.values_offset + entry.count * tensor.element_size()
     device = next(iter(current.values())).device if current else torch.device("cpu")
     # Whole words: a sharded refit lays the ranks' deltas end to end, each aligned.
     data = arena.take(_align(cursor), device)
@@ -172,6 +155,29 @@ def encode_delta(
         values = tensor.reshape(-1)[index]
         _slot(data, entry.values_offset, entry.count, tensor.dtype).copy_(values)
     return Delta(tuple(entries), data, changed, total)
+
+
+def _entry(
+    name: str, tensor: torch.Tensor, count: int, offset: int, block: BlockRef | None
+) -> DeltaEntry:
+    """The entry of ``count`` changed elements of ``tensor`` whose indices start at byte
+    ``offset`` (its values follow, aligned)."""
+    if block is not None and math.prod(block.size) != tensor.numel():
+        raise ValueError(
+            f"tensor {name!r}: the local shard has {tensor.numel()} elements, its block "
+            f"{block.offset}+{block.size} {math.prod(block.size)}"
+        )
+    kind: Literal["int32", "int64"] = "int32" if tensor.numel() < 2**31 else "int64"
+    return DeltaEntry(
+        name=name,
+        dtype=dtype_name(tensor.dtype),
+        numel=tensor.numel(),
+        count=count,
+        index_dtype=kind,
+        offset=offset,
+        values_offset=_align(offset + count * _INDEX[kind].itemsize),
+        block=block,
+    )
 
 
 def _slot(data: torch.Tensor, offset: int, count: int, dtype: torch.dtype) -> torch.Tensor:
