@@ -222,6 +222,7 @@ class RolloutSession(RefitSession):
             self._check(verify, arrived, landed.tensors, partial=True)
             started = time.perf_counter()
             self._partial = False
+            self._blocks_pending = None  # in place: never a delta
             self._commit(arrived, dict(landed.tensors))
             return self._stats(landed.timing, time.perf_counter() - started, verified_as)
         double = self._doubles.get(id(target))
@@ -298,10 +299,10 @@ class RolloutSession(RefitSession):
     def _delta_target(self, spare: Callable[[], Mapping[str, torch.Tensor]]) -> DeltaTarget:
         """How this receive takes a delta: onto the version it serves (none yet: it
         declines deltas), applied into ``spare()`` and checked whole before it commits."""
+        self._blocks_pending = None  # only a delta applied in this receive sets it
 
         def apply(header: DeltaHeader, data: torch.Tensor) -> Mapping[str, torch.Tensor]:
             filled = spare()
-            self._blocks_pending = None
             apply_delta(header, data, self._base_state(), filled)
             if header.blocks is not None:  # the next sharded delta's base: no hash again
                 self._blocks_pending = (blocks_key(header.blocks), header.digest)
