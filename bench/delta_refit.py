@@ -288,7 +288,13 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     def check() -> None:  # a rank that died stops the bench (the others would wait)
         failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
         if failed:
-            raise RuntimeError(f"a bench rank failed (exit codes {failed})")
+            hint = (
+                " (-9: SIGKILL, usually the kernel's OOM killer: each policy rank holds its "
+                "fp32 weights, gradients and AdamW state plus two bf16 copies; try --layers 16)"
+                if -9 in failed
+                else ""
+            )
+            raise RuntimeError(f"a bench rank failed (exit codes {failed}){hint}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"the bench's ranks did not finish in {job['wait_s']:g}s")
 
