@@ -11,6 +11,7 @@ import torch
 
 from refit_worker.checkpoint_engines.boxes import Box, Placement, mesh_boxes
 from refit_worker.checkpoint_engines.delta import (
+    Delta,
     DeltaArena,
     DeltaRejectedError,
     apply_delta,
@@ -72,30 +73,35 @@ def _rank_blocks(model: Named, layout: Layout) -> dict[int, dict[str, tuple[Box,
     return out
 
 
+def _rank_deltas(
+    before: Named, after: Named, layout: Layout
+) -> list[tuple[Delta, list[BlockHash], int]]:
+    """Per rank, as :meth:`DeltaSource.offer_sharded` finds it: the delta of the blocks it
+    encodes, the hashes of all its blocks, and the bytes of the blocks it encodes."""
+    boxes = _rank_blocks(before, layout)
+    found = []
+    for rank in range(4):
+        refs = {n: block_ref(before[n].shape, b) for n, (b, _) in boxes[rank].items()}
+        now = {n: block_view(after[n], r).contiguous() for n, r in refs.items()}
+        then = {n: block_view(before[n], r).contiguous() for n, r in refs.items()}
+        mine = [n for n, (_, encodes) in boxes[rank].items() if encodes]
+        delta = encode_delta(
+            {n: now[n] for n in mine}, {n: then[n] for n in mine}, DeltaArena(), refs
+        )
+        whole = sum(now[n].numel() * now[n].element_size() for n in mine)
+        found.append((delta, hash_blocks(now, refs, "xxh3_64"), whole))
+    return found
+
+
 def _sharded_delta(before: Named, after: Named, layout: Layout) -> tuple[DeltaHeader, torch.Tensor]:
     """What the four ranks send together: each encodes its own blocks, hashes them, and the
     pieces and hashes are merged as the gang merges them."""
-    boxes = _rank_blocks(before, layout)
-    pieces, hashes, datas = [], [], []
-    for rank in range(4):
-        refs = {n: block_ref(before[n].shape, b) for n, (b, _) in boxes[rank].items()}
-        local_after = {n: block_view(after[n], r).contiguous() for n, r in refs.items()}
-        local_before = {n: block_view(before[n], r).contiguous() for n, r in refs.items()}
-        mine = [n for n, (_, encodes) in boxes[rank].items() if encodes]
-        delta = encode_delta(
-            {n: local_after[n] for n in mine},
-            {n: local_before[n] for n in mine},
-            DeltaArena(),
-            refs,
-        )
-        pieces.append((delta.entries, delta.nbytes))
-        datas.append(delta.data.clone())
-        hashes.append(hash_blocks(local_after, refs, "xxh3_64"))
-    entries, starts, total = merge_pieces(pieces)
+    ranks = _rank_deltas(before, after, layout)
+    entries, starts, total = merge_pieces([(d.entries, d.nbytes) for d, _, _ in ranks])
     data = torch.zeros(total, dtype=torch.uint8)
-    for start, piece in zip(starts, datas, strict=True):
-        data[start : start + piece.numel()] = piece
-    blocks = merge_hashes(hashes)
+    for start, (delta, _, _) in zip(starts, ranks, strict=True):
+        data[start : start + delta.nbytes] = delta.data
+    blocks = merge_hashes([hashes for _, hashes, _ in ranks])
     header = DeltaHeader(
         base_refit=3,
         base_digest="xxh3_64/blocks:0000000000000000",
@@ -220,30 +226,22 @@ def test_merged_pieces_keep_each_ranks_entries_inside_its_own_bytes() -> None:
 
 def _offers(before: Named, after: Named, layout: Layout, *, bases: list[int]) -> list[RankOffer]:
     """Each rank's offer as :meth:`DeltaSource.offer_sharded` builds it (base refit per rank)."""
-    boxes = _rank_blocks(before, layout)
-    offers = []
-    for rank in range(4):
-        refs = {n: block_ref(before[n].shape, b) for n, (b, _) in boxes[rank].items()}
-        now = {n: block_view(after[n], r).contiguous() for n, r in refs.items()}
-        then = {n: block_view(before[n], r).contiguous() for n, r in refs.items()}
-        mine = [n for n, (_, encodes) in boxes[rank].items() if encodes]
-        delta = encode_delta(
-            {n: now[n] for n in mine}, {n: then[n] for n in mine}, DeltaArena(), refs
+    return [
+        RankOffer(
+            can=True,
+            base_refit=base,
+            base_digest=f"xxh3_64/blocks:{base:016x}",
+            nbytes=delta.nbytes,
+            entries=delta.entries,
+            changed=delta.changed,
+            total=delta.total,
+            whole=whole,
+            hashes=tuple(hashes),
         )
-        offers.append(
-            RankOffer(
-                can=True,
-                base_refit=bases[rank],
-                base_digest=f"xxh3_64/blocks:{bases[rank]:016x}",
-                nbytes=delta.nbytes,
-                entries=delta.entries,
-                changed=delta.changed,
-                total=delta.total,
-                whole=sum(now[n].numel() * now[n].element_size() for n in mine),
-                hashes=tuple(hash_blocks(now, refs, "xxh3_64")),
-            )
+        for base, (delta, hashes, whole) in zip(
+            bases, _rank_deltas(before, after, layout), strict=True
         )
-    return offers
+    ]
 
 
 def test_the_gang_agrees_on_one_delta_when_every_rank_can_and_it_pays() -> None:

@@ -37,14 +37,14 @@ from typing import Literal
 import torch
 
 from .base import SAME_WIDTH_INT, dtype_name
-from .boxes import Box, intersect
-from .delta_shards import block_problem, box_of, global_index, state_blocks_digest
+from .boxes import Box
+from .delta_shards import PIECE_ALIGN, global_index, place_block, state_blocks_digest
 from .integrity import Algorithm, as_bytes, tensors_digest
 from .messages import BlockRef, DeltaEntry, DeltaHeader
 
 #: The one tensor a delta refit sends (its manifest lists nothing else).
 DELTA_TENSOR = "kube-refit/delta"
-_ALIGN = 8
+_ALIGN = PIECE_ALIGN  # a sharded delta lays the ranks' pieces end to end: whole words
 _INDEX = {"int32": torch.int32, "int64": torch.int64}
 #: A delta is sent only while its bytes stay under this share of the whole refit's.
 MAX_SHARE = 0.5
@@ -196,12 +196,12 @@ def check_delta(header: DeltaHeader, data: torch.Tensor, base: Mapping[str, torc
         raise DeltaRejectedError(
             f"the delta has {data.numel()} bytes, its header says {header.nbytes}"
         )
-    seen: dict[str, list[Box | None]] = {}
+    seen: dict[str, list[Box] | None] = {}
     for entry in header.entries:
         tensor = base.get(entry.name)
         if tensor is None:
             raise DeltaRejectedError(f"the delta names tensor {entry.name!r}, which the base lacks")
-        _check_block(entry, tensor, seen.setdefault(entry.name, []))
+        _check_block(entry, tensor, seen)
         if entry.dtype != dtype_name(tensor.dtype) or entry.numel != _entry_numel(entry, tensor):
             raise DeltaRejectedError(
                 f"tensor {entry.name!r}: the delta is for {entry.numel} x {entry.dtype}, the "
@@ -224,26 +224,22 @@ def _entry_numel(entry: DeltaEntry, tensor: torch.Tensor) -> int:
     return tensor.numel() if entry.block is None else math.prod(entry.block.size)
 
 
-def _check_block(entry: DeltaEntry, tensor: torch.Tensor, before: list[Box | None]) -> None:
+def _check_block(
+    entry: DeltaEntry, tensor: torch.Tensor, seen: dict[str, list[Box] | None]
+) -> None:
     """An entry's block must be a block of ``tensor`` that no other entry of it overlaps;
-    an entry without a block (the whole tensor) must be the tensor's only one."""
+    an entry without a block (the whole tensor, ``None`` in ``seen``) must be its only one."""
     name, block = entry.name, entry.block
+    placed = seen.get(name, [])
+    if placed is None or (block is None and name in seen):
+        raise DeltaRejectedError(f"the delta lists tensor {name!r} twice")
     if block is None:
-        if before:
-            raise DeltaRejectedError(f"the delta lists tensor {name!r} twice")
-        before.append(None)
+        seen[name] = None
         return
-    problem = block_problem(block)
-    if problem is not None or block.shape != tuple(tensor.shape):
-        raise DeltaRejectedError(
-            f"tensor {name!r}: {problem or f'the block is of a {list(block.shape)} tensor'}, "
-            f"the base holds {list(tensor.shape)}"
-        )
-    box = box_of(block)
-    for other in before:
-        if other is None or (box.numel and other.numel and intersect(box, other) is not None):
-            raise DeltaRejectedError(f"the delta lists tensor {name!r} twice (block {box})")
-    before.append(box)
+    problem = place_block(placed, block, tensor.shape)
+    if problem is not None:
+        raise DeltaRejectedError(f"the delta lists tensor {name!r} twice or outside it: {problem}")
+    seen[name] = placed
 
 
 def apply_delta(

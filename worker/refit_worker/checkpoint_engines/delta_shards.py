@@ -61,6 +61,22 @@ def block_problem(block: BlockRef) -> str | None:
     return None
 
 
+def place_block(placed: list[Box], block: BlockRef, shape: Sequence[int]) -> str | None:
+    """Add ``block`` to ``placed`` (the blocks of a tensor of ``shape`` met so far), or
+    say why it does not fit: not a block of that tensor, or overlapping one met before."""
+    problem = block_problem(block)
+    if problem is None and block.shape != tuple(shape):
+        problem = f"the block is of a {list(block.shape)} tensor, not {list(shape)}"
+    if problem is not None:
+        return problem
+    box = box_of(block)
+    for other in placed:
+        if box.numel and other.numel and intersect(box, other) is not None:
+            return f"blocks {other} and {box} overlap"
+    placed.append(box)
+    return None
+
+
 def encoded_here(boxes: Sequence[tuple[int, Box]], rank: int, index: int) -> bool:
     """Whether ``rank`` encodes the changes of its block of a tensor held as ``boxes``: a
     block held by several ranks (replicated) is encoded by one of them, taking turns by the
@@ -149,20 +165,14 @@ def check_blocks(blocks: Sequence[BlockHash], state: Mapping[str, torch.Tensor])
         tensor = state.get(h.name)
         if tensor is None:
             raise ValueError(f"the blocks name tensor {h.name!r}, which the state lacks")
-        if h.dtype != dtype_name(tensor.dtype) or h.block.shape != tuple(tensor.shape):
+        if h.dtype != dtype_name(tensor.dtype):
             raise ValueError(
-                f"tensor {h.name!r}: the blocks are of {h.dtype} {list(h.block.shape)}, the "
-                f"state holds {dtype_name(tensor.dtype)} {list(tensor.shape)}"
+                f"tensor {h.name!r}: the blocks are of {h.dtype}, the state holds "
+                f"{dtype_name(tensor.dtype)}"
             )
-        problem = block_problem(h.block)
+        problem = place_block(by_name.setdefault(h.name, []), h.block, tensor.shape)
         if problem is not None:
             raise ValueError(f"tensor {h.name!r}: {problem}")
-        boxes = by_name.setdefault(h.name, [])
-        box = box_of(h.block)
-        for other in boxes:
-            if box.numel and other.numel and intersect(box, other) is not None:
-                raise ValueError(f"tensor {h.name!r}: blocks {other} and {box} overlap")
-        boxes.append(box)
     for name, tensor in state.items():
         covered = sum(b.numel for b in by_name.get(name, []))
         if covered != tensor.numel():
@@ -234,5 +244,6 @@ __all__ = [
     "hash_blocks",
     "merge_hashes",
     "merge_pieces",
+    "place_block",
     "state_blocks_digest",
 ]
