@@ -43,6 +43,7 @@ from refit_worker.owed import all_done
 from refit_worker.peer_seeds import PeerSeeds
 from refit_worker.refits import (
     CommittedRefit,
+    DeltaChanges,
     RefitStats,
     Removed,
     StateDict,
@@ -102,6 +103,7 @@ class RolloutSession(RefitSession):
         self._started_at = process_started_at()
         #: The peers the refit being committed was seeded from (empty: the policy's send).
         self._seeded_from: tuple[str, ...] = ()
+        self._arrived: DeltaChanges | None = None
 
     @property
     def committed(self) -> CommittedRefit | None:
@@ -115,6 +117,13 @@ class RolloutSession(RefitSession):
         to tag its responses with; None before the first commit, and while an in-place
         refit that stopped part-way left the live weights a mix of two."""
         return None if self._partial else self.reporter.log.serving
+
+    @property
+    def arrived_changes(self) -> DeltaChanges | None:
+        """What the refit being received changed, when it came as a delta (None: it came
+        whole, or was seeded): readable from ``verify`` on, until the next receive starts.
+        An engine that serves exactly its ``base_refit`` need land only its ``changed``."""
+        return self._arrived
 
     @property
     def live_weights_partial(self) -> bool:
@@ -174,6 +183,7 @@ class RolloutSession(RefitSession):
         delta = self._delta_target(lambda: self._own.spare(self._own.layout(), device))
         landed = await self._arrive(engine, resolve, self._first(refit_id), refit_id is None, delta)
         arrived = landed.timing.refit_id
+        self._arrived = _changes(landed.delta)
         if verify is not None:
             verify(arrived, dict(landed.tensors))
         started = time.perf_counter()
@@ -217,6 +227,7 @@ class RolloutSession(RefitSession):
             def in_place(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
                 return live_tensors(target, [s.name for s in specs])
 
+            self._arrived = None  # in place: never a delta
             landed = await self._land(engine, in_place, self._first(refit_id), partial=True)
             arrived = landed.timing.refit_id
             self._check(verify, arrived, landed.tensors, partial=True)
@@ -238,6 +249,7 @@ class RolloutSession(RefitSession):
         delta = self._delta_target(lambda: double.spare(list(self._base_state())))
         landed = await self._arrive(engine, spare, self._first(refit_id), refit_id is None, delta)
         arrived = landed.timing.refit_id
+        self._arrived = _changes(landed.delta)
         self._check(verify, arrived, landed.tensors, partial=False)
         started = time.perf_counter()
         self._commit(arrived, double.swap())
@@ -300,6 +312,7 @@ class RolloutSession(RefitSession):
         """How this receive takes a delta: onto the version it serves (none yet: it
         declines deltas), applied into ``spare()`` and checked whole before it commits."""
         self._blocks_pending = None  # only a delta applied in this receive sets it
+        self._arrived = None
 
         def apply(header: DeltaHeader, data: torch.Tensor) -> Mapping[str, torch.Tensor]:
             filled = spare()
@@ -621,3 +634,9 @@ class RolloutSession(RefitSession):
         """Withdraw the seed offer, then disconnect (see :meth:`RefitSession.close`)."""
         self._seeds.close()
         super().close()
+
+
+def _changes(header: DeltaHeader | None) -> DeltaChanges | None:
+    if header is None:
+        return None
+    return DeltaChanges(header.base_refit, frozenset(e.name for e in header.entries))

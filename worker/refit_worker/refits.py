@@ -1,6 +1,7 @@
 """What :class:`~refit_worker.session.RefitSession` hands back and raises.
 
-:class:`RefitStats` (one refit as this rank saw it), :class:`CommittedRefit`, and the ways
+:class:`RefitStats` (one refit as this rank saw it), :class:`CommittedRefit`,
+:class:`DeltaChanges` (what a delta refit changed), and the ways
 a rank's membership ends besides a preemption: :class:`Removed` (a scale-down took its
 rank away; it leaves cleanly) and :class:`Superseded` (another pod holds its rank: this
 one is stale and must write nothing more).
@@ -61,6 +62,16 @@ class RefitStats:
 class CommittedRefit:
     refit_id: int
     state: StateDict
+
+
+@dataclass(frozen=True)
+class DeltaChanges:
+    """A refit that came as a delta: the version it was applied onto and the tensors it
+    changed (by the sent names); every other tensor is that version's, bit for bit.  An
+    engine that serves exactly ``base_refit`` need land only ``changed``."""
+
+    base_refit: int
+    changed: frozenset[str]
 
 
 class Superseded(Preempted):

@@ -43,6 +43,7 @@ from __future__ import annotations
 from refit_worker.receiving import RolloutSession
 from refit_worker.refits import (
     CommittedRefit,
+    DeltaChanges,
     RefitStats,
     RefitUndelivered,
     Removed,
@@ -57,6 +58,7 @@ from refit_worker.targets import PartialRefitError
 
 __all__ = [
     "CommittedRefit",
+    "DeltaChanges",
     "PartialRefitError",
     "PolicySession",
     "Preempted",

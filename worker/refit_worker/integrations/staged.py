@@ -39,7 +39,7 @@ import torch
 
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import ServedVersion, Verification
-from refit_worker.session import Preempted, RefitStats, RolloutSession
+from refit_worker.session import DeltaChanges, Preempted, RefitStats, RolloutSession
 from refit_worker.waits import WaitTimeout
 
 #: Names under this prefix ride along with a refit but are not weights to land.
@@ -63,6 +63,8 @@ class StagedRefit:
     #: Seconds from calling :meth:`StagedReceiver.begin` until the refit was staged: the
     #: wait for the trainer plus the transfer (the engine's own figure is in the commit).
     staged_after_s: float
+    #: It came as a delta: onto which refit, and the tensors it changed (None: whole).
+    delta: DeltaChanges | None = None
 
 
 @dataclass(frozen=True)
@@ -75,12 +77,17 @@ class CommittedFigures:
     #: The version now served: this refit and the digest of its bytes (see
     #: :attr:`RolloutSession.served_version`).
     version: ServedVersion | None = None
+    #: The tensors the landing reloaded, of the refit's (None: not counted).
+    reloaded: tuple[int, int] | None = None
 
     @property
     def message(self) -> str:
+        part = ""
+        if self.reloaded is not None and self.reloaded[0] != self.reloaded[1]:
+            part = f" ({self.reloaded[0]} of {self.reloaded[1]} tensors: a delta's modules)"
         return (
             f"refit {self.stats.refit_id} committed: transfer {self.stats.seconds:.4f} s, "
-            f"landing {self.landing_s:.4f} s, verification {self.verify_s:.4f} s"
+            f"landing {self.landing_s:.4f} s{part}, verification {self.verify_s:.4f} s"
         )
 
 
@@ -180,9 +187,16 @@ class StagedReceiver:
             raise RuntimeError("unreachable: _finish_failed raises")
         return staged
 
-    def commit(self, *, landing_s: float, verify_s: float = 0.0) -> CommittedFigures:
+    def commit(
+        self,
+        *,
+        landing_s: float,
+        verify_s: float = 0.0,
+        reloaded: tuple[int, int] | None = None,
+    ) -> CommittedFigures:
         """The staged refit is live in the engine (and passed the caller's check): let the
-        session commit it and report it, with the split into phases."""
+        session commit it and report it, with the split into phases (``reloaded``: the
+        tensors the landing reloaded, of the refit's)."""
         future = self._require_future()
         if self._staged is None:
             raise RuntimeError(f"refit {self._refit_id} is not staged yet: call staged() first")
@@ -191,7 +205,9 @@ class StagedReceiver:
             stats = future.result(timeout=self._timeout_s)
         finally:
             self._future = None
-        figures = CommittedFigures(stats, landing_s, verify_s, self.session.served_version)
+        figures = CommittedFigures(
+            stats, landing_s, verify_s, self.session.served_version, reloaded
+        )
         reporter = self.session.reporter
         done = reporter.log.refits_completed >= self.session.config.transfer.refits
         reporter.publish("done" if done else "running", figures.message)
@@ -237,7 +253,11 @@ class StagedReceiver:
             def hold(_: int, state: dict[str, torch.Tensor]) -> None:
                 weights, extras = split_extras(state)
                 self._staged = StagedRefit(
-                    refit_id, weights, extras, time.perf_counter() - self._begun_at
+                    refit_id,
+                    weights,
+                    extras,
+                    time.perf_counter() - self._begun_at,
+                    self.session.arrived_changes,
                 )
                 self._staged_event.set()
                 # Blocks this loop only: the transfer is over and the senders confirmed.

@@ -48,12 +48,13 @@ in a vLLM process).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -75,6 +76,7 @@ WORKER_EXTENSION = "refit_worker.integrations.vllm.RefitWorkerExtension"
 BACKEND = "kube-refit"
 
 Layout = dict[str, tuple[int, ...]]
+log = logging.getLogger(__name__)
 
 
 class LandingError(RuntimeError):
@@ -117,6 +119,11 @@ def layout_problems(served: Layout | None, weights: Mapping[str, torch.Tensor]) 
 
 #: Reads the served state back after a landing (:func:`.vllm_served.check_served`).
 ServedCheck = Callable[[Mapping[str, torch.Tensor]], ServedReport]
+#: ``land(weights, changed)``: put ``weights`` (every served tensor, by checkpoint names)
+#: into the engine: all of them (``changed`` None), or only the whole modules that the
+#: ``changed`` ones feed, the rest being what the engine serves already; returns the names
+#: it reloaded.
+Land = Callable[[dict[str, torch.Tensor], frozenset[str] | None], Collection[str]]
 
 
 def _stronger(a: Verification | None, b: Verification | None) -> Verification | None:
@@ -130,12 +137,18 @@ class RefitLanding:
     the read-back of what vLLM then serves.
 
     ``check`` (optional) reads the served state back after every landing; ``complete``:
-    it covers every layer, so a refit it passes is claimed as ``served-params``."""
+    it covers every layer, so a refit it passes is claimed as ``served-params``.
+
+    A refit that came as a delta onto the refit the engine serves (committed, and nothing
+    landed since) lands only the modules its changed tensors feed, and only where the
+    read-back is complete: it then proves the untouched modules too.  Should that
+    read-back find a difference, the refit is landed again whole and read back again, and
+    every later refit lands whole."""
 
     def __init__(
         self,
         receiver: StagedReceiver,
-        land: Callable[[dict[str, torch.Tensor]], None],
+        land: Land,
         served: Layout | None,
         check: ServedCheck | None = None,
         complete: bool = False,
@@ -145,6 +158,12 @@ class RefitLanding:
         self._landing_s = self._check_s = 0.0
         #: The last landing's read-back (None: no check, or none yet).
         self.report: ServedReport | None = None
+        #: The last landing: the tensors it reloaded, and how many the refit has.
+        self.reloaded: tuple[int, int] = (0, 0)
+        #: The refit the engine serves as committed; None: the checkpoint it started
+        #: from, or a landing since then that was not committed (it serves neither).
+        self._serves: int | None = None
+        self._subsets = self._complete
 
     def begin(self, refit_id: int, verified_as: Verification | None = None) -> None:
         """Start receiving ``refit_id``; the claim is the stronger of the caller's check
@@ -165,19 +184,62 @@ class RefitLanding:
             reason = "does not match the served model: " + "; ".join(problems[:5])
             self.receiver.reject(reason)
             raise LandingError(f"refit {staged.refit_id} {reason}; nothing landed")
-        started = time.perf_counter()
-        try:
-            self._land(weights)
-        except Exception as exc:
-            self._fail(staged.refit_id, f"vLLM's loader failed part-way ({exc})", exc)
-        self._landing_s = time.perf_counter() - started
-        self.report = report = self._check(weights) if self._check is not None else None
-        self._check_s = time.perf_counter() - started - self._landing_s
+        changed = self._changed(staged, weights)
+        self._serves = None  # until the commit: the engine serves neither refit
+        self._landing_s = self._check_s = 0.0
+        report = self._land_and_check(staged.refit_id, weights, changed)
+        if report is not None and report.mismatches and changed is not None:
+            log.warning(
+                "refit %d: the landing of the modules its changes feed (%d of %d tensors) "
+                "served wrong (%s); landing it whole, and every refit from now on",
+                staged.refit_id,
+                self.reloaded[0],
+                len(weights),
+                describe(report),
+            )
+            self._subsets = False
+            report = self._land_and_check(staged.refit_id, weights, None)
         if report is not None and report.mismatches:
             self._fail(staged.refit_id, f"served weights differ: {describe(report)}")
         return staged, self._landing_s
 
-    def _fail(self, refit_id: int, why: str, cause: Exception | None = None) -> None:
+    def _changed(
+        self, staged: StagedRefit, weights: Mapping[str, torch.Tensor]
+    ) -> frozenset[str] | None:
+        """The checkpoint tensors in which the staged refit differs from what the engine
+        serves; None: it may differ in any (land it whole)."""
+        delta = staged.delta
+        if delta is None or not self._subsets or delta.base_refit != self._serves:
+            return None
+        sent = {n: t for n, t in staged.weights.items() if n in delta.changed}
+        return frozenset(to_checkpoint_names(sent, self._served)) & weights.keys()
+
+    def _land_and_check(
+        self, refit_id: int, weights: dict[str, torch.Tensor], changed: frozenset[str] | None
+    ) -> ServedReport | None:
+        started = time.perf_counter()
+        try:
+            reloaded = self._land(weights, changed)
+        except Exception as exc:
+            self._fail(refit_id, f"vLLM's loader failed part-way ({exc})", exc)
+        self.reloaded = (len(reloaded), len(weights))
+        checked = time.perf_counter()
+        self._landing_s += checked - started
+        self.report = report = self._check(weights) if self._check is not None else None
+        self._check_s += time.perf_counter() - checked
+        if changed is not None:
+            log.info(
+                "refit %d: a delta changed %d of %d tensors; landed the %d tensors of the "
+                "modules they feed in %.4f s",
+                refit_id,
+                len(changed),
+                len(weights),
+                len(reloaded),
+                checked - started,
+            )
+        return report
+
+    def _fail(self, refit_id: int, why: str, cause: Exception | None = None) -> NoReturn:
         self.receiver.reject(why)
         raise LandingError(
             f"refit {refit_id}: {why}; vLLM serves a mixed model: do not serve, exit so "
@@ -187,22 +249,35 @@ class RefitLanding:
     def commit(self, verify_s: float = 0.0) -> CommittedFigures:
         # The read-back is verification too: the reported split counts it there.
         verify_s += self._check_s
-        return self.receiver.commit(landing_s=self._landing_s, verify_s=verify_s)
+        figures = self.receiver.commit(
+            landing_s=self._landing_s, verify_s=verify_s, reloaded=self.reloaded
+        )
+        self._serves = figures.stats.refit_id
+        return figures
 
 
 def vllm_landing(
     vllm_config: Any, get_model: Callable[[], Any], reload: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
     """The ``land``, ``check`` and ``complete`` of a :class:`RefitLanding` inside vLLM:
-    ``reload`` (vLLM's in-place reload), then the one-time processing it leaves stale
-    redone; the check reads every layer of ``get_model()`` back."""
+    ``reload`` (vLLM's in-place reload) of every tensor or of the modules a delta's
+    changes feed, then the one-time processing it leaves stale redone for what it
+    rebuilt; the check reads every layer of ``get_model()`` back."""
     from refit_worker.integrations import vllm_served
 
     tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
 
-    def land(weights: dict[str, torch.Tensor]) -> None:
-        reload(weights)
-        vllm_served.redo_processing(get_model())
+    def land(weights: dict[str, torch.Tensor], changed: frozenset[str] | None) -> Collection[str]:
+        model = get_model()
+        if changed is None:
+            reload(weights)
+            vllm_served.redo_processing(model)
+            return weights.keys()
+        subset = vllm_served.landing_for(model, weights.keys(), changed)
+        if subset.names:
+            reload({n: t for n, t in weights.items() if n in subset.names})
+            vllm_served.redo_processing(model, subset.modules)
+        return subset.names
 
     def check(weights: Mapping[str, torch.Tensor]) -> ServedReport:
         return vllm_served.check_served(get_model(), weights, tp_size)
@@ -218,6 +293,7 @@ def _figures(figures: CommittedFigures) -> dict[str, Any]:
         "transfer_s": figures.stats.seconds,
         "landing_s": figures.landing_s,
         "verify_s": figures.verify_s,
+        "reloaded": list(figures.reloaded) if figures.reloaded is not None else None,
         # Which weights now answer: the version a response can be tagged with.
         "digest": figures.version.digest if figures.version is not None else None,
     }
@@ -276,7 +352,9 @@ class RefitWorkerExtension:
         """Land the begun refit once staged (the driver holds generation meanwhile).
 
         Returns ``refit_id``, ``landing_s``, ``staged_after_s``, ``extras`` (the refit's
-        extra tensors as lists), and the read-back's ``probed`` and ``unprobed`` layers.
+        extra tensors as lists), ``reloaded`` (the tensors reloaded, of the refit's: fewer
+        for a delta, which lands only the modules its changes feed), and the read-back's
+        ``probed`` and ``unprobed`` layers.
         Raises what stopped the refit (``Preempted``...) or :class:`LandingError`; the
         engine's weights are then untouched."""
         landing = self._refit_require()
@@ -287,6 +365,7 @@ class RefitWorkerExtension:
             "landing_s": landing_s,
             "staged_after_s": staged.staged_after_s,
             "extras": {n: t.tolist() for n, t in staged.extras.items()},
+            "reloaded": list(landing.reloaded),
             "probed": list(report.probed),
             "unprobed": list(report.unprobed),
         }

@@ -8,7 +8,9 @@ stale on the CPU build (read from its source): a tied ``lm_head`` (it shares
 ``embed_tokens.weight``, never receives a tensor of its own, and keeps the oneDNN handle
 packed from the *initial* embedding), and the fused experts (the reload leaves the raw
 ``w13``/``w2`` layout where the kernel reads a prepacked one).  :func:`redo_processing`
-redoes exactly those steps with vLLM's own methods after every landing.
+redoes exactly those steps with vLLM's own methods after every landing, for the modules
+that landing rebuilt (a delta's landing reloads only the modules its changes feed:
+:func:`landing_for`, :mod:`.served_modules`).
 
 :func:`check_served` then reads the served state back through the engine's own kernels:
 for every layer that holds parameters, the tensors it should hold are built from the
@@ -37,7 +39,7 @@ Runs inside a vLLM process.  Must not import: the operator; vLLM at module impor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +51,12 @@ from refit_worker.integrations.served_experts import (
     expert_weights,
     probe_routing,
     reference_moe,
+)
+from refit_worker.integrations.served_modules import (
+    LandingSet,
+    ServedName,
+    landing_set,
+    within,
 )
 
 #: Largest relative error (max |live - expected| / max |expected|) accepted per dtype:
@@ -71,31 +79,60 @@ class ServedReport:
 
 
 @torch.no_grad()
-def redo_processing(model: torch.nn.Module) -> list[str]:
-    """Redo the one-time post-load steps vLLM's reload leaves stale; the layers redone."""
+def redo_processing(model: torch.nn.Module, reloaded: Collection[str] | None = None) -> list[str]:
+    """Redo the one-time post-load steps vLLM's reload leaves stale; the layers redone.
+
+    ``reloaded``: the modules the landing reloaded (:mod:`.served_modules`), whose steps
+    alone are redone: a module the reload did not rebuild still holds its processed
+    state, and processing that twice breaks it (the CPU experts' prepack).  None: the
+    landing reloaded every tensor."""
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
-    loaded = {
-        id(p)
-        for m in model.modules()
+    holder = {
+        id(p): name
+        for name, m in model.named_modules()
         if not isinstance(m, ParallelLMHead)
         for p in m.parameters(recurse=False)
     }
+
+    def rebuilt(name: str) -> bool:
+        return reloaded is None or within(name, reloaded)
+
     done = []
     for name, module in model.named_modules():
         method: Any = getattr(module, "quant_method", None)
         own = list(module.parameters(recurse=False))
-        if isinstance(module, ParallelLMHead) and own and all(id(p) in loaded for p in own):
+        if (
+            isinstance(module, ParallelLMHead)
+            and own
+            and all(id(p) in holder and rebuilt(holder[id(p)]) for p in own)
+        ):
             # Tied: its weight is another layer's, reloaded there; its kernel's handle is not.
             method.process_weights_after_loading(module)
             done.append(name)
         kernel = getattr(method, "moe_kernel", None)
         experts = getattr(kernel, "fused_experts", None)
-        if experts is not None and hasattr(module, "w13_weight"):
+        if experts is not None and hasattr(module, "w13_weight") and rebuilt(name):
             # What `_setup_kernel` does only at first load (the CPU prepack, for one).
             experts.process_weights_after_loading(module)
             done.append(name)
     return done
+
+
+def served_name(model: torch.nn.Module) -> ServedName:
+    """The model's own checkpoint-name -> parameter-name mapping (identity without one)."""
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    if mapper is None:
+        return lambda name: name
+    return mapper.map_name  # type: ignore[no-any-return]
+
+
+def landing_for(
+    model: torch.nn.Module, names: Collection[str], changed: Collection[str]
+) -> LandingSet:
+    """The checkpoint tensors to reload so that ``changed`` lands in whole modules."""
+    modules = {name for name, _ in model.named_modules() if name}
+    return landing_set(names, changed, served_name(model), modules)
 
 
 def _shard_key(hf_name: str, stacked: Mapping[str, tuple[str, Any]]) -> int:
@@ -115,9 +152,10 @@ def expected_params(
     HF tensors with the model's own mapping; stacked parts concatenated in shard order."""
     mapper = getattr(model, "hf_to_vllm_mapper", None)
     stacked: Mapping[str, tuple[str, Any]] = getattr(mapper, "orig_to_new_stacked", {})
+    to_served = served_name(model)
     parts: dict[str, list[tuple[int, torch.Tensor]]] = {}
     for hf_name, tensor in weights.items():
-        name = mapper.map_name(hf_name) if mapper is not None else hf_name
+        name = to_served(hf_name)
         if name is not None:
             parts.setdefault(name, []).append((_shard_key(hf_name, stacked), tensor))
     return {
