@@ -78,7 +78,7 @@ def by_extension(llm: Any, env: dict[str, str], claim: Verification | None) -> N
             say("rejected", refit=refit_id, error=problem, **seen)
             raise SystemExit(1)
         figures = refit.commit(time.perf_counter() - started)
-        read_back = {k: landing[k] for k in ("probed", "unprobed")}
+        read_back = {k: landing[k] for k in ("probed", "unprobed", "reloaded")}
         say("refit", refit=refit_id, figures=figures, **read_back, **seen)
     refit.close()
 

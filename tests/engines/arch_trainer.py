@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -70,6 +71,11 @@ def ground_truth(
 def train(config: WorkerConfig, session: RefitSession, opts: dict[str, Any]) -> None:
     world, rank, arch = config.policy_world_size, config.rank, opts["arch"]
     model = archs.build_model(arch, seed=0).train()  # the rollout's checkpoint, too
+    train_only = opts.get("train_only")
+    for name, param in model.named_parameters():
+        # Partial fine-tuning: the frozen tensors never change, so a delta leaves them out.
+        if train_only and not name.startswith(tuple(train_only)):
+            param.requires_grad_(False)
     optimizer = shard(model, world)
     ids = tiny_llama.corpus_ids()
     served = checkpoint_layout(opts["model_dir"])
@@ -95,6 +101,8 @@ def train(config: WorkerConfig, session: RefitSession, opts: dict[str, Any]) -> 
 
 def main() -> None:
     opts = json.loads(os.environ["ENGINE_TRAINER"])
+    # The worker's own lines (whole or delta, and why) in policy-N.log, beside the JSON.
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     config = WorkerConfig.from_env()
     join_gang(config)
     try:

@@ -27,7 +27,16 @@ landing.  The cases:
   read-back run there, every ``refit_*`` call crosses vLLM's RPC as plain data;
 - ``qwen2-moe-backend-mp``: the MoE through the registry backend with the engine core in
   its own process, the names changing between refits: ``served-params`` from the
-  backend's landing alone.
+  backend's landing alone;
+- ``qwen2-moe-delta`` and ``llama-delta``: delta refits (``delta: on``) from a trainer
+  that trains a few tensors and freezes the rest, so each refit after the first comes as
+  its changes alone and lands only the whole vLLM modules they feed: a part of the fused
+  q/k/v (a third of ``qkv_proj``), one layer's fused experts (the other layer's experts,
+  untouched, keep their prepacked state), a plain layer.  The counts of tensors reloaded
+  are asserted, and the tokens and the read-back of every layer prove the untouched
+  modules too.  In ``llama-delta`` the third landing's subset is broken on purpose (a
+  test-only extension leaves out one of its tensors): the read-back must catch it, the
+  refit be landed again whole and commit, and every later refit land whole.
 
 Real: vLLM, FSDP2 on gloo, NIXL (UCX), the file-backed rendezvous (the test opens the
 barrier, as the operator would).  Emulated: only the planted fault.
@@ -93,6 +102,32 @@ CASES: dict[str, dict[str, Any]] = {
         "per_expert_at": [1],
         "mp": True,
     },
+    # Only q_proj of layer 0 (widened to q/k/v and their biases: 6) and layer 1's experts'
+    # down_proj (widened to the fused experts, 4 experts x 3: 12) change: 18 of 55 land.
+    "qwen2-moe-delta": {
+        "arch": "qwen2-moe",
+        "path": "extension",
+        "refits": 4,
+        "claim": None,
+        "delta": "on",
+        "train_only": [
+            "model.layers.0.self_attn.q_proj",
+            "model.layers.1.mlp.experts.down_proj",
+        ],
+        "reloaded": [[55, 55], [18, 55], [18, 55], [18, 55]],
+    },
+    # Layer 0's down_proj (1) and layer 1's k_proj (widened to q/k/v: 3) of 21.  The third
+    # landing leaves layer 1's q_proj out: landed again whole, and so is the fourth.
+    "llama-delta": {
+        "arch": "llama",
+        "path": "extension",
+        "refits": 4,
+        "delta": "on",
+        "train_only": ["model.layers.0.mlp.down_proj", "model.layers.1.self_attn.k_proj"],
+        "break_landing": 2,
+        "skip": "model.layers.1.self_attn.q_proj.weight",
+        "reloaded": [[21, 21], [4, 21], [21, 21], [21, 21]],
+    },
 }
 
 
@@ -102,7 +137,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _env(store: Path, role: str, rank: int, refits: int, port: int) -> dict[str, str]:
+def _env(
+    store: Path, role: str, rank: int, refits: int, port: int, delta: str | None = None
+) -> dict[str, str]:
     return WorkerConfig(
         job="matrix",
         role=role,  # type: ignore[arg-type]
@@ -113,7 +150,12 @@ def _env(store: Path, role: str, rank: int, refits: int, port: int) -> dict[str,
         pod_uid=str(uuid.uuid4()),
         pod_name=f"matrix-{role}-{rank}",
         master_port=port,
-        transfer=TransferConfig(bucket_size=256 << 10, timeout_seconds=120, refits=refits),
+        transfer=TransferConfig(
+            bucket_size=256 << 10,
+            timeout_seconds=120,
+            refits=refits,
+            delta=delta,  # type: ignore[arg-type]
+        ),
         rendezvous=RendezvousConfig(store="file", location=str(store)),
         termination_message_path=str(store.parent / f"{role}-{rank}.termination"),
     ).to_env()
@@ -122,7 +164,10 @@ def _env(store: Path, role: str, rank: int, refits: int, port: int) -> dict[str,
 def _run(arch: str, case: dict[str, Any], python: Path, tmp: Path) -> dict[str, Any]:
     store_dir, refits, port = tmp / "rdzv", case["refits"], _free_port()
     store = FileStore(store_dir, Layout(2, 1, 1))
-    fault = case.get("fault_at")
+    delta = case.get("delta")
+    # A fault in the landing: one that fails the refit, or one in a subset landing that
+    # the landing must heal by landing the refit whole.
+    fault = case.get("fault_at", case.get("break_landing"))
     rollout = JsonProc(
         [str(python), str(HERE / "arch_rollout.py")],
         engine_env(
@@ -132,7 +177,7 @@ def _run(arch: str, case: dict[str, Any], python: Path, tmp: Path) -> dict[str, 
                     "model_dir": str(tmp / "model"),
                     "path": case["path"],
                     "refits": refits,
-                    "env": _env(store_dir, "rollout", 0, refits, port),
+                    "env": _env(store_dir, "rollout", 0, refits, port, delta),
                     "extension": FAULTY_EXTENSION if fault is not None else WORKER_EXTENSION,
                     "claim": case.get("claim", "tokens"),
                 }
@@ -148,6 +193,7 @@ def _run(arch: str, case: dict[str, Any], python: Path, tmp: Path) -> dict[str, 
             "arch": arch,
             "model_dir": str(tmp / "model"),
             "per_expert_at": case.get("per_expert_at", []),
+            "train_only": case.get("train_only"),
         }
     )
     policies: list[JsonProc] = []
@@ -160,7 +206,8 @@ def _run(arch: str, case: dict[str, Any], python: Path, tmp: Path) -> dict[str, 
             JsonProc(
                 [str(python), str(HERE / "arch_trainer.py")],
                 engine_env(
-                    **_env(store_dir, "policy", rank, refits, port), ENGINE_TRAINER=trainer_opts
+                    **_env(store_dir, "policy", rank, refits, port, delta),
+                    ENGINE_TRAINER=trainer_opts,
                 ),
                 tmp / f"policy-{rank}.log",
             )
@@ -221,6 +268,9 @@ def test_vllm_serves_what_the_trainer_sent(name: str, engine_python: Path, tmp_p
         assert got["unprobed"] == [], got
         for layer in case.get("experts", []):
             assert f"{layer}.routed_experts" in got["probed"], got
+    if "reloaded" in case:  # each delta landed only its modules (or whole, after a fault)
+        assert [r["reloaded"] for r in refits] == case["reloaded"], refits
+        assert [r["figures"]["reloaded"] for r in refits] == case["reloaded"], refits
     if "fault_at" in case:
         (rejected,) = found["rejected"]
         assert rejected["refit"] == case["fault_at"]
