@@ -96,14 +96,21 @@ def take(land: RefitLanding, k: int, commit: bool = True) -> None:
         land.commit()
 
 
-def test_a_delta_onto_the_served_refit_lands_its_changes_alone() -> None:
+def after_a_whole_refit(
+    second: StagedRefit, complete: bool = True
+) -> tuple[Engine, RefitLanding, Receiver]:
+    """Refit 0 landed whole and committed, then ``second``."""
     engine = Engine()
-    land, receiver = landing(
-        [refit(0, (1, 1, 1)), refit(1, (1, 2, 1), DeltaChanges(0, frozenset({"b.weight"})))],
-        engine,
-    )
+    land, receiver = landing([refit(0, (1, 1, 1)), second], engine, complete)
     take(land, 0)
-    take(land, 1)
+    take(land, second.refit_id)
+    return engine, land, receiver
+
+
+def test_a_delta_onto_the_served_refit_lands_its_changes_alone() -> None:
+    engine, land, receiver = after_a_whole_refit(
+        refit(1, (1, 2, 1), DeltaChanges(0, frozenset({"b.weight"})))
+    )
     assert engine.calls == [None, frozenset({"b.weight"})]
     assert land.reloaded == (1, 3)
     assert receiver.committed == [0, 1] and not receiver.rejected
@@ -130,13 +137,9 @@ def test_after_a_landing_that_was_not_committed_the_next_delta_lands_whole() -> 
 
 
 def test_a_delta_onto_another_refit_lands_whole() -> None:
-    engine = Engine()
-    land, _ = landing(
-        [refit(0, (1, 1, 1)), refit(2, (1, 1, 5), DeltaChanges(1, frozenset({"c.weight"})))],
-        engine,
+    engine, _, _ = after_a_whole_refit(
+        refit(2, (1, 1, 5), DeltaChanges(1, frozenset({"c.weight"})))
     )
-    take(land, 0)
-    take(land, 2)
     assert engine.calls == [None, None]
 
 
@@ -172,14 +175,9 @@ def test_a_whole_landing_that_serves_wrong_fails_the_refit() -> None:
 
 
 def test_without_a_complete_read_back_every_refit_lands_whole() -> None:
-    engine = Engine()
-    land, _ = landing(
-        [refit(0, (1, 1, 1)), refit(1, (1, 2, 1), DeltaChanges(0, frozenset({"b.weight"})))],
-        engine,
-        complete=False,
+    engine, _, _ = after_a_whole_refit(
+        refit(1, (1, 2, 1), DeltaChanges(0, frozenset({"b.weight"}))), complete=False
     )
-    take(land, 0)
-    take(land, 1)
     assert engine.calls == [None, None]
 
 
