@@ -12,9 +12,9 @@ Each case lands two ways:
 
 - ``as-sent``: exactly the chosen tensors, then the post-load processing redone for the
   whole model (what a landing that trusted the reload with any subset would do);
-- ``modules``: what the worker's landing does with a delta: the chosen tensors widened to
-  every tensor of the vLLM modules they feed (``vllm_served.landing_for``), the
-  processing redone for those modules alone.
+- ``modules``: the worker's own landing of a delta (``vllm.vllm_landing``): the chosen
+  tensors widened to every tensor of the vLLM modules they feed, the processing redone
+  for those modules alone.
 
 Cases: ``whole`` (every tensor: the control), ``attention`` (every tensor of layer 0's
 attention: whole vLLM modules), ``fused-part`` (layer 0's ``q_proj`` alone: one third of
@@ -56,6 +56,7 @@ import tiny_llama  # noqa: E402
 from tests.engines import archs  # noqa: E402
 
 from refit_worker.integrations import vllm_served  # noqa: E402
+from refit_worker.integrations.vllm import vllm_landing  # noqa: E402
 
 Subset = Callable[[Mapping[str, torch.Tensor]], list[str]]
 
@@ -92,16 +93,20 @@ def _reload_and_read_back(
 
     def on_worker(worker: Any) -> tuple[list[str], int, float]:
         model = worker.model_runner.get_model()
-        chosen, rebuilt = dict(sent), None
-        if way == "modules":
-            subset = vllm_served.landing_for(model, expected.keys(), sent.keys())
-            chosen = {n: expected[n] for n in expected if n in subset.names}
-            rebuilt = subset.modules
+
+        def reload(weights: dict[str, torch.Tensor]) -> None:
+            worker.reload_weights(weights_iterator=list(weights.items()))
+
         started = time.perf_counter()
-        worker.reload_weights(weights_iterator=list(chosen.items()))
-        vllm_served.redo_processing(model, rebuilt)
+        if way == "modules":  # the worker's own landing of a delta, as users run it
+            land = vllm_landing(worker.vllm_config, lambda: model, reload)["land"]
+            reloaded = len(land(dict(expected), frozenset(sent)))
+        else:
+            reload(dict(sent))
+            vllm_served.redo_processing(model)
+            reloaded = len(sent)
         seconds = time.perf_counter() - started
-        return list(vllm_served.check_served(model, expected).mismatches), len(chosen), seconds
+        return list(vllm_served.check_served(model, expected).mismatches), reloaded, seconds
 
     ((mismatches, reloaded, seconds),) = llm.collective_rpc(on_worker)
     return list(mismatches), int(reloaded), float(seconds)

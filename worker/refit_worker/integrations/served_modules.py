@@ -20,7 +20,7 @@ Pure: names only.  Must not import: vLLM, torch, the operator.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 #: Checkpoint (HF) name -> the served parameter name; None: the engine drops the tensor.
@@ -37,16 +37,18 @@ class LandingSet:
     modules: frozenset[str]
 
 
+def _enclosing(name: str) -> Iterator[str]:
+    """``name`` and every dotted prefix of it, deepest first."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        yield ".".join(parts[:end])
+
+
 def owner(param: str, modules: Collection[str]) -> str | None:
     """The deepest of ``modules`` that holds the parameter named ``param`` (None: none
     of them; the root module is not a group)."""
-    parts = param.split(".")[:-1]
-    while parts:
-        candidate = ".".join(parts)
-        if candidate in modules:
-            return candidate
-        parts.pop()
-    return None
+    parent = param.rpartition(".")[0]
+    return next((m for m in _enclosing(parent) if m in modules), None) if parent else None
 
 
 def landing_set(
@@ -72,5 +74,6 @@ def landing_set(
 
 
 def within(module: str, roots: Collection[str]) -> bool:
-    """Whether ``module`` is one of ``roots`` or lies inside one."""
-    return any(module == r or module.startswith(r + ".") for r in roots)
+    """Whether ``module`` is one of ``roots`` or lies inside one (a walk up its own name:
+    called for every module of the model, so it must not scan ``roots``)."""
+    return any(m in roots for m in _enclosing(module))
