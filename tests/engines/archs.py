@@ -9,6 +9,10 @@ a 2-core machine, chosen for what it exercises in vLLM's loader:
 - ``qwen2-moe``: Qwen2-MoE, 4 experts, top-2, a shared expert with its gate.  transformers
   5 holds the experts fused (``experts.gate_up_proj`` ``[E, 2I, H]``); its checkpoint
   stores them per expert.
+- ``mixtral``: Mixtral, 4 experts, top-2, no shared expert.  Besides fusing the experts,
+  transformers 5 renames its MoE block: ``mlp.experts.gate_up_proj`` and ``mlp.gate`` in
+  memory are ``block_sparse_moe.experts.<e>.w1/w3.weight`` and ``block_sparse_moe.gate``
+  in its checkpoint.
 
 All share ``tiny_llama``'s tokenizer, prompts and corpus, so greedy tokens mean the same
 everywhere.  :func:`hf_reference` is the ground truth the trainer sends along with each
@@ -67,6 +71,17 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
             "norm_topk_prob": False,
             "decoder_sparse_step": 1,
             "mlp_only_layers": [],
+            "tie_word_embeddings": False,
+        },
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        {
+            **ATTN,
+            "intermediate_size": 64,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
             "tie_word_embeddings": False,
         },
     ),
