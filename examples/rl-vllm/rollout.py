@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tiny_llama
 
 from refit_worker.contract.config import WorkerConfig
-from refit_worker.contract.exits import EXIT_FAILED, EXIT_PREEMPTED
+from refit_worker.contract.exits import EXIT_PREEMPTED
+from refit_worker.contract.failures import exit_code_for
 from refit_worker.integrations.vllm import WORKER_EXTENSION, VllmRefit
 from refit_worker.session import Preempted
 from refit_worker.termination import write_termination_message
@@ -52,7 +53,7 @@ def refit_once(llm: Any, refit: VllmRefit, refit_id: int) -> None:
     landing = refit.land()
     started = time.perf_counter()
     tokens = tiny_llama.vllm_greedy(llm)
-    expected = landing["extras"]["expected_tokens"]
+    expected = landing.extras["expected_tokens"]
     verify_s = time.perf_counter() - started
     if tokens != expected:
         refit.reject("vLLM's greedy tokens differ from the trainer's")
@@ -89,7 +90,9 @@ def main() -> int:
     except Exception as exc:
         write_termination_message(f"{type(exc).__name__}: {exc}", config.termination_message_path)
         log.exception("the rollout failed")
-        return EXIT_FAILED
+        # A refit the served model cannot take (LayoutRefused) fails the job at once: a
+        # replacement would meet the same names; anything else is replaced.
+        return exit_code_for(exc)
     finally:
         tiny_llama.shutdown_llm(llm)
     return 0

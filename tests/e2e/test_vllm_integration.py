@@ -106,4 +106,4 @@ def test_the_integration_loads_without_vllm() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "refit_worker.integrations.vllm.RefitWorkerExtension"
+    assert done.stdout.strip() == "refit_worker.integrations.vllm.extension.RefitWorkerExtension"

@@ -11,9 +11,14 @@ once, and takes every pending refit:
   here with the trainer's ground truth (the refit's extras); committed claiming
   ``claim`` (default ``tokens``; null: only what the landing's own read-back reached);
 - ``backend``: vLLM's own ``init_weight_transfer_engine`` / ``start_weight_update`` /
-  ``update_weights`` / ``finish_weight_update`` (nothing but the backend's own read-back
-  is claimed); the tokens and logprobs are reported for the test to compare with the
-  trainer's.
+  ``update_weights`` / ``finish_weight_update``, made by ``VllmBackendRefit`` (nothing but
+  the backend's own read-back is claimed); the tokens and logprobs are reported for the
+  test to compare with the trainer's.
+
+After every commit the rollout generates again (``after``): the tokens, logprobs and
+weight versions a client then gets.  Prefix caching is on and the prompts share a
+72-token prefix (``tiny_llama.PROMPTS``), so a KV block cached from older weights would
+show in those tokens.
 
 A refit the landing refuses (``LandingError``) or whose tokens differ is reported as
 ``{"step": "rejected"}`` and the process exits 1, as a rollout rank must (it then does
@@ -37,7 +42,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "rl-vl
 import tiny_llama
 
 from refit_worker.contract.entries import Verification
-from refit_worker.integrations.vllm import BACKEND, LandingError, VllmRefit, register_backend
+from refit_worker.contract.failures import exit_code_for
+from refit_worker.integrations.vllm import (
+    BACKEND,
+    LandingError,
+    VllmBackendRefit,
+    VllmRefit,
+    register_backend,
+    weight_versions,
+)
 
 LOGPROB_ATOL = 1e-3
 
@@ -46,14 +59,19 @@ def say(step: str, **fields: Any) -> None:
     print(json.dumps({"step": step, **fields}), flush=True)
 
 
+def generate(llm: Any) -> dict[str, Any]:
+    """vLLM's greedy tokens, their logprobs, and the weight versions that produced them."""
+    tokens, logprobs, outputs = archs.vllm_reference(llm)
+    return {"tokens": tokens, "logprobs": logprobs, "versions": weight_versions(outputs[0])}
+
+
 def check(llm: Any, extras: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
     """Why vLLM's tokens or logprobs differ from the trainer's (None: they agree)."""
-    tokens, logprobs = archs.vllm_reference(llm)
-    expected = extras["expected_logprobs"]
-    gap = archs.logprob_gap(logprobs, expected)
-    seen = {"tokens": tokens, "logprob_gap": gap}
-    if tokens != extras["expected_tokens"]:
-        return f"vLLM's greedy tokens {tokens} differ from HF's", seen
+    seen = generate(llm)
+    gap = archs.logprob_gap(seen.pop("logprobs"), extras["expected_logprobs"])
+    seen["logprob_gap"] = gap
+    if seen["tokens"] != extras["expected_tokens"]:
+        return f"vLLM's greedy tokens {seen['tokens']} differ from HF's", seen
     if gap > LOGPROB_ATOL:
         return f"vLLM's logprobs differ from HF's by up to {gap:.3g}", seen
     return None, seen
@@ -66,36 +84,45 @@ def by_extension(llm: Any, env: dict[str, str], claim: Verification | None) -> N
         refit.begin(refit_id, verified_as=claim)
         while not refit.ready():
             time.sleep(0.05)
+        staged_at = time.monotonic()
         try:
             landing = refit.land()
         except LandingError as exc:
-            say("rejected", refit=refit_id, error=str(exc))
-            raise SystemExit(1) from exc
+            after = time.monotonic() - staged_at
+            say("rejected", refit=refit_id, error=str(exc), refused_after_s=after)
+            # A layout no replacement can cure exits not-retryable: the job fails at once.
+            raise SystemExit(exit_code_for(exc)) from exc
         started = time.perf_counter()
-        problem, seen = check(llm, landing["extras"])
+        problem, seen = check(llm, landing.extras)
         if problem is not None:
             refit.reject(problem)
             say("rejected", refit=refit_id, error=problem, **seen)
             raise SystemExit(1)
         figures = refit.commit(time.perf_counter() - started)
-        read_back = {k: landing[k] for k in ("probed", "unprobed", "reloaded")}
-        say("refit", refit=refit_id, figures=figures, **read_back, **seen)
+        # After the commit: what a client now gets, and the version it is tagged with.
+        after = generate(llm)
+        read_back = {
+            "probed": list(landing.probed),
+            "unprobed": list(landing.unprobed),
+            "reloaded": list(landing.reloaded),
+        }
+        say("refit", refit=refit_id, figures=figures, after=after, **read_back, **seen)
     refit.close()
 
 
 def by_backend(llm: Any, env: dict[str, str], refits: int) -> None:
-    llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {"env": env}})
+    """vLLM's own weight-transfer calls, made by kube-refit's driver for the backend (the
+    caches cleared, the weight version set at the commit)."""
+    backend = VllmBackendRefit(llm)
+    backend.init(env)
     for refit_id in range(refits):
-        llm.collective_rpc("start_weight_update")
         try:
-            llm.collective_rpc("update_weights", kwargs={"update_info": {"refit_id": refit_id}})
+            version = backend.update(refit_id)
         except Exception as exc:
             say("rejected", refit=refit_id, error=f"{type(exc).__name__}: {exc}")
             raise SystemExit(1) from exc
-        llm.collective_rpc("finish_weight_update")
-        tokens, logprobs = archs.vllm_reference(llm)
-        say("refit", refit=refit_id, tokens=tokens, logprobs=logprobs)
-    llm.collective_rpc("shutdown_weight_transfer_engine")
+        say("refit", refit=refit_id, version=version, after=generate(llm))
+    backend.close()
 
 
 def main() -> None:
@@ -109,7 +136,8 @@ def main() -> None:
     # through the plugin entry point of an installed kube-refit (not this checkout's).
     backend = {"weight_transfer_config": {"backend": BACKEND}} if opts["path"] == "backend" else {}
     llm = tiny_llama.start_llm(model_dir, worker_extension_cls=opts["extension"], **backend)
-    tokens, _ = archs.vllm_reference(llm)
+    # The first requests fill the prefix cache with KV blocks of the initial weights.
+    tokens, _, _ = archs.vllm_reference(llm)
     say("started", seconds=time.perf_counter() - started, tokens=tokens)
     try:
         if opts["path"] == "extension":

@@ -38,7 +38,7 @@ import tiny_llama
 from policy import batch_for, join_gang, reference_weights, shard, train_step
 
 from refit_worker.contract.config import WorkerConfig
-from refit_worker.integrations.hf_names import to_checkpoint_names
+from refit_worker.integrations.hf_names import checkpoint_model_type, to_checkpoint_names
 from refit_worker.integrations.staged import EXTRA_PREFIX
 from refit_worker.integrations.vllm import checkpoint_layout
 from refit_worker.session import RefitSession
@@ -79,14 +79,18 @@ def train(config: WorkerConfig, session: RefitSession, opts: dict[str, Any]) -> 
     optimizer = shard(model, world)
     ids = tiny_llama.corpus_ids()
     served = checkpoint_layout(opts["model_dir"])
+    model_type = checkpoint_model_type(opts["model_dir"])
     for refit in session.pending_refits:
         loss = train_step(model, optimizer, batch_for(refit, rank, world, ids))
         full = dict(reference_weights(model))
         tokens, logprobs, held_out = ground_truth(arch, full, rank, batch_for(0, 0, 1, ids))
         if refit in opts.get("per_expert_at", []):
-            weights = list(to_checkpoint_names(full, served).items())
+            weights = list(to_checkpoint_names(full, served, model_type=model_type).items())
         else:
             weights = list(model.named_parameters())
+        # A trainer whose names the served model does not know (a deliberate mismatch).
+        renamed = opts.get("rename") or {}
+        weights = [(renamed.get(n, n), t) for n, t in weights]
         extras = [(EXTRA_PREFIX + "expected_tokens", tokens)]
         extras.append((EXTRA_PREFIX + "expected_logprobs", logprobs))
         asyncio.run(session.send([*weights, *extras], refit_id=refit))

@@ -114,8 +114,9 @@ def hf_reference(model: Any) -> tuple[list[list[int]], list[list[float]]]:
     return tokens, logprobs
 
 
-def vllm_reference(llm: Any) -> tuple[list[list[int]], list[list[float]]]:
-    """vLLM's greedy tokens for the same prompts and the logprob of each one.
+def vllm_reference(llm: Any) -> tuple[list[list[int]], list[list[float]], list[Any]]:
+    """vLLM's greedy tokens for the same prompts, the logprob of each one, and the
+    ``RequestOutput`` objects (their weight versions).
 
     ``ignore_eos`` without ``min_tokens``: the checkpoints have no EOS, and vLLM's
     min-tokens processor indexes one past the vocabulary of Qwen2 configs without one."""
@@ -131,7 +132,7 @@ def vllm_reference(llm: Any) -> tuple[list[list[int]], list[list[float]]]:
         [float(step[t].logprob) for step, t in zip(o.outputs[0].logprobs, toks, strict=True)]
         for o, toks in zip(outputs, tokens, strict=True)
     ]
-    return tokens, logprobs
+    return tokens, logprobs, list(outputs)
 
 
 def logprob_gap(got: list[list[float]], want: list[list[float]]) -> float:

@@ -61,7 +61,7 @@ def landed(llm: Any, refit: VllmRefit, env: dict[str, str]) -> None:
     landing = refit.land()
     started = time.perf_counter()
     tokens = tiny_llama.vllm_greedy(llm)
-    equal = tokens == landing["extras"]["expected_tokens"]
+    equal = tokens == landing.extras["expected_tokens"]
     verify_s = time.perf_counter() - started
     if not equal:
         refit.reject("vLLM's greedy tokens differ from the trainer's")
@@ -71,10 +71,10 @@ def landed(llm: Any, refit: VllmRefit, env: dict[str, str]) -> None:
     say(
         "landed",
         tokens=tokens,
-        expected=landing["extras"]["expected_tokens"],
+        expected=landing.extras["expected_tokens"],
         during=during,
         figures=figures,
-        landing_s=landing["landing_s"],
+        landing_s=landing.landing_s,
     )
 
 

@@ -1,6 +1,6 @@
 """A test-only vLLM worker extension that plants a fault in the landing.
 
-:class:`SkipOneTensor` is :class:`~refit_worker.integrations.vllm.RefitWorkerExtension`
+:class:`SkipOneTensor` is :class:`~refit_worker.integrations.vllm.extension.RefitWorkerExtension`
 whose reload leaves out the tensor ``$ENGINE_SKIP_TENSOR`` on the landing number
 ``$ENGINE_SKIP_AT`` (0-based): the refit arrived whole and passed every check before
 landing, and vLLM's loader then serves the old values of that one tensor (its layer keeps

@@ -57,6 +57,7 @@ from tests.engines.fault_extension import FAULTY_EXTENSION
 from tests.engines.procs import JsonProc
 
 from refit_worker.contract.config import RendezvousConfig, TransferConfig, WorkerConfig
+from refit_worker.contract.exits import EXIT_NOT_RETRYABLE
 from refit_worker.integrations.vllm import WORKER_EXTENSION
 from refit_worker.rendezvous import FileStore, Layout
 
@@ -115,6 +116,20 @@ CASES: dict[str, dict[str, Any]] = {
             "model.layers.1.mlp.experts.down_proj",
         ],
         "reloaded": [[55, 55], [18, 55], [18, 55], [18, 55]],
+    },
+    # Mixtral: transformers 5 holds its experts fused under names (`mlp.experts.gate_up_proj`,
+    # `mlp.gate`) that its checkpoint spells `block_sparse_moe.experts.<e>.w1/w2/w3`,
+    # `block_sparse_moe.gate`: mapped with transformers' own conversion mapping.
+    "mixtral": {"arch": "mixtral", "path": "extension", "refits": 3, "claim": None},
+    "mixtral-backend": {"arch": "mixtral", "path": "backend", "refits": 3},
+    # A trainer that names one tensor as the served model does not: refused before any
+    # landing, naming both names, and the rank exits not-retryable (the job fails at once,
+    # no replacement: tests/unit/test_failure_policy.py).
+    "llama-misnamed": {
+        "arch": "llama",
+        "path": "extension",
+        "refits": 2,
+        "rename": {"model.layers.1.mlp.down_proj.weight": "model.layers.1.mlp.down.weight"},
     },
     # Layer 0's down_proj (1) and layer 1's k_proj (widened to q/k/v: 3) of 21.  The third
     # landing leaves layer 1's q_proj out: landed again whole, and so is the fourth.
@@ -194,6 +209,7 @@ def _run(arch: str, case: dict[str, Any], python: Path, tmp: Path) -> dict[str, 
             "model_dir": str(tmp / "model"),
             "per_expert_at": case.get("per_expert_at", []),
             "train_only": case.get("train_only"),
+            "rename": case.get("rename"),
         }
     )
     policies: list[JsonProc] = []
@@ -226,7 +242,8 @@ def _run(arch: str, case: dict[str, Any], python: Path, tmp: Path) -> dict[str, 
             "trained": [
                 p.wait_for("refit", lambda m, k=k: m.get("refit") == k, 300)
                 for p in policies[:1]
-                for k in range(refits)
+                # A refused trainer never gets past its first refit.
+                for k in range(0 if case.get("rename") else refits)
             ],
             "losses": [[m["fixed_loss"] for m in p.seen if "loss" in m] for p in policies],
             "progress": store.snapshot(0).progress[("rollout", 0)],
@@ -243,22 +260,37 @@ def test_vllm_serves_what_the_trainer_sent(name: str, engine_python: Path, tmp_p
     case = CASES[name]
     arch = case["arch"]
     found = _run(arch, case, engine_python, tmp_path)
+    if "rename" in case:
+        _assert_refused_at_once(case, found)
+        return
     refits, truth = found["refits"], found["trained"]
     good = case.get("fault_at", case["refits"])
     assert [r["refit"] for r in refits] == list(range(good)), found
+    labels = []
     for got, want in zip(refits, truth, strict=False):
-        assert got["tokens"] == want["tokens"], (arch, got, want)
-        gap = got.get("logprob_gap")
-        if gap is None:  # the backend path: compared here
-            gap = archs.logprob_gap(got["logprobs"], want["logprobs"])
-        assert gap < 1e-3, (arch, got, want)
+        if case["path"] == "extension":  # the caller's check, between landing and commit
+            assert got["tokens"] == want["tokens"], (arch, got, want)
+            assert got["logprob_gap"] < 1e-3, (arch, got, want)
+            assert got["versions"] == [f"refit-{got['refit']}@landing"], got
+        # What a client gets once the refit is committed: the trainer's tokens for exactly
+        # that refit's weights (the prompts share a prefix whose KV blocks vLLM cached from
+        # older weights), tagged with that refit's version.
+        after = got["after"]
+        assert after["tokens"] == want["tokens"], (arch, got, want)
+        assert archs.logprob_gap(after["logprobs"], want["logprobs"]) < 1e-3, (arch, got, want)
+        label = got["figures"]["weight_version"] if "figures" in got else got["version"]
+        assert label.startswith(f"refit-{got['refit']}@xxh3_64:"), got
+        assert after["versions"] == [label], got
+        labels.append(label)
     # Not vacuous: the refits changed what vLLM generates.
-    assert any(r["tokens"] != found["started"]["tokens"] for r in refits)
+    assert any(r["after"]["tokens"] != found["started"]["tokens"] for r in refits)
     # The trainer really trained: rank 0's loss on one fixed batch fell.
     losses = found["losses"][0]
     assert len(losses) == case["refits"] and losses[-1] < losses[0], losses
     progress = found["progress"]
     assert progress.refits_completed == good
+    # The rank's report names the version its last response was tagged with.
+    assert progress.serving is not None and progress.serving.label == labels[-1], progress
     if case["path"] == "backend" or case.get("claim", "tokens") is None:
         assert progress.verification == "served-params", progress
     else:
@@ -283,3 +315,16 @@ def test_vllm_serves_what_the_trainer_sent(name: str, engine_python: Path, tmp_p
     else:
         assert found["end"]["step"] == "done" and found["exit"] == 0, found
         assert progress.state == "done", progress
+
+
+def _assert_refused_at_once(case: dict[str, Any], found: dict[str, Any]) -> None:
+    (rejected,) = found["rejected"]
+    assert rejected["refit"] == 0 and not found["refits"], found
+    for sent, served in case["rename"].items():
+        assert f"missing {sent!r}" in rejected["error"], rejected
+        assert f"unexpected {served!r}" in rejected["error"], rejected
+    assert "nothing landed" in rejected["error"], rejected
+    assert rejected["refused_after_s"] < 10, rejected
+    assert found["exit"] == EXIT_NOT_RETRYABLE, found
+    progress = found["progress"]
+    assert progress.state == "failed" and progress.refits_completed == 0, progress

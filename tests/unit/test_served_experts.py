@@ -10,14 +10,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from refit_worker.integrations.served_experts import (
+from refit_worker.integrations.vllm.served import differs
+from refit_worker.integrations.vllm.served_experts import (
     ExpertNames,
     expert_problems,
     expert_weights,
     probe_routing,
     reference_moe,
 )
-from refit_worker.integrations.vllm_served import differs
 
 E, INTER, H = 4, 6, 8
 NAMES = ExpertNames("model.layers.1.mlp.experts")

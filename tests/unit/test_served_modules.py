@@ -7,7 +7,7 @@ the same widening on vLLM's own models runs in the engines tier.
 
 from __future__ import annotations
 
-from refit_worker.integrations.served_modules import landing_set, owner, within
+from refit_worker.integrations.vllm.served_modules import landing_set, owner, within
 
 STACKED = {".q_proj": ".qkv_proj", ".k_proj": ".qkv_proj", ".v_proj": ".qkv_proj"}
 STACKED |= {".gate_proj": ".gate_up_proj", ".up_proj": ".gate_up_proj"}

@@ -1,4 +1,6 @@
-"""When a vLLM landing reloads only a delta's modules, and when it must land whole.
+"""When a vLLM landing reloads only a delta's modules, and when it must land whole; what
+it claims while the engine's caches may still answer from older weights; a layout no
+replacement can cure.
 
 :class:`RefitLanding` with a stand-in receiver (refits handed over as staged) and a
 stand-in engine (a dict of served tensors that ``land`` writes into and ``check`` reads
@@ -8,14 +10,17 @@ back); the real landing into vLLM runs in the engines tier.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 import torch
 
+from refit_worker.contract.exits import EXIT_NOT_RETRYABLE
+from refit_worker.contract.failures import exit_code_for
 from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, StagedRefit
-from refit_worker.integrations.vllm import LandingError, RefitLanding
-from refit_worker.integrations.vllm_served import ServedReport
+from refit_worker.integrations.vllm import LandingError, LayoutRefused, RefitLanding
+from refit_worker.integrations.vllm.served import ServedReport
 from refit_worker.session import DeltaChanges, RefitStats
 
 NAMES = ("a.weight", "b.weight", "c.weight")
@@ -28,7 +33,12 @@ class Receiver:
         self.refits = refits
         self.rejected: list[str] = []
         self.committed: list[int] = []
+        #: The claim each commit made where it differs from the one begun (None: as begun).
+        self.claims: list[str | None] = []
         self.current: StagedRefit | None = None
+        self.in_flight: int | None = None
+        config = SimpleNamespace(role="rollout", transfer=SimpleNamespace(checksum=True))
+        self.session = SimpleNamespace(config=config)
 
     def begin(self, refit_id: int, verified_as: Any = None) -> None:
         self.current = self.refits.pop(0)
@@ -42,10 +52,11 @@ class Receiver:
         self.rejected.append(reason)
 
     def commit(
-        self, *, landing_s: float, verify_s: float = 0.0, reloaded: Any = None
+        self, *, landing_s: float, verify_s: float = 0.0, reloaded: Any = None, claim: Any = None
     ) -> CommittedFigures:
         assert self.current is not None
         self.committed.append(self.current.refit_id)
+        self.claims.append(claim)
         stats = RefitStats(self.current.refit_id, 0, 0.0)
         return CommittedFigures(stats, landing_s, verify_s, None, reloaded)
 
@@ -80,12 +91,14 @@ def refit(k: int, values: tuple[float, ...], delta: DeltaChanges | None = None) 
 
 
 def landing(
-    refits: list[StagedRefit], engine: Engine, complete: bool = True
+    refits: list[StagedRefit], engine: Engine, complete: bool = True, caches: tuple[str, ...] = ()
 ) -> tuple[RefitLanding, Receiver]:
     receiver = Receiver(refits)
     served = {n: (2,) for n in NAMES}
     check = engine.check if complete else None
-    land = RefitLanding(cast(StagedReceiver, receiver), engine.land, served, check, complete)
+    land = RefitLanding(
+        cast(StagedReceiver, receiver), engine.land, served, check, complete, caches=caches
+    )
     return land, receiver
 
 
@@ -203,3 +216,43 @@ def test_fused_experts_changed_map_onto_the_checkpoints_per_expert_names() -> No
     take(land, 0)
     take(land, 1)
     assert seen == [None, frozenset(n for n in served if ".experts." in n)]
+
+
+def test_a_cache_left_from_older_weights_lowers_the_claim_until_the_driver_clears_it() -> None:
+    engine = Engine()
+    refits = [refit(0, (1, 1, 1)), refit(1, (2, 2, 2)), refit(2, (3, 3, 3))]
+    land, receiver = landing(refits, engine, caches=("prefix cache",))
+    assert land.stale_caches == ()
+    land.begin(0)
+    land.land()
+    assert land.stale_caches == ("prefix cache",)
+    land.commit()  # nobody cleared it: only the session's own check (its hashes) is claimed
+    land.begin(1)
+    land.land()
+    land.caches_cleared()
+    assert land.stale_caches == ()
+    land.commit()  # cleared: the claim stays as begun (the read-back's served-params)
+    take(land, 2)  # a new landing makes the cleared cache stale again
+    assert receiver.claims == ["checksums", None, "checksums"]
+    assert receiver.committed == [0, 1, 2]
+
+
+def test_an_engine_without_such_caches_keeps_its_claim() -> None:
+    engine = Engine()
+    land, receiver = landing([refit(0, (1, 1, 1))], engine)
+    take(land, 0)
+    assert receiver.claims == [None] and land.stale_caches == ()
+
+
+def test_a_layout_the_served_model_lacks_is_refused_as_not_retryable_naming_the_tensors() -> None:
+    engine = Engine()
+    odd = StagedRefit(0, {"a.weight": torch.ones(2), "z.weight": torch.ones(2)}, {}, 0.0)
+    land, receiver = landing([odd], engine)
+    land.begin(0)
+    with pytest.raises(LayoutRefused) as refused:
+        land.land()
+    message = str(refused.value)
+    assert "missing 'b.weight'" in message and "unexpected 'z.weight'" in message
+    assert exit_code_for(refused.value) == EXIT_NOT_RETRYABLE
+    assert isinstance(refused.value, LandingError)  # callers' `except LandingError` holds
+    assert engine.calls == [] and receiver.rejected and not receiver.committed

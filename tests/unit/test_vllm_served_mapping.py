@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from refit_worker.integrations.vllm_served import differs, expected_params
+from refit_worker.integrations.vllm.served import differs, expected_params
 
 STACKED = {
     ".q_proj": (".qkv_proj", "q"),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from refit_worker.contract.entries import Verification
 from refit_worker.rendezvous import Preempted
 
 # A scale-down took this rollout rank out of the job: it reports ``left`` at a refit
@@ -23,8 +24,10 @@ from refit_worker.rendezvous import Preempted
 from refit_worker.rendezvous.store import Removed
 
 StateDict = dict[str, torch.Tensor]
-#: ``verify(refit_id, tensors)``: ``refit_id`` is the id of the refit that arrived.
-Verifier = Callable[[int, StateDict], None]
+#: ``verify(refit_id, tensors)``: ``refit_id`` is the id of the refit that arrived.  It
+#: raises to refuse the refit; it may return the level it reached for this refit, which
+#: then replaces ``verified_as`` (None: as named).
+Verifier = Callable[[int, StateDict], "Verification | None"]
 
 
 @dataclass(frozen=True)

@@ -227,6 +227,12 @@ class ServedVersion(BaseModel):
     refit: int = Field(ge=0)
     digest: str | None = Field(None, pattern=DIGEST_PATTERN)
 
+    @property
+    def label(self) -> str:
+        """The weight version an engine tags its responses with: ``refit-<k>@<digest>``
+        (``refit-<k>`` when the state was not hashed)."""
+        return f"refit-{self.refit}@{self.digest}" if self.digest else f"refit-{self.refit}"
+
 
 class SeedReport(BaseModel):
     """How a rollout pod came to serve: its first committed refit, who sent it

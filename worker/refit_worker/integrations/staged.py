@@ -109,6 +109,8 @@ class _Decision:
     def __init__(self) -> None:
         self.event = threading.Event()
         self.rejected: str | None = None
+        #: The level this refit reached, where it is not the one given at ``begin``.
+        self.claim: Verification | None = None
 
 
 class StagedReceiver:
@@ -193,13 +195,16 @@ class StagedReceiver:
         landing_s: float,
         verify_s: float = 0.0,
         reloaded: tuple[int, int] | None = None,
+        claim: Verification | None = None,
     ) -> CommittedFigures:
         """The staged refit is live in the engine (and passed the caller's check): let the
         session commit it and report it, with the split into phases (``reloaded``: the
-        tensors the landing reloaded, of the refit's)."""
+        tensors the landing reloaded, of the refit's).  ``claim``: the level this refit
+        reached, where less was checked than ``begin`` named (None: as begun)."""
         future = self._require_future()
         if self._staged is None:
             raise RuntimeError(f"refit {self._refit_id} is not staged yet: call staged() first")
+        self._decision.claim = claim
         self._decision.event.set()
         try:
             stats = future.result(timeout=self._timeout_s)
@@ -250,7 +255,7 @@ class StagedReceiver:
                 await asyncio.to_thread(self.session.connect)
                 self._connected = True
 
-            def hold(_: int, state: dict[str, torch.Tensor]) -> None:
+            def hold(_: int, state: dict[str, torch.Tensor]) -> Verification | None:
                 weights, extras = split_extras(state)
                 self._staged = StagedRefit(
                     refit_id,
@@ -268,6 +273,7 @@ class StagedReceiver:
                     )
                 if decision.rejected is not None:
                     raise RefitRejected(f"refit {refit_id} rejected: {decision.rejected}")
+                return decision.claim
 
             return await self.session.receive(
                 refit_id=refit_id, verify=hold, verified_as=verified_as

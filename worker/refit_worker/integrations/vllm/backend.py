@@ -15,7 +15,13 @@ imports it.  The RL framework then drives it with vLLM's own calls:
   is staged and verified, then lands it through vLLM's in-place reload (HF names);
   ``finish_weight_update()``: commits and reports it.
 
-Must not import: the operator.  Imports vLLM (only ever loaded inside a vLLM worker).
+The engine's caches (prefix, multimodal, encoder) live in its scheduler, out of this
+backend's reach: the caller clears them around the update (vLLM's ``/pause`` with
+``clear_cache``, or ``LLM.reset_prefix_cache()``; :class:`.driver.VllmBackendRefit` does)
+and says so with ``update_weights({"refit_id": k, "caches_cleared": true})``.  Without
+it, a refit committed while prefix caching is on claims only the session's own checks.
+
+Imports vLLM (only ever loaded inside a vLLM worker).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from vllm.model_executor.model_loader.reload.inplace import reload_weights
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
 from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, stop_flag
-from refit_worker.integrations.vllm import RefitLanding, checkpoint_layout, vllm_landing
+from refit_worker.integrations.vllm.landing import RefitLanding, served_checkpoint, vllm_landing
 from refit_worker.session import RolloutSession
 
 
@@ -49,6 +55,9 @@ class RefitInitInfo(WeightTransferInitInfo):
 @dataclass
 class RefitUpdateInfo(WeightTransferUpdateInfo):
     refit_id: int = field(default=-1)
+    #: The caller cleared the engine's caches for this update (and serves nothing from
+    #: the new weights before they are cleared).
+    caches_cleared: bool = False
 
 
 class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateInfo]):
@@ -81,9 +90,9 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
                 is_checkpoint_format=True,
             )
 
-        served = checkpoint_layout(self.model_config.model)
         parts = vllm_landing(self.vllm_config, lambda: self.model, reload)
-        self._landing = RefitLanding(StagedReceiver(session), served=served, **parts)
+        served = served_checkpoint(self.model_config.model)
+        self._landing = RefitLanding(StagedReceiver(session), **served, **parts)
         self._info = init_info
         self._prefetch()
 
@@ -103,8 +112,9 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
             if receiver.in_flight is not None:
                 receiver.reject(f"the trainer asked for refit {update_info.refit_id} instead")
             landing.begin(update_info.refit_id, verified_as=self._info.verified_as)
-        staged, _ = landing.land()
-        self._landed = staged.refit_id
+        self._landed = landing.land().refit_id
+        if update_info.caches_cleared:
+            landing.caches_cleared()
 
     def finish_weight_update(self) -> None:
         landing = self._require()
@@ -113,6 +123,13 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         self.last_committed = landing.commit()
         self._landed = None
         self._prefetch()
+
+    def served_label(self) -> str | None:
+        """The weight version of the refit committed last (``refit-<k>@<digest>``)."""
+        if self._landing is None:
+            return None
+        version = self._landing.receiver.session.served_version
+        return version.label if version is not None else None
 
     def shutdown(self) -> None:
         if self._landing is not None:

@@ -45,14 +45,14 @@ from typing import Any
 
 import torch
 
-from refit_worker.integrations.served_experts import (
+from refit_worker.integrations.vllm.served_experts import (
     ExpertNames,
     expert_problems,
     expert_weights,
     probe_routing,
     reference_moe,
 )
-from refit_worker.integrations.served_modules import (
+from refit_worker.integrations.vllm.served_modules import (
     LandingSet,
     ServedName,
     landing_set,

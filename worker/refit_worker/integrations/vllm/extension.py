@@ -1,0 +1,132 @@
+"""The worker extension: kube-refit's ``refit_*`` methods on every vLLM worker.
+
+Mixed into vLLM's worker class by ``LLM(..., worker_extension_cls=WORKER_EXTENSION)``
+(``self`` is then the worker); the driver calls the methods through
+``llm.collective_rpc`` (:class:`~refit_worker.integrations.vllm.driver.VllmRefit`).  Every
+argument and result is plain data (ints, floats, strings, lists), so it crosses vLLM's
+multiprocess RPC unchanged.  One session per worker: with tensor parallelism each worker
+is a rollout rank of its own and receives the full HF tensors, which vLLM's loader slices.
+
+What of vLLM this touches: ``Worker.reload_weights(weights_iterator=...)``,
+``Worker.model_runner.get_model()``, ``Worker.vllm_config``.  No private attribute.
+
+Must not import: the operator; vLLM at module import time.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from refit_worker.contract.config import WorkerConfig
+from refit_worker.contract.entries import Verification
+from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, stop_flag
+from refit_worker.integrations.vllm.landing import RefitLanding, served_checkpoint, vllm_landing
+from refit_worker.session import RolloutSession
+
+
+def figures_plain(figures: CommittedFigures) -> dict[str, Any]:
+    """A committed refit's figures as plain data."""
+    version = figures.version
+    return {
+        "refit_id": figures.stats.refit_id,
+        "bytes": figures.stats.bytes,
+        "transfer_s": figures.stats.seconds,
+        "landing_s": figures.landing_s,
+        "verify_s": figures.verify_s,
+        "reloaded": list(figures.reloaded) if figures.reloaded is not None else None,
+        # Which weights now answer: the version a response can be tagged with.
+        "digest": version.digest if version is not None else None,
+        "weight_version": version.label if version is not None else None,
+    }
+
+
+class RefitWorkerExtension:
+    """kube-refit's refits on one vLLM worker; the driver is ``VllmRefit``."""
+
+    _refit: RefitLanding | None = None
+
+    def refit_connect(self, env: dict[str, str] | None = None) -> None:
+        """Start a session for the rank in ``env`` (default: this process's ``REFIT_*``
+        environment); it connects in the background at the first refit."""
+        if self._refit is not None:
+            raise RuntimeError("a refit session is already open: refit_close() it first")
+        config = WorkerConfig.from_env(env if env is not None else os.environ)
+        session = RolloutSession(config, stop_requested=stop_flag(config))
+        worker: Any = self
+        self._refit = RefitLanding(
+            StagedReceiver(session),
+            **served_checkpoint(worker.vllm_config.model_config.model),
+            **vllm_landing(worker.vllm_config, worker.model_runner.get_model, self._refit_reload),
+        )
+
+    def _refit_reload(self, weights: dict[str, torch.Tensor]) -> None:
+        """vLLM's in-place reload by HF names (a test-only subclass plants faults here)."""
+        worker: Any = self
+        worker.reload_weights(weights_iterator=list(weights.items()))
+
+    def refit_pending(self) -> list[int]:
+        """The refit ids this session still has to take (from where its gang resumes)."""
+        return list(self._refit_require().receiver.session.pending_refits)
+
+    def refit_begin(self, refit_id: int, verified_as: Verification | None = None) -> None:
+        """Start receiving refit ``refit_id`` in the background; generation goes on."""
+        self._refit_require().begin(refit_id, verified_as=verified_as)
+
+    def refit_ready(self) -> bool:
+        """Whether :meth:`refit_land` would not wait (staged, or failed)."""
+        return self._refit_require().receiver.ready()
+
+    def refit_land(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Land the begun refit once staged (the driver holds generation meanwhile): a
+        :class:`~refit_worker.integrations.vllm.landing.Landed` as plain data, plus
+        ``stale_caches`` (the engine's caches the driver must now clear).
+        Raises what stopped the refit (``Preempted``...), ``LayoutRefused`` (the engine
+        untouched) or ``LandingError``."""
+        landing = self._refit_require()
+        landed = landing.land(timeout_s)
+        return {**landed.plain(), "stale_caches": list(landing.stale_caches)}
+
+    def refit_caches_cleared(self) -> None:
+        """The driver cleared the engine's caches after the landing (``VllmRefit.land``)."""
+        self._refit_require().caches_cleared()
+
+    def refit_commit(self, verify_s: float = 0.0) -> dict[str, Any]:
+        """Commit the landed refit (after the caller's check, which took ``verify_s``)."""
+        return figures_plain(self._refit_require().commit(verify_s))
+
+    def refit_served_version(self) -> dict[str, Any] | None:
+        """The version this worker serves (``refit_id``, ``digest``, ``weight_version``),
+        None before its first commit: what a response can say produced it."""
+        version = self._refit_require().receiver.session.served_version
+        if version is None:
+            return None
+        return {
+            "refit_id": version.refit,
+            "digest": version.digest,
+            "weight_version": version.label,
+        }
+
+    def refit_backend_version(self) -> str | None:
+        """The label of the refit this worker's ``kube-refit`` backend committed last (the
+        registry path: ``VllmBackendRefit``); None before its first commit."""
+        worker: Any = self
+        label: str | None = worker.weight_transfer_engine.served_label()
+        return label
+
+    def refit_reject(self, reason: str) -> None:
+        """Refuse the refit in flight (e.g. its tokens differ): it is not committed."""
+        self._refit_require().receiver.reject(reason)
+
+    def refit_close(self) -> None:
+        """Close the session (idempotent); the engine keeps serving what it has."""
+        if self._refit is not None:
+            self._refit.receiver.close()
+            self._refit = None
+
+    def _refit_require(self) -> RefitLanding:
+        if self._refit is None:
+            raise RuntimeError("no refit session: call refit_connect() first")
+        return self._refit
