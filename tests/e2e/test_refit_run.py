@@ -21,7 +21,9 @@ from tests.support.fault_runs import sent_refits
 from tests.support.processes import processes_under
 from tests.support.versions import trainer_digest
 
+from refit_operator.local.command import _available_memory as available_memory
 from refit_operator.models import parse_spec
+from refit_worker.contract.bounds import MAX_BUCKET_BYTES
 from refit_worker.weights import synthetic_state_dict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -268,6 +270,21 @@ def test_issue_50_bad_inputs_exit_2_naming_the_field_before_any_worker(
     assert done.stdout == ""
     assert not workdir.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
+
+
+def test_buckets_this_machine_cannot_allocate_are_refused_before_any_worker(
+    tmp_path: Path,
+) -> None:
+    """The largest bucket the API allows, on more rollout ranks than this machine has
+    memory for (two buckets each, allocated in full): refused by the sizing, naming the
+    field, with nothing started."""
+    ranks = available_memory() // (2 * MAX_BUCKET_BYTES) + 1
+    path = _manifest(tmp_path, **{"transfer.bucketSize": "64Gi", "rollout.replicas": ranks})
+    workdir = tmp_path / "work"
+    done = _run([str(path), "--workdir", str(workdir)], timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "spec.transfer.bucketSize: each rank allocates 2 buckets of 64.0 GiB" in done.stderr
+    assert done.stdout == "" and not workdir.exists()
 
 
 def test_safetensors_from_a_mapped_claim(tmp_path: Path) -> None:
