@@ -22,7 +22,12 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 
 from refit_operator.names import MASTER_PORT
 from refit_operator.podtemplate import summarise
-from refit_operator.quantity import BUCKET_SIZE_PATTERN, BucketSize, parse_quantity
+from refit_operator.quantity import (
+    BUCKET_SIZE_PATTERN,
+    BUCKET_SIZE_RANGE,
+    BucketSize,
+    parse_quantity,
+)
 from refit_operator.roles import (
     ENV_NAME_PATTERN,
     POLICY_FAILURE_POLICY_REFUSED,
@@ -42,6 +47,13 @@ from refit_operator.status import (
     parse_status,
 )
 from refit_operator.wire import WIRE, Wire
+from refit_worker.contract.bounds import (
+    MAX_BACKOFF_SECONDS,
+    MAX_LIFE_SECONDS,
+    MAX_NODE_LOST_SECONDS,
+    MAX_RESTARTS,
+    MAX_START_SECONDS,
+)
 from refit_worker.contract.config import SyntheticWeights, TransferKnobs
 from refit_worker.contract.rendezvous import MAX_RANKS
 from refit_worker.contract.signals import (
@@ -202,7 +214,8 @@ class TransferSpec(TransferKnobs):
     bucket_size: BucketSize = Field(
         "64Mi",
         description="Bytes per transfer bucket: a whole number, or a string with an optional"
-        " suffix, e.g. 64Mi or 1048576",
+        f" suffix, e.g. 64Mi or 1048576; {BUCKET_SIZE_RANGE}. Every rank allocates two"
+        " buckets in full, however small the model.",
     )
 
     @field_validator("release_after_refit")
@@ -274,14 +287,23 @@ class PreemptionSpec(Wire):
 class FailurePolicy(Wire):
     """Restarts after real failures; preemptions never use these up."""
 
-    max_restarts: int = Field(3, ge=0)
-    backoff_seconds: float = Field(10.0, ge=0, description="Doubles per restart.")
-    max_backoff_seconds: float = Field(300.0, ge=0)
+    max_restarts: int = Field(3, ge=0, le=MAX_RESTARTS, description=f"At most {MAX_RESTARTS}.")
+    backoff_seconds: float = Field(
+        10.0,
+        ge=0,
+        le=MAX_BACKOFF_SECONDS,
+        description=f"Doubles per restart (at most {MAX_BACKOFF_SECONDS}: a day).",
+    )
+    max_backoff_seconds: float = Field(
+        300.0, ge=0, le=MAX_BACKOFF_SECONDS, description=f"At most {MAX_BACKOFF_SECONDS}: a day."
+    )
     node_lost_seconds: int = Field(
         NODE_LOST_SECONDS,
         ge=1,
+        le=MAX_NODE_LOST_SECONDS,
         description="A pod whose node is NotReady or unreachable this long is lost: its"
-        " replica is replaced, or the policy gang restarted, without waiting for it.",
+        " replica is replaced, or the policy gang restarted, without waiting for it (at most"
+        f" {MAX_NODE_LOST_SECONDS}: a day).",
     )
 
 
@@ -342,16 +364,26 @@ class RefitJobSpec(Wire):
     )
     gang: GangSpec = Field(default_factory=GangSpec)
     ttl_seconds_after_finished: int | None = Field(
-        None, ge=0, description="Delete the job, and so its children, this long after it ends."
+        None,
+        ge=0,
+        le=MAX_LIFE_SECONDS,
+        description="Delete the job, and so its children, this long after it ends (at most"
+        f" {MAX_LIFE_SECONDS}: a year).",
     )
     active_deadline_seconds: int | None = Field(
-        None, ge=1, description="Fail the job once it has run this long (suspended time aside)."
+        None,
+        ge=1,
+        le=MAX_LIFE_SECONDS,
+        description="Fail the job once it has run this long, suspended time aside (at most"
+        f" {MAX_LIFE_SECONDS}: a year).",
     )
     start_deadline_seconds: int = Field(
         1800,
         ge=1,
+        le=MAX_START_SECONDS,
         description="Fail an epoch whose pods are not all Ready this long after its first pod"
-        " was created; the message says why (ImagePullBackOff, Unschedulable, ...).",
+        " was created; the message says why (ImagePullBackOff, Unschedulable, ...). At most"
+        f" {MAX_START_SECONDS}: a week.",
     )
 
     @model_validator(mode="after")

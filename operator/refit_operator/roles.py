@@ -25,6 +25,7 @@ from pydantic_core import PydanticCustomError
 
 from refit_operator.podtemplate import pod_template_schema, template_problems
 from refit_operator.wire import Wire
+from refit_worker.contract.bounds import MAX_BACKOFF_SECONDS, MAX_RESTARTS, MAX_START_SECONDS
 from refit_worker.contract.env import ENV_PREFIX
 
 #: A non-negative Kubernetes quantity as the API server reads one ('500m', '8Gi', '1e3'):
@@ -128,13 +129,20 @@ class RolloutFailurePolicy(Wire):
     max_replacements: int = Field(
         20,
         ge=0,
+        le=MAX_RESTARTS,
         description="Replacements after a failure before the job fails; preemptions (drain,"
-        " eviction, a lost node) never use these up.",
+        f" eviction, a lost node) never use these up. At most {MAX_RESTARTS}.",
     )
     backoff_seconds: float = Field(
-        1.0, ge=0, description="Doubles per failure of the same rank in a row."
+        1.0,
+        ge=0,
+        le=MAX_BACKOFF_SECONDS,
+        description="Doubles per failure of the same rank in a row (at most"
+        f" {MAX_BACKOFF_SECONDS}: a day).",
     )
-    max_backoff_seconds: float = Field(30.0, ge=0)
+    max_backoff_seconds: float = Field(
+        30.0, ge=0, le=MAX_BACKOFF_SECONDS, description=f"At most {MAX_BACKOFF_SECONDS}: a day."
+    )
 
 
 #: Why ``policy.failurePolicy`` is refused (the CRD's rule and the model say the same).
@@ -183,7 +191,11 @@ class PodGroupSpec(Wire):
     )
     queue: str = Field("", max_length=253, description="Volcano: the queue of the PodGroup.")
     schedule_timeout_seconds: int | None = Field(
-        None, ge=1, description="Coscheduling: how long a partly placed gang may wait."
+        None,
+        ge=1,
+        le=MAX_START_SECONDS,
+        description="Coscheduling: how long a partly placed gang may wait (at most"
+        f" {MAX_START_SECONDS}: a week).",
     )
 
 

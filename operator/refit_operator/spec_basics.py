@@ -12,7 +12,7 @@ strict model is the one that refuses it, in words), the rest of the spec is igno
 For a valid spec it reads what the strict model reads.
 
 Pure; must not import kopf, kubernetes or aiohttp, nor any other module of the operator
-(``models.py`` builds on it).
+(``models.py`` builds on it); of the worker only ``refit_worker.contract`` (the bounds).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from pydantic import (
     field_validator,
 )
 from pydantic.alias_generators import to_camel
+
+from refit_worker.contract.bounds import MAX_LIFE_SECONDS, MAX_NODE_LOST_SECONDS
 
 #: ``spec.failurePolicy.nodeLostSeconds`` when the spec does not say.
 NODE_LOST_SECONDS = 30
@@ -59,7 +61,7 @@ class FailurePolicyBasics(_Lenient):
     """Of ``spec.failurePolicy``: what the controller needs before the round."""
 
     #: A pod whose node is NotReady or unreachable this long is lost (0: at once).
-    node_lost_seconds: float = Field(float(NODE_LOST_SECONDS), ge=0)
+    node_lost_seconds: float = Field(float(NODE_LOST_SECONDS), ge=0, le=MAX_NODE_LOST_SECONDS)
 
 
 class SpecBasics(_Lenient):
@@ -68,7 +70,7 @@ class SpecBasics(_Lenient):
     #: Any value but unset (or this operator's name) hands the job to another controller,
     #: a malformed one too: the job is left alone rather than failed by the wrong owner.
     managed_by: Any = None
-    ttl_seconds_after_finished: int | None = Field(None, ge=0)
+    ttl_seconds_after_finished: int | None = Field(None, ge=0, le=MAX_LIFE_SECONDS)
     failure_policy: FailurePolicyBasics = Field(default_factory=FailurePolicyBasics)
 
     @classmethod

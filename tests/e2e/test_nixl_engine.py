@@ -4,13 +4,17 @@ Real: separate processes per rank (multiprocessing spawn), real NIXL agents with
 backend moving CPU memory, metadata exchanged as JSON text.  Nothing is emulated.  Each rank
 reports a sha256 per received tensor; the test compares it with the sender's tensors
 (bit-exact, including bf16, fp16, fp32, int8, bool, float8_e4m3fn, a zero-size tensor and a
-tensor larger than a bucket).
+tensor larger than a bucket).  One test makes an engine in the test's own process, to read
+what ``prepare()`` allocates.
 """
 
 from __future__ import annotations
 
 import pytest
 from tests.support.engine_procs import Job, assert_all_ok, expected, run_job, state_dict
+
+from refit_operator.local.sizing import BUFFERS_PER_RANK
+from refit_worker.checkpoint_engines import NIXLCheckpointEngine
 
 
 def test_big_tensor_really_spans_buckets() -> None:
@@ -59,3 +63,16 @@ def test_expert_and_tensor_parallel_layout_sends_only_wanted_parts() -> None:
 def test_release_after_refit_sets_up_again_on_prepare() -> None:
     job = Job(train=1, rollout=2, refits=2, release_cycles=True)
     assert_all_ok(run_job(job), job)
+
+
+def test_prepare_allocates_what_refit_run_sizes_a_rank_by() -> None:
+    """Every rank allocates its receive buffers, a whole bucket each, before it knows the
+    model or its role: ``refit run``'s sizing counts them so (issue #50).  In this
+    process: one real agent, CPU memory."""
+    bucket = 3 << 20
+    engine = NIXLCheckpointEngine(bucket, device="cpu", backend_name="UCX")
+    try:
+        offered = engine.prepare().buffers
+    finally:
+        engine.finalize()
+    assert [b.length for b in offered] == [bucket] * BUFFERS_PER_RANK

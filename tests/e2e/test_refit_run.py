@@ -16,11 +16,14 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.support.bad_manifests import BAD_SPECS, manifest_text
 from tests.support.fault_runs import sent_refits
 from tests.support.processes import processes_under
 from tests.support.versions import trainer_digest
 
+from refit_operator.local.command import _available_memory as available_memory
 from refit_operator.models import parse_spec
+from refit_worker.contract.bounds import MAX_BUCKET_BYTES
 from refit_worker.weights import synthetic_state_dict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -246,6 +249,42 @@ def test_bad_manifest_starts_nothing(tmp_path: Path, text: str, expected: str) -
     assert done.returncode == 2, done.stdout + done.stderr
     assert expected in done.stderr
     assert not workdir.exists()  # nothing was started, not even a working directory
+
+
+@pytest.mark.parametrize(
+    "row", ["bucket size 1Ti", "bucket size 1", "timeout 1e308", "synthetic layers 1e12"]
+)
+def test_issue_50_bad_inputs_exit_2_naming_the_field_before_any_worker(
+    tmp_path: Path, row: str
+) -> None:
+    """Each once passed ``refit run``'s checks and failed (or hung) in the pods."""
+    spec, words = next(r[1:] for r in BAD_SPECS if r[0] == row)
+    path = tmp_path / "job.yaml"
+    path.write_text(manifest_text(spec))
+    workdir = tmp_path / "work"
+    done = _run([str(path), "--workdir", str(workdir)], timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith(f"refit run: {path}: invalid spec: ")
+    assert all(word in done.stderr for word in words), done.stderr
+    # Nothing started: no opening line, no working directory, no file beside the manifest.
+    assert done.stdout == ""
+    assert not workdir.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
+
+
+def test_buckets_this_machine_cannot_allocate_are_refused_before_any_worker(
+    tmp_path: Path,
+) -> None:
+    """The largest bucket the API allows, on more rollout ranks than this machine has
+    memory for (two buckets each, allocated in full): refused by the sizing, naming the
+    field, with nothing started."""
+    ranks = available_memory() // (2 * MAX_BUCKET_BYTES) + 1
+    path = _manifest(tmp_path, **{"transfer.bucketSize": "64Gi", "rollout.replicas": ranks})
+    workdir = tmp_path / "work"
+    done = _run([str(path), "--workdir", str(workdir)], timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "spec.transfer.bucketSize: each rank allocates 2 buckets of 64.0 GiB" in done.stderr
+    assert done.stdout == "" and not workdir.exists()
 
 
 def test_safetensors_from_a_mapped_claim(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from refit_worker.contract.config import (
     TransferConfig,
     WorkerConfig,
 )
-from refit_worker.contract.exits import EXIT_NOT_RETRYABLE, EXIT_PREEMPTED
+from refit_worker.contract.exits import EXIT_BAD_CONFIG, EXIT_NOT_RETRYABLE, EXIT_PREEMPTED
 from refit_worker.contract.rendezvous import Layout, make_preempt_notice
 from refit_worker.rendezvous import FileStore
 
@@ -211,8 +211,19 @@ def _run_rank(config: WorkerConfig, **extra_env: str) -> subprocess.CompletedPro
     )
 
 
-@pytest.mark.parametrize("bad", ["SIGBOGUS", "SIGKILL", "USR1,usr1", "USR1,"])
-def test_a_bad_signal_in_the_env_exits_2_before_joining_anything(tmp_path: Path, bad: str) -> None:
+@pytest.mark.parametrize(
+    ("variable", "bad"),
+    [
+        *(
+            ("REFIT_PREEMPTION_SIGNAL", bad)
+            for bad in ("SIGBOGUS", "SIGKILL", "USR1,usr1", "USR1,")
+        ),
+        # Issue #50: a time that once overflowed in the gang, a bucket below one element.
+        ("REFIT_TRANSFER", '{"timeout_seconds": 1e308}'),
+        ("REFIT_TRANSFER", '{"bucket_size": 1}'),
+    ],
+)
+def test_a_bad_env_exits_2_before_joining_anything(tmp_path: Path, variable: str, bad: str) -> None:
     # Rank 1 of a two-rank role would connect to rank 0's store at master_addr:master_port:
     # the test listens there, so a connection would show the worker went on to join.
     with socket.socket() as master:
@@ -230,11 +241,12 @@ def test_a_bad_signal_in_the_env_exits_2_before_joining_anything(tmp_path: Path,
             transfer=TransferConfig(timeout_seconds=30),
             rendezvous=RendezvousConfig(store="file", location=str(tmp_path / "rdzv")),
         )
-        done = _run_rank(config, REFIT_PREEMPTION_SIGNAL=bad)
+        done = _run_rank(config, **{variable: bad})
         with pytest.raises(BlockingIOError):
             master.accept()  # nobody knocked
-    assert done.returncode == 2, done.stderr
-    assert "REFIT_PREEMPTION_SIGNAL" in done.stderr
+    # Exit 2 is one of the codes that fail the job at once (exits.NOT_RETRYABLE).
+    assert done.returncode == EXIT_BAD_CONFIG, done.stderr
+    assert variable in done.stderr
     assert not (tmp_path / "rdzv").exists()  # nor opened the rendezvous
 
 

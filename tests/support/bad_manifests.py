@@ -265,6 +265,26 @@ BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
         ("spec.activeDeadlineSeconds", "greater than or equal to 1 (got 0)"),
     ),
     (
+        "start deadline over a week",
+        changed("startDeadlineSeconds", 604801),
+        ("spec.startDeadlineSeconds", "less than or equal to 604800 (got 604801)"),
+    ),
+    (
+        "active deadline over a year",
+        changed("activeDeadlineSeconds", 2**62),
+        ("spec.activeDeadlineSeconds", "less than or equal to 31536000"),
+    ),
+    (
+        "ttl over a year",
+        changed("ttlSecondsAfterFinished", 31536001),
+        ("spec.ttlSecondsAfterFinished", "less than or equal to 31536000 (got 31536001)"),
+    ),
+    (
+        "pod group schedule timeout over a week",
+        changed("gang", {"admission": "PodGroup", "podGroup": {"scheduleTimeoutSeconds": 10**9}}),
+        ("spec.gang.podGroup.scheduleTimeoutSeconds", "less than or equal to 604800"),
+    ),
+    (
         "start deadline as a string",
         changed("startDeadlineSeconds", "10m"),
         ("spec.startDeadlineSeconds", "valid integer"),
@@ -283,6 +303,26 @@ BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
         "synthetic layers 0",
         changed("weights", {"synthetic": {"layers": 0}}),
         ("spec.weights.synthetic.layers", "greater than or equal to 1 (got 0)"),
+    ),
+    (
+        "synthetic layers 1e12",
+        changed("weights", {"synthetic": {"layers": 10**12}}),
+        ("spec.weights.synthetic.layers", "less than or equal to 4096 (got 1000000000000)"),
+    ),
+    (
+        "synthetic hidden over 65536",
+        changed("weights", {"synthetic": {"hidden": 65537}}),
+        ("spec.weights.synthetic.hidden", "less than or equal to 65536 (got 65537)"),
+    ),
+    (
+        "synthetic vocab over 2**20",
+        changed("weights", {"synthetic": {"vocab": 2**20 + 1}}),
+        ("spec.weights.synthetic.vocab", "less than or equal to 1048576 (got 1048577)"),
+    ),
+    (
+        "synthetic experts over 1024",
+        changed("weights", {"synthetic": {"experts": 1025}}),
+        ("spec.weights.synthetic.experts", "less than or equal to 1024 (got 1025)"),
     ),
     (
         "synthetic kind wrong",
@@ -369,6 +409,37 @@ BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
         changed("transfer.bucketSize", True),
         ("spec.transfer.bucketSize", "bucketSize True is not a whole number"),
     ),
+    # Issue #50: each rank allocates two whole buckets; the planner needs one element.
+    (
+        "bucket size 1Ti",
+        changed("transfer.bucketSize", "1Ti"),
+        ("spec.transfer.bucketSize", "'1Ti' is 1099511627776 bytes, more than the largest"),
+    ),
+    (
+        "bucket size 65Gi",
+        changed("transfer.bucketSize", "65Gi"),
+        ("spec.transfer.bucketSize", "to 64Gi (68719476736 bytes)"),
+    ),
+    (
+        "bucket size over 64Gi unquoted",
+        changed("transfer.bucketSize", (64 << 30) + 1),
+        ("spec.transfer.bucketSize", "68719476737 is 68719476737 bytes, more than the largest"),
+    ),
+    (
+        "bucket size over 64Gi in kilobytes",
+        changed("transfer.bucketSize", "68719477k"),
+        ("spec.transfer.bucketSize", "'68719477k' is 68719477000 bytes"),
+    ),
+    (
+        "bucket size 1",
+        changed("transfer.bucketSize", 1),
+        ("spec.transfer.bucketSize", "bucketSize 1 is less than one element", "from 8 bytes"),
+    ),
+    (
+        "bucket size '7'",
+        changed("transfer.bucketSize", "7"),
+        ("spec.transfer.bucketSize", "bucketSize '7' is less than one element"),
+    ),
     (
         "device tpu",
         changed("transfer.device", "tpu"),
@@ -385,6 +456,16 @@ BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
         ("spec.transfer.timeoutSeconds", "finite number (got inf)"),
     ),
     (
+        "timeout 1e308",
+        changed("transfer.timeoutSeconds", 1e308),
+        ("spec.transfer.timeoutSeconds", "less than or equal to 86400 (got 1e+308)"),
+    ),
+    (
+        "timeout over a day",
+        changed("transfer.timeoutSeconds", 86400.5),
+        ("spec.transfer.timeoutSeconds", "less than or equal to 86400 (got 86400.5)"),
+    ),
+    (
         "timeout with a unit",
         changed("transfer.timeoutSeconds", "2m"),
         ("spec.transfer.timeoutSeconds", "valid number (got '2m')"),
@@ -393,6 +474,11 @@ BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
         "refits 0",
         changed("transfer.refits", 0),
         ("spec.transfer.refits", "greater than or equal to 1 (got 0)"),
+    ),
+    (
+        "refits over a million",
+        changed("transfer.refits", 1_000_001),
+        ("spec.transfer.refits", "less than or equal to 1000000 (got 1000001)"),
     ),
     (
         "backend empty",
@@ -463,6 +549,36 @@ BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
         "backoff negative",
         changed("failurePolicy.backoffSeconds", -0.5),
         ("spec.failurePolicy.backoffSeconds", "(got -0.5)"),
+    ),
+    (
+        "max restarts over 10000",
+        changed("failurePolicy.maxRestarts", 10_001),
+        ("spec.failurePolicy.maxRestarts", "less than or equal to 10000 (got 10001)"),
+    ),
+    (
+        "backoff 1e308",
+        changed("failurePolicy.backoffSeconds", 1e308),
+        ("spec.failurePolicy.backoffSeconds", "less than or equal to 86400 (got 1e+308)"),
+    ),
+    (
+        "max backoff over a day",
+        changed("failurePolicy.maxBackoffSeconds", 86401),
+        ("spec.failurePolicy.maxBackoffSeconds", "less than or equal to 86400 (got 86401)"),
+    ),
+    (
+        "node lost over a day",
+        changed("failurePolicy.nodeLostSeconds", 86401),
+        ("spec.failurePolicy.nodeLostSeconds", "less than or equal to 86400 (got 86401)"),
+    ),
+    (
+        "rollout replacements over 10000",
+        changed("rollout.failurePolicy", {"maxReplacements": 10_001}),
+        ("spec.rollout.failurePolicy.maxReplacements", "less than or equal to 10000"),
+    ),
+    (
+        "rollout backoff 1e308",
+        changed("rollout.failurePolicy", {"maxBackoffSeconds": 1e308}),
+        ("spec.rollout.failurePolicy.maxBackoffSeconds", "(got 1e+308)"),
     ),
     (
         "service account flag a string",

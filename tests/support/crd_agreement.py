@@ -92,6 +92,19 @@ _TRICKY: dict[str, list[Any]] = {
         "1Ei",
         "9999999999Ei",
         "",
+        # The bounds (issue #50): one element of the widest dtype, and 64Gi.
+        "7",
+        "8",
+        "1Ti",
+        "64Gi",
+        "65Gi",
+        "0064Gi",
+        "68719476736",
+        "68719477k",
+        7,
+        8,
+        68719476736,
+        68719476737,
     ],
     "name": ["X", "_x", "REFIT_RANK", "REFIT_", "refit_x", "REFITX", "1X", "A-B", "", "A" * 254],
     "image": ["", "img:1", " "],
@@ -144,6 +157,8 @@ def _valid(node: dict[str, Any], key: str) -> st.SearchStrategy[Any]:
         pools = [st.integers(-2, 10), st.sampled_from(_QUANTITIES)]
         if "pattern" in node:
             pools.append(st.from_regex(re2(node["pattern"]), fullmatch=True))
+        if key in _TRICKY:
+            pools.append(st.sampled_from(_TRICKY[key]))
         return st.one_of(pools)
     if node.get("x-kubernetes-preserve-unknown-fields") and "properties" not in node:
         return st.dictionaries(st.text(max_size=4), _LEAF, max_size=2)

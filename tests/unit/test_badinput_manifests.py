@@ -79,7 +79,18 @@ def test_a_missing_file_is_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "row", ["image missing", "reserved env name", "unknown signal", "synthetic dtype float64"]
+    "row",
+    [
+        "image missing",
+        "reserved env name",
+        "unknown signal",
+        "synthetic dtype float64",
+        # Issue #50: each of these once failed or hung only after the pods started.
+        "bucket size 1Ti",
+        "bucket size 1",
+        "timeout 1e308",
+        "synthetic layers 1e12",
+    ],
 )
 def test_refit_run_exits_2_and_creates_nothing(
     row: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 
 import pytest
@@ -79,6 +80,31 @@ def test_zero_bucket_size_rejected() -> None:
     env = _config().to_env()
     env["REFIT_TRANSFER"] = '{"bucket_size": 0}'
     with pytest.raises(ConfigError, match=r"REFIT_TRANSFER\.bucket_size"):
+        WorkerConfig.from_env(env)
+
+
+@pytest.mark.parametrize(
+    ("transfer", "weights", "named"),
+    [
+        ('{"bucket_size": 1}', None, "REFIT_TRANSFER.bucket_size"),
+        ('{"bucket_size": 1099511627776}', None, "REFIT_TRANSFER.bucket_size"),
+        ('{"timeout_seconds": 1e308}', None, "REFIT_TRANSFER.timeout_seconds"),
+        ('{"refits": 1000001}', None, "REFIT_TRANSFER.refits"),
+        (None, '{"kind": "synthetic", "layers": 1000000000000}', "REFIT_WEIGHTS.synthetic.layers"),
+        (None, '{"kind": "synthetic", "experts": 1025}', "REFIT_WEIGHTS.synthetic.experts"),
+    ],
+)
+def test_a_worker_refuses_what_the_api_refuses_naming_the_variable(
+    transfer: str | None, weights: str | None, named: str
+) -> None:
+    """The bounds are the contract's (issue #50): a pod whose env slipped past the API
+    (an older CRD, a hand-made pod) exits EXIT_BAD_CONFIG at start, not retryable."""
+    env = _config().to_env()
+    if transfer is not None:
+        env["REFIT_TRANSFER"] = transfer
+    if weights is not None:
+        env["REFIT_WEIGHTS"] = weights
+    with pytest.raises(ConfigError, match=re.escape(named)):
         WorkerConfig.from_env(env)
 
 

@@ -118,7 +118,18 @@ def test_status_round_trips_and_tolerates_garbage() -> None:
 
 @pytest.mark.parametrize(
     ("written", "nbytes"),
-    [(1048576, 1 << 20), ("1048576", 1 << 20), ("1Mi", 1 << 20), (1, 1), ("64M", 64 * 10**6)],
+    [
+        (1048576, 1 << 20),
+        ("1048576", 1 << 20),
+        ("1Mi", 1 << 20),
+        ("64M", 64 * 10**6),
+        # The bounds: one element of the widest dtype, and the largest bucket (issue #50).
+        (8, 8),
+        ("8", 8),
+        ("64Gi", 64 << 30),
+        (64 << 30, 64 << 30),
+        ("68719476k", 68719476000),
+    ],
 )
 def test_bucket_size_as_the_docs_write_it(written: int | str, nbytes: int) -> None:
     """docs/cluster.md: quantities may be integers; the error text itself suggests 1048576."""

@@ -199,7 +199,7 @@ def test_sweep_removes_only_dirs_of_dead_owners(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [
-        ({"weights": {"synthetic": {"hidden": 1_000_000}}}, "more than this machine's"),
+        ({"weights": {"synthetic": {"hidden": 65536}}}, "more than this machine's"),
         ({"rollout": {"replicas": 100}}, "102 worker processes"),
     ],
 )

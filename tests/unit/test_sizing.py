@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
 import yaml
 
-from refit_operator.local.sizing import WORKER_FLOOR_BYTES, estimate, judge
+from refit_operator.local.sizing import BUFFERS_PER_RANK, WORKER_FLOOR_BYTES, estimate, judge
 from refit_operator.models import parse_spec
+from refit_worker.checkpoint_engines import NIXL_TRANSFER_BUFFER_COUNT, NIXLCheckpointEngine
 from refit_worker.contract.synthetic import synthetic_nbytes
 
 GIB = 1 << 30
@@ -54,19 +56,34 @@ def test_judge_refuses_more_processes_than_the_cores_can_start() -> None:
     assert "41 worker processes on 2 cores" in sentence
 
 
-def test_a_bucket_larger_than_the_model_costs_the_model() -> None:
-    """The buffers are allocated untouched; a refit writes at most the model into them."""
+def test_a_bucket_larger_than_the_model_counts_in_full() -> None:
+    """Every rank allocates its buffers, a whole bucket each, before it knows the model
+    (``RolloutKept.offer``): the estimate counts what is allocated (issue #50)."""
     demo = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())["spec"]
     demo["transfer"]["bucketSize"] = "10Gi"
     spec = parse_spec(demo)
     assert spec.weights.synthetic is not None
     model = synthetic_nbytes(spec.weights.synthetic)
     est = estimate(spec, model_bytes=model)
-    per_process = WORKER_FLOOR_BYTES + 2 * model  # two buffers, each capped at the model
+    per_process = WORKER_FLOOR_BYTES + BUFFERS_PER_RANK * 10 * GIB
     assert est.total_bytes == 2 * (per_process + model) + 2 * (per_process + 3 * model)
-    assert judge(est, 8 * GIB, 2)[0] == "ok"
-    # Without a known model size the bucket counts in full.
-    assert estimate(spec, None).total_bytes > 4 * 2 * 10 * GIB
+    verdict, sentence = judge(est, 64 * GIB, 2)
+    assert verdict == "refuse"
+    assert "spec.transfer.bucketSize: each rank allocates 2 buckets of 10.0 GiB" in sentence
+    # The model's size changes nothing of the buffers.
+    assert estimate(spec, None).total_bytes == est.total_bytes - 8 * model
+
+
+def test_the_buffers_counted_are_the_ones_the_engine_allocates() -> None:
+    assert BUFFERS_PER_RANK == NIXL_TRANSFER_BUFFER_COUNT
+    default = inspect.signature(NIXLCheckpointEngine).parameters["buffer_count"].default
+    assert default == BUFFERS_PER_RANK
+
+
+def test_a_refusal_names_the_bucket_only_when_it_outgrows_the_model() -> None:
+    spec = parse_spec({"image": "i", "rollout": {"replicas": 3}, "transfer": {"bucketSize": "1Mi"}})
+    verdict, sentence = judge(estimate(spec, 100 * GIB), 8 * GIB, 2)
+    assert verdict == "refuse" and "bucketSize" not in sentence
 
 
 def test_a_bucket_smaller_than_the_model_counts_in_full() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,8 @@ from safetensors.torch import save_file
 
 from refit_worker.checkpoint_engines.base import dtype_from_name
 from refit_worker.contract.config import SafetensorsWeights, SyntheticWeights
-from refit_worker.contract.dtypes import SYNTHETIC_DTYPE_NAMES, WIRE_DTYPE_NAMES
-from refit_worker.contract.synthetic import ITEMSIZE, synthetic_nbytes, synthetic_shapes
+from refit_worker.contract.dtypes import ITEMSIZE, SYNTHETIC_DTYPE_NAMES, WIRE_DTYPE_NAMES
+from refit_worker.contract.synthetic import synthetic_nbytes, synthetic_shapes
 from refit_worker.weights import advance, load_safetensors, synthetic_state_dict
 
 
@@ -44,6 +45,20 @@ def test_shapes_and_nbytes_agree() -> None:
     assert {k: tuple(v.shape) for k, v in state.items()} == synthetic_shapes(spec)
     assert sum(t.numel() * t.element_size() for t in state.values()) == synthetic_nbytes(spec)
     assert "model.layers.2.mlp.experts.1.down_proj.weight" in state
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SyntheticWeights(),
+        SyntheticWeights(layers=1, hidden=1, vocab=1),
+        SyntheticWeights(layers=3, hidden=8, vocab=10, experts=2),
+        SyntheticWeights(layers=7, hidden=5, vocab=3, experts=1, dtype="float32"),
+    ],
+)
+def test_the_size_from_the_sizes_alone_is_what_the_shapes_add_up_to(spec: SyntheticWeights) -> None:
+    listed = sum(math.prod(shape) for shape in synthetic_shapes(spec).values())
+    assert synthetic_nbytes(spec) == ITEMSIZE[spec.dtype] * listed
 
 
 @pytest.mark.parametrize("name", WIRE_DTYPE_NAMES)

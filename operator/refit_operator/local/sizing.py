@@ -1,10 +1,11 @@
 """How much memory and how many processes a local run needs, judged before anything starts.
 
-A job sized for a cluster (``synthetic.hidden: 1000000``, ``rollout.replicas: 100``) would
+A job sized for a cluster (``synthetic.hidden: 65536``, ``rollout.replicas: 100``) would
 otherwise grow until the kernel's OOM killer picks a worker, or time out starting a
 hundred processes on two cores.  The estimate is rough on purpose: what each default
 worker holds (its weights, twice plus the regenerated expected copy on a rollout rank,
-two transfer buffers) and a per-process floor measured on this project's workers.
+two transfer buffers of a whole bucket each) and a per-process floor measured on this
+project's workers.
 
 Pure: the caller reads the machine (``/proc/meminfo``, core count) and passes it in.
 Must not import: kopf, kubernetes.
@@ -25,6 +26,10 @@ REFUSE_SHARE = 0.9
 WARN_SHARE = 0.5
 #: More worker processes than this per core: start-up alone may outlast the timeouts.
 PROCESSES_PER_CORE = 8
+#: Receive buffers every rank allocates in ``prepare()``, a whole bucket each whatever the
+#: model's size (the engine's ``NIXL_TRANSFER_BUFFER_COUNT``; a policy rank frees them once
+#: it knows its role, after they were allocated).
+BUFFERS_PER_RANK = 2
 
 Verdict = Literal["ok", "warn", "refuse"]
 
@@ -35,6 +40,8 @@ class Estimate:
     #: Bytes of the model one policy rank holds (None: unknown, e.g. a custom command).
     model_bytes: int | None
     total_bytes: int
+    #: Bytes of one transfer bucket (``spec.transfer.bucketSize``).
+    bucket_bytes: int = 0
 
 
 def _gib(n: float) -> str:
@@ -48,22 +55,23 @@ def _default_worker(role: RoleSpec) -> bool:
 def estimate(spec: RefitJobSpec, model_bytes: int | None) -> Estimate:
     """Bytes the job's workers will hold at once, roughly.
 
-    A transfer buffer never holds more than the whole model, so a bucket larger than the
-    model costs what the model does (``bucketSize: 10Gi`` on a 9 MiB model: 9 MiB each).
+    The transfer buffers count in full: every rank allocates them before it knows the
+    model (``bucketSize: 10Gi`` on a 9 MiB model: 20 GiB a rank), and an allocation the
+    machine cannot give fails every rank at start.
     """
     model = model_bytes or 0
-    bucket = min(spec.transfer.bucket_bytes, model) if model_bytes else spec.transfer.bucket_bytes
+    buffers = BUFFERS_PER_RANK * spec.transfer.bucket_bytes
     total = 0
     processes = 0
     for role, per_rank in (
-        (spec.policy, model + 2 * bucket),
+        (spec.policy, model + buffers),
         # The served copy, the one being filled, and the expected copy the demo verifies.
-        (spec.rollout, 3 * model + 2 * bucket),
+        (spec.rollout, 3 * model + buffers),
     ):
         processes += role.replicas
         if _default_worker(role):
             total += role.replicas * (WORKER_FLOOR_BYTES + per_rank)
-    return Estimate(processes, model_bytes, total)
+    return Estimate(processes, model_bytes, total, spec.transfer.bucket_bytes)
 
 
 def judge(est: Estimate, available_bytes: int, cores: int) -> tuple[Verdict, str]:
@@ -75,7 +83,8 @@ def judge(est: Estimate, available_bytes: int, cores: int) -> tuple[Verdict, str
     if est.total_bytes > REFUSE_SHARE * available_bytes:
         return "refuse", (
             f"this job needs {need}, more than this machine's {have}; shrink the model or the "
-            "replicas for a local run (or pass --skip-resource-check to try anyway)"
+            f"replicas for a local run{_buckets_note(est)} (or pass --skip-resource-check to "
+            "try anyway)"
         )
     if est.processes > PROCESSES_PER_CORE * max(cores, 1):
         return "refuse", (
@@ -86,3 +95,13 @@ def judge(est: Estimate, available_bytes: int, cores: int) -> tuple[Verdict, str
     if est.total_bytes > WARN_SHARE * available_bytes:
         return "warn", f"this job needs {need} of {have}; other programs may be squeezed"
     return "ok", f"needs {need} of {have}"
+
+
+def _buckets_note(est: Estimate) -> str:
+    """Where a bucket larger than the model is what does not fit: say so, naming the field."""
+    if est.model_bytes is None or est.bucket_bytes <= est.model_bytes:
+        return ""
+    return (
+        f", or spec.transfer.bucketSize: each rank allocates {BUFFERS_PER_RANK} buckets of"
+        f" {_gib(est.bucket_bytes)} in full, more than the model"
+    )

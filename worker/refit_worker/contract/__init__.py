@@ -14,7 +14,10 @@ checks it, see ``pyproject.toml``); the worker's own modules build on it.
 - :mod:`.failures` — failures no restart can cure, as types, and the exit code of each
   (84: not retryable, the job fails at once).
 - :mod:`.roles` — ``Role`` / ``ROLES``.
-- :mod:`.dtypes` — the dtype names the wire carries and synthetic weights use (no torch).
+- :mod:`.dtypes` — the dtype names the wire carries and synthetic weights use, and their
+  widths (no torch).
+- :mod:`.bounds` — the largest counts and times a job may ask for, and the bucket size's
+  range: what the API refuses and the worker's config too.
 - :mod:`.entries`, :mod:`.rendezvous` — the rendezvous protocol: keys, typed entries and
   the coordinator's decisions (barrier, progress, preemption notice), pure.
 

@@ -35,6 +35,16 @@ from pydantic import (
     ValidationError,
 )
 
+from refit_worker.contract.bounds import (
+    MAX_BUCKET_BYTES,
+    MAX_EXPERTS,
+    MAX_HIDDEN,
+    MAX_LAYERS,
+    MAX_REFITS,
+    MAX_VOCAB,
+    MAX_WAIT_SECONDS,
+    MIN_BUCKET_BYTES,
+)
 from refit_worker.contract.dtypes import SyntheticDtype
 from refit_worker.contract.entries import MAX_GENERATION
 from refit_worker.contract.env import DEFAULT_SIGNALS, ENV_PREFIX
@@ -67,11 +77,22 @@ class SyntheticWeights(_Frozen):
     """A deterministic, transformer-shaped state dict generated from a seed."""
 
     kind: Literal["synthetic"] = "synthetic"
-    layers: int = Field(2, ge=1, description="Number of transformer blocks.")
-    hidden: int = Field(256, ge=1, description="Hidden width.")
-    vocab: int = Field(1024, ge=1, description="Embedding rows.")
+    layers: int = Field(
+        2, ge=1, le=MAX_LAYERS, description=f"Number of transformer blocks (at most {MAX_LAYERS})."
+    )
+    hidden: int = Field(
+        256, ge=1, le=MAX_HIDDEN, description=f"Hidden width (at most {MAX_HIDDEN})."
+    )
+    vocab: int = Field(
+        1024, ge=1, le=MAX_VOCAB, description=f"Embedding rows (at most {MAX_VOCAB})."
+    )
     dtype: SyntheticDtype = Field("bfloat16", description="torch dtype name of every tensor.")
-    experts: int = Field(0, ge=0, description="MoE experts per layer (0: dense MLP).")
+    experts: int = Field(
+        0,
+        ge=0,
+        le=MAX_EXPERTS,
+        description=f"MoE experts per layer (0: dense MLP; at most {MAX_EXPERTS}).",
+    )
     seed: int = 0
     # None, not 0: an unset field stays out of the spec digest (render.spec_hash), so
     # adding it recreates no running job's pods.
@@ -145,8 +166,19 @@ class TransferKnobs(_Frozen):
             "saves. off (or unset): every refit is sent whole."
         ),
     )
-    timeout_seconds: float = Field(120.0, gt=0)
-    refits: int = Field(3, ge=1, description="Refits before the job is done.")
+    timeout_seconds: float = Field(
+        120.0,
+        gt=0,
+        le=MAX_WAIT_SECONDS,
+        description=f"Seconds one wait for a peer or a transfer may take (at most"
+        f" {MAX_WAIT_SECONDS}: a day).",
+    )
+    refits: int = Field(
+        3,
+        ge=1,
+        le=MAX_REFITS,
+        description=f"Refits before the job is done (at most {MAX_REFITS}).",
+    )
 
     def knobs(self) -> dict[str, Any]:
         """The shared knobs alone, by field name (to build the other side's model)."""
@@ -156,7 +188,12 @@ class TransferKnobs(_Frozen):
 class TransferConfig(TransferKnobs):
     """How weights move in the worker: the shared knobs, bytes per bucket, checksums."""
 
-    bucket_size: int = Field(64 << 20, gt=0, description="Bytes per transfer bucket.")
+    bucket_size: int = Field(
+        64 << 20,
+        ge=MIN_BUCKET_BYTES,
+        le=MAX_BUCKET_BYTES,
+        description="Bytes per transfer bucket (each rank allocates two in full).",
+    )
     checksum: bool = True
 
 

@@ -9,27 +9,8 @@ particular).
 
 from __future__ import annotations
 
-from math import prod
-
 from refit_worker.contract.config import SyntheticWeights
-from refit_worker.contract.dtypes import WireDtype
-
-#: Bytes per element of each wire dtype (what ``torch.empty((), dtype=d).element_size()``
-#: says; ``tests/unit/test_weights.py`` checks the two agree).
-ITEMSIZE: dict[WireDtype, int] = {
-    "float64": 8,
-    "float32": 4,
-    "float16": 2,
-    "bfloat16": 2,
-    "int64": 8,
-    "int32": 4,
-    "int16": 2,
-    "int8": 1,
-    "uint8": 1,
-    "bool": 1,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-}
+from refit_worker.contract.dtypes import ITEMSIZE
 
 
 def synthetic_shapes(spec: SyntheticWeights) -> dict[str, tuple[int, ...]]:
@@ -59,5 +40,12 @@ def synthetic_shapes(spec: SyntheticWeights) -> dict[str, tuple[int, ...]]:
 
 
 def synthetic_nbytes(spec: SyntheticWeights) -> int:
-    """Total bytes of the synthetic model (without generating it)."""
-    return ITEMSIZE[spec.dtype] * sum(prod(shape) for shape in synthetic_shapes(spec).values())
+    """Total bytes of the synthetic model, from its sizes alone: what
+    :func:`synthetic_shapes` lists, without listing it (a job at the bounds has millions
+    of tensors, and ``refit run`` sizes it before anything starts)."""
+    h, experts = spec.hidden, spec.experts
+    mlp = 3 * (2 * h * h)  # gate, up and down projections
+    # Two norms, four attention projections, then one MLP or a router and the experts.
+    layer = 2 * h + 4 * h * h + (experts * h + experts * mlp if experts else mlp)
+    elements = 2 * spec.vocab * h + h + spec.layers * layer  # embeddings, head, final norm
+    return ITEMSIZE[spec.dtype] * elements
