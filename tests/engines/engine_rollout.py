@@ -13,7 +13,8 @@ starts one vLLM engine (in-process, CPU) on a tiny Llama checkpoint and then:
    the tokens generated during and after it are compared with refit 0's;
 3. **next** (epoch 1, vLLM's weight-transfer registry, backend ``kube-refit``): a new
    session takes refit 1 through ``init_weight_transfer_engine`` / ``start_weight_update``
-   / ``update_weights`` / ``finish_weight_update``.
+   / ``update_weights`` / ``finish_weight_update``, driven by ``VllmBackendRefit`` so that
+   the prefix cache (the prompts share a prefix) is cleared before the new weights answer.
 
 Every step is a JSON line on stdout (``{"step": ...}``); the engine is shut down
 explicitly at the end.  Real: vLLM, NIXL, the signal.  Nothing is emulated.
@@ -36,6 +37,7 @@ import tiny_llama
 from refit_worker.integrations.vllm import (
     BACKEND,
     WORKER_EXTENSION,
+    VllmBackendRefit,
     VllmRefit,
     register_backend,
 )
@@ -94,13 +96,12 @@ def preempted(llm: Any, refit: VllmRefit) -> None:
 
 
 def next_refit(llm: Any, env: dict[str, str]) -> None:
-    llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {"env": env}})
-    llm.collective_rpc("start_weight_update")
-    llm.collective_rpc("update_weights", kwargs={"update_info": {"refit_id": 1}})
-    llm.collective_rpc("finish_weight_update")
+    backend = VllmBackendRefit(llm)
+    backend.init(env)
+    version = backend.update(1)
     tokens = tiny_llama.vllm_greedy(llm)
-    llm.collective_rpc("shutdown_weight_transfer_engine")
-    say("next", tokens=tokens)
+    backend.close()
+    say("next", tokens=tokens, version=version)
 
 
 def main() -> None:

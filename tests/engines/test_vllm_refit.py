@@ -165,4 +165,8 @@ def test_the_next_refit_lands_through_vllms_weight_transfer_registry(
     assert progress.refits_completed == REFITS and progress.state == "done"
     # The backend claims its own read-back of every served layer (none is unprobed here).
     assert progress.verification == "served-params"
+    # Every response from now on names the refit that produced it (issue #49).
+    assert progress.serving is not None
+    assert nxt["version"] == progress.serving.label, (nxt["version"], progress.serving)
+    assert nxt["version"].startswith("refit-1@")
     assert scenario["rollout_exit"] == 0
