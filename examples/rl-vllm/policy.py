@@ -25,6 +25,7 @@ Must not import: vLLM (the trainer never loads it).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 from datetime import timedelta
@@ -68,16 +69,22 @@ def batch_for(step: int, rank: int, world: int, ids: torch.Tensor) -> torch.Tens
     return torch.stack([ids[s : s + SEQ_LEN + 1] for s in picks])
 
 
-def expected_tokens(weights: list[tuple[str, torch.Tensor]], rank: int) -> torch.Tensor:
-    """Rank 0's HF greedy tokens for these weights, on every rank."""
+def expected_outputs(
+    weights: list[tuple[str, torch.Tensor]], rank: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank 0's HF greedy tokens for these weights and each token's logprob, on every
+    rank."""
     shape = (len(tiny_llama.PROMPTS), tiny_llama.NEW_TOKENS)
-    tokens = torch.zeros(shape, dtype=torch.int64)
+    tokens, logprobs = torch.zeros(shape, dtype=torch.int64), torch.zeros(shape)
     if rank == 0:
         reference = tiny_llama.build_model(seed=0)
         reference.load_state_dict(dict(weights), strict=True)
-        tokens = torch.tensor(tiny_llama.hf_greedy(reference), dtype=torch.int64)
+        greedy = tiny_llama.hf_greedy(reference)
+        tokens = torch.tensor(greedy, dtype=torch.int64)
+        logprobs = torch.tensor(tiny_llama.hf_logprobs(reference, greedy))
     dist.broadcast(tokens, src=0)
-    return tokens
+    dist.broadcast(logprobs, src=0)
+    return tokens, logprobs
 
 
 def shard(model: torch.nn.Module, world: int) -> torch.optim.Optimizer:
@@ -110,10 +117,14 @@ def train_and_refit(config: WorkerConfig, session: RefitSession) -> None:
     ids = tiny_llama.corpus_ids()
     for refit in session.pending_refits:
         loss = train_step(model, optimizer, batch_for(refit, rank, world, ids))
-        tokens = expected_tokens(reference_weights(model), rank)
-        # DTensors as they are: this rank sends its own shards only; the plain tokens
-        # tensor goes from one rank.
-        weights = [*model.named_parameters(), (EXTRA_PREFIX + "expected_tokens", tokens)]
+        tokens, logprobs = expected_outputs(reference_weights(model), rank)
+        # DTensors as they are: this rank sends its own shards only; the plain tensors of
+        # the expected outputs go along as extras.
+        weights = [
+            *model.named_parameters(),
+            (EXTRA_PREFIX + "expected_tokens", tokens),
+            (EXTRA_PREFIX + "expected_logprobs", logprobs),
+        ]
         stats = asyncio.run(session.send(weights, refit_id=refit))
         log.info(
             "refit %d: loss %.4f, sent %d bytes in %.4f s; expected tokens %s",
@@ -123,6 +134,10 @@ def train_and_refit(config: WorkerConfig, session: RefitSession) -> None:
             stats.seconds,
             tokens.tolist(),
         )
+        if rank == 0:  # the HF reference for this refit's weights, as one JSON line, for
+            # whoever checks what a server answered with them (examples/rl-vllm-serve)
+            expected = {"refit": refit, "tokens": tokens.tolist(), "logprobs": logprobs.tolist()}
+            print(json.dumps({"expected": expected}), flush=True)
 
 
 def join_gang(config: WorkerConfig) -> None:

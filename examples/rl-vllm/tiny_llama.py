@@ -11,7 +11,8 @@ agree on the model, the fixed prompts and what "greedy tokens" means:
 - :func:`save_checkpoint`: a directory vLLM and transformers both load (config, safetensors,
   tokenizer);
 - :func:`hf_greedy` / :func:`vllm_greedy`: greedy tokens for :data:`PROMPTS`, by
-  ``transformers`` ``generate`` and by a vLLM ``LLM``;
+  ``transformers`` ``generate`` and by a vLLM ``LLM``; :func:`hf_logprobs`: HF's logprob
+  of each of them;
 - :func:`start_llm`: vLLM in-process on CPU, small KV cache (the settings in docs/engines.md),
   prefix caching on with 32-token blocks: the prompts share a 72-token prefix.
 
@@ -157,6 +158,22 @@ def hf_greedy(model: Any, prompts: Sequence[Sequence[int]] = PROMPTS) -> list[li
             pad_token_id=0,
         )
         out.append([int(t) for t in gen[0, ids.shape[1] :]])
+    return out
+
+
+@torch.no_grad()
+def hf_logprobs(
+    model: Any, tokens: Sequence[Sequence[int]], prompts: Sequence[Sequence[int]] = PROMPTS
+) -> list[list[float]]:
+    """The logprob ``model`` gives each of ``tokens`` after its prompt (log-softmax of the
+    logits at that position, teacher-forced): what an engine serving the same weights
+    reports for the same tokens, up to its kernels' rounding."""
+    out = []
+    for prompt, new in zip(prompts, tokens, strict=True):
+        ids = torch.tensor([[*prompt, *new]], dtype=torch.int64)
+        scores = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+        first = len(prompt) - 1
+        out.append([float(scores[first + i, t]) for i, t in enumerate(new)])
     return out
 
 

@@ -130,6 +130,16 @@ class Cluster:
         )
         return {name: codes[(name, uid)] for name, uid in pods}
 
+    def pod_log(self, name: str, uid: str) -> str:
+        """The log a process node kept of pod ``name`` (``uid``)."""
+        found = [
+            path
+            for node in self.nodes.values()
+            for path in (node.workdir / "logs").glob(f"{name}-{uid[:8]}.log")
+        ]
+        assert len(found) == 1, (name, found)
+        return found[0].read_text(errors="replace")
+
     def pod_kubeconfig(self, uid: str) -> Path:
         for node in self.nodes.values():
             if uid in node.kubeconfigs:
@@ -451,3 +461,17 @@ class ChildWatch:
             if k == kind:
                 out.setdefault(name, set()).add(uid)
         return out
+
+
+def run_to_completion(
+    cluster: Cluster, namespace: str, manifest: Path, name: str, timeout_s: int = 1200
+) -> dict[str, Any]:
+    """``kubectl apply`` the job in ``manifest`` into ``namespace``, wait for its
+    Complete condition, and return its status."""
+    cluster.namespace(namespace)
+    cluster.kubectl.ok("apply", "-n", namespace, "-f", str(manifest))
+    cluster.kubectl.ok(
+        "wait", "--for=condition=Complete", f"rj/{name}", "-n", namespace,
+        f"--timeout={timeout_s}s", timeout=timeout_s + 30,
+    )  # fmt: skip
+    return cluster.job_status(namespace, name)

@@ -327,17 +327,6 @@ def test_drain_of_a_node_with_only_rollout_pods_leaves_the_policy_pods(
     _delete(cluster, job)
 
 
-def _log_of(cluster: Cluster, name: str, uid: str) -> str:
-    """The log a process node kept of pod ``name`` (``uid``)."""
-    found = [
-        path
-        for node in cluster.nodes.values()
-        for path in (node.workdir / "logs").glob(f"{name}-{uid[:8]}.log")
-    ]
-    assert len(found) == 1, (name, found)
-    return found[0].read_text(errors="replace")
-
-
 def _at(text: str, needle: str) -> float:
     """When the log line holding ``needle`` was written (seconds since the epoch)."""
     line = next((ln for ln in text.splitlines() if needle in ln), None)
@@ -349,10 +338,10 @@ def _at(text: str, needle: str) -> float:
 def _handed_over(cluster: Cluster, name: str, uid: str) -> tuple[str, float, str]:
     """A drained rollout pod stayed until its replacement served: the replacement's first
     commit is logged before the drained pod's exit.  (pod, seconds between, the source)."""
-    old = _log_of(cluster, name, uid)
+    old = cluster.pod_log(name, uid)
     successor = old.split("handed over to pod ")[1].split()[0].rstrip(";")
     pods = _started(cluster, name.split("-rollout-", maxsplit=1)[0], "rollout")
-    new = _log_of(cluster, pods[successor], successor)
+    new = cluster.pod_log(pods[successor], successor)
     served = min(
         _at(new, "seeded refit") if "seeded refit" in new else math.inf, _at(new, " committed: ")
     )

@@ -101,17 +101,9 @@ def build_model(arch: str, seed: int, dtype: str = "float32") -> Any:
 
 @torch.no_grad()
 def hf_reference(model: Any) -> tuple[list[list[int]], list[list[float]]]:
-    """HF ``generate``'s greedy tokens for the fixed prompts and each token's logprob
-    (log-softmax of the model's logits at that position, teacher-forced)."""
+    """HF ``generate``'s greedy tokens for the fixed prompts and each token's logprob."""
     tokens = tiny_llama.hf_greedy(model)
-    logprobs = []
-    for prompt, new in zip(tiny_llama.PROMPTS, tokens, strict=True):
-        ids = torch.tensor([[*prompt, *new]], dtype=torch.int64)
-        logits = model(input_ids=ids).logits[0].float()
-        scores = torch.log_softmax(logits, dim=-1)
-        first = len(prompt) - 1
-        logprobs.append([float(scores[first + i, t]) for i, t in enumerate(new)])
-    return tokens, logprobs
+    return tokens, tiny_llama.hf_logprobs(model, tokens)
 
 
 def vllm_reference(llm: Any) -> tuple[list[list[int]], list[list[float]], list[Any]]:

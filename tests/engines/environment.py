@@ -15,6 +15,9 @@ import subprocess
 import tempfile
 import tomllib
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -76,3 +79,28 @@ def engine_env(**extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def example_pod_env(venv: Path) -> list[dict[str, str]]:
+    """The env of the RL examples' pods on process nodes: the vLLM environment's Python,
+    the examples' directory, this checkout's worker and kube-refit's entry points on
+    ``PYTHONPATH`` (what an image from docker/Dockerfile.vllm has built in)."""
+    return [
+        {"name": "RL_VLLM_PYTHON", "value": str(venv / "bin" / "python")},
+        {"name": "RL_VLLM_DIR", "value": str(ROOT / "examples" / "rl-vllm")},
+        {"name": "PYTHONPATH", "value": os.pathsep.join([str(ROOT / "worker"), str(plugin_dir())])},
+    ]
+
+
+def example_manifest(example: str, venv: Path, path: Path, **rollout_env: str) -> dict[str, Any]:
+    """``examples/<example>/job.yaml`` with :func:`example_pod_env` on both roles (and
+    ``rollout_env`` on the rollout, replacing the example's values), written to ``path``;
+    the document."""
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / example / "job.yaml").read_text())
+    for role, extra in (("policy", {}), ("rollout", rollout_env)):
+        env = [*example_pod_env(venv), *({"name": k, "value": v} for k, v in extra.items())]
+        names = {e["name"] for e in env}
+        spec = doc["spec"][role]
+        spec["env"] = [*(e for e in spec.get("env", []) if e["name"] not in names), *env]
+    path.write_text(yaml.safe_dump(doc))
+    return doc

@@ -40,6 +40,7 @@ from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
+from refit_worker.contract.failures import exit_code_for, one_line
 from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, stop_flag
 from refit_worker.integrations.vllm.landing import RefitLanding, served_checkpoint, vllm_landing
 from refit_worker.session import RolloutSession
@@ -74,6 +75,9 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         self._landed: int | None = None
         #: The last committed refit's split into phases (for the caller and the bench).
         self.last_committed: CommittedFigures | None = None
+        #: Why the last update failed, as plain data (``type``, ``message``,
+        #: ``exit_code``): a driver behind HTTP sees only a status code otherwise.
+        self.last_error: dict[str, Any] | None = None
 
     def init_transfer_engine(self, init_info: RefitInitInfo) -> None:
         if self._landing is not None:
@@ -108,11 +112,20 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
     def receive_weights(self, update_info: RefitUpdateInfo) -> None:
         landing = self._require()
         receiver = landing.receiver
-        if receiver.in_flight != update_info.refit_id:
-            if receiver.in_flight is not None:
-                receiver.reject(f"the trainer asked for refit {update_info.refit_id} instead")
-            landing.begin(update_info.refit_id, verified_as=self._info.verified_as)
-        self._landed = landing.land().refit_id
+        try:
+            if receiver.in_flight != update_info.refit_id:
+                if receiver.in_flight is not None:
+                    receiver.reject(f"the trainer asked for refit {update_info.refit_id} instead")
+                landing.begin(update_info.refit_id, verified_as=self._info.verified_as)
+            self._landed = landing.land().refit_id
+        except Exception as exc:
+            self.last_error = {
+                "type": type(exc).__name__,
+                "message": one_line(exc),
+                "exit_code": exit_code_for(exc),
+            }
+            raise
+        self.last_error = None
         if update_info.caches_cleared:
             landing.caches_cleared()
 
@@ -130,6 +143,21 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
             return None
         version = self._landing.receiver.session.served_version
         return version.label if version is not None else None
+
+    def state(self) -> dict[str, Any]:
+        """Where the backend stands, as plain data for a driver that polls it (``vllm
+        serve``: :mod:`.server`): ``pending`` (refit ids still to take), ``staged`` (the
+        refit received in the background, if any) and ``ready`` (``update_weights`` for it
+        would not wait), ``weight_version`` (the last commit's label), ``error``."""
+        landing = self._require()
+        receiver = landing.receiver
+        return {
+            "pending": list(receiver.session.pending_refits),
+            "staged": receiver.in_flight,
+            "ready": receiver.in_flight is not None and receiver.ready(),
+            "weight_version": self.served_label(),
+            "error": self.last_error,
+        }
 
     def shutdown(self) -> None:
         if self._landing is not None:

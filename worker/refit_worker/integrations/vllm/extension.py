@@ -116,6 +116,13 @@ class RefitWorkerExtension:
         label: str | None = worker.weight_transfer_engine.served_label()
         return label
 
+    def refit_backend_state(self) -> dict[str, Any]:
+        """The ``kube-refit`` backend's state (pending, staged, ready, weight version,
+        last error) for a driver outside the engine (``vllm serve``: :mod:`.server`)."""
+        worker: Any = self
+        state: dict[str, Any] = worker.weight_transfer_engine.state()
+        return state
+
     def refit_reject(self, reason: str) -> None:
         """Refuse the refit in flight (e.g. its tokens differ): it is not committed."""
         self._refit_require().receiver.reject(reason)
