@@ -38,10 +38,14 @@ from refit_worker.checkpoint_engines.planning import plan_digest
 BUCKET = 4096
 
 
-@pytest.fixture
-async def pair() -> AsyncIterator[tuple[NIXLCheckpointEngine, NIXLCheckpointEngine]]:
-    policy = NIXLCheckpointEngine(BUCKET, device="cpu", timeout_s=2.0)
-    rollout = NIXLCheckpointEngine(BUCKET, device="cpu", timeout_s=2.0)
+@pytest.fixture(params=[False], ids=["unchecked"])
+async def pair(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[tuple[NIXLCheckpointEngine, NIXLCheckpointEngine]]:
+    """A policy and a rollout engine; ``request.param``: both check integrity hashes."""
+    checksum: bool = request.param
+    policy = NIXLCheckpointEngine(BUCKET, device="cpu", timeout_s=2.0, checksum=checksum)
+    rollout = NIXLCheckpointEngine(BUCKET, device="cpu", timeout_s=2.0, checksum=checksum)
     metadata = [policy.prepare().model_dump_json(), rollout.prepare().model_dump_json()]
     policy.init_policy_process_group(
         worker_rank=0, train_world_size=1, rollout_world_size=1, metadata=metadata
@@ -465,3 +469,30 @@ async def test_drop_target_stops_waiting_for_it_during_a_send(pair) -> None:
     )
     # The caller's reason, not the timeout's: the send stopped waiting when told to.
     assert timing.delivered == () and timing.dropped == {0: "left the membership (version 2)"}
+
+
+@pytest.mark.parametrize("pair", [True], ids=["checked"], indirect=True)
+async def test_a_manifest_without_hashes_is_refused_where_checksums_are_on(pair) -> None:
+    """A sender that leaves the hashes out (as a forged one may) is refused, not taken
+    unchecked under a ``checksums`` claim (issue #50)."""
+    policy, rollout = pair
+    error = await first_error(
+        collect(rollout), rogue_refit(policy, rollout, [entry("a", 8), entry("b", 8)], DATA)
+    )
+    assert isinstance(error, IncompleteRefitError), error
+    assert "carries no integrity hashes" in str(error) and "transfer.checksum" in str(error)
+
+
+@pytest.mark.parametrize("pair", [False, True], ids=["unchecked", "checked"], indirect=True)
+async def test_the_timing_says_whether_the_bytes_were_hashed(pair) -> None:
+    """What a report may claim comes from what was checked of each refit."""
+    policy, rollout = pair
+    timings: list[RefitTiming] = []
+
+    async def drain() -> None:
+        async for _batch in rollout.receive_weight_batches(on_complete=timings.append):
+            pass
+
+    sd = {"w": torch.arange(300, dtype=torch.float32)}
+    await asyncio.gather(policy.send_weights(iter(sd.items())), drain())
+    assert [t.integrity for t in timings] == ["xxh3_64" if rollout.checksum else None]

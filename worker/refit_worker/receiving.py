@@ -56,6 +56,7 @@ from refit_worker.rendezvous import (
     RendezvousTimeout,
     WaitCancelled,
 )
+from refit_worker.reporting import checked_level
 from refit_worker.seeding import process_started_at, successor
 from refit_worker.session_base import RefitSession
 from refit_worker.targets import (
@@ -535,7 +536,11 @@ class RolloutSession(RefitSession):
         self, timing: RefitTiming, commit_s: float, verified_as: Verification | None
     ) -> RefitStats:
         """The committed refit's figures, published as this rank's progress once the
-        commit is offered to peers (a peer that reads the report finds the offer)."""
+        commit is offered to peers (a peer that reads the report finds the offer).  With
+        no level named by a check of the caller's, the claim is what the engine checked
+        of this refit (its hashes, or only the manifest): never the configuration's."""
+        if verified_as is None:
+            verified_as = checked_level(timing.integrity)
         stats = RefitStats(
             timing.refit_id,
             timing.bytes,

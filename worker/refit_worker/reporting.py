@@ -27,6 +27,12 @@ def default_verification(config: WorkerConfig) -> Verification:
     return "checksums" if config.transfer.checksum else "manifest"
 
 
+def checked_level(integrity: str | None) -> Verification:
+    """What a rollout rank's engine checked of one refit: every byte against its hashes
+    (``integrity``: the algorithm), or only the manifest."""
+    return "checksums" if integrity is not None else "manifest"
+
+
 class ProgressReporter:
     """Keeps this rank's :class:`ProgressLog` and writes it under its progress key."""
 

@@ -127,6 +127,10 @@ class RefitTiming:
     dropped: Mapping[int, str] = field(default_factory=dict)
     #: A policy rank: the dropped targets that declined a delta and want the refit whole.
     wants_whole: frozenset[int] = frozenset()
+    #: A rollout rank: the hash every byte of this refit was checked with (None: the bytes
+    #: were not hashed, only the manifest checked).  What a report may claim comes from
+    #: here, not from the configuration.
+    integrity: str | None = None
 
 
 class CheckpointEngine(abc.ABC):

@@ -132,6 +132,9 @@ class Shared:
     connections: dict[str, str] = field(default_factory=dict)
     #: Where a delta's bytes land (kept across refits: registered once).
     delta_arena: DeltaArena = field(default_factory=DeltaArena)
+    #: This rank checks integrity hashes (``transfer.checksum``): a manifest without them
+    #: is refused, not taken unchecked.
+    require_integrity: bool = False
 
 
 class RefitReceiver:
@@ -433,6 +436,11 @@ class RefitReceiver:
                 f"{self.who}: the manifest lists tensors that plan into {len(self.plan.buckets)} "
                 f"buckets (digest {self.plan.digest}), but says {manifest.total_buckets} "
                 f"(digest {manifest.digest})"
+            )
+        if manifest.integrity is None and self.shared.require_integrity:
+            raise IncompleteRefitError(
+                f"{self.who}: the manifest carries no integrity hashes, and this rank checks "
+                "every byte (transfer.checksum): refused unchecked"
             )
         if manifest.integrity is not None and manifest.integrity != algorithm_for(self.device):
             raise IncompleteRefitError(

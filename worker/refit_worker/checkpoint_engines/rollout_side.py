@@ -130,6 +130,7 @@ class RolloutSide:
                 kept.staging,
                 self._connections,
                 kept.delta_arena,
+                require_integrity=common.checksum,
             ),
             decline=Decliner(common.agent, self.rank, kept.declined),
             delta=delta,
@@ -181,6 +182,7 @@ class RolloutSide:
             seconds=receiver.ended_at - receiver.started_at,
             control_s=receiver.control_s,
             registrations=self.common.registry.registered - registered,
+            integrity=receiver.integrity,
         )
         self._after()
         return timing
