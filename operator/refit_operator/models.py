@@ -284,10 +284,25 @@ class PreemptionSpec(Wire):
         return self.parsed_signal.name
 
 
+#: Preemptions of the policy gang before the job fails: a drain or two a day over a week
+#: of training stays well under it; a loop of them (a node that keeps being drained, a
+#: stop nobody can explain) ends.
+MAX_PREEMPTIONS_DEFAULT = 20
+
+
 class FailurePolicy(Wire):
-    """Restarts after real failures; preemptions never use these up."""
+    """Restarts after real failures; preemptions never use these up, and have their own
+    bound."""
 
     max_restarts: int = Field(3, ge=0, le=MAX_RESTARTS, description=f"At most {MAX_RESTARTS}.")
+    max_preemptions: int = Field(
+        MAX_PREEMPTIONS_DEFAULT,
+        ge=0,
+        le=MAX_RESTARTS,
+        description="Preemptions of the policy gang (a drain, an eviction, a lost node) "
+        "before the job fails, counted apart from maxRestarts: a loop of them ends the "
+        f"job with a message (at most {MAX_RESTARTS}).",
+    )
     backoff_seconds: float = Field(
         10.0,
         ge=0,

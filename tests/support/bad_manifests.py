@@ -556,6 +556,16 @@ BAD_SPECS: list[tuple[str, Any, tuple[str, ...]]] = [
         ("spec.failurePolicy.maxRestarts", "less than or equal to 10000 (got 10001)"),
     ),
     (
+        "max preemptions negative",
+        changed("failurePolicy.maxPreemptions", -1),
+        ("spec.failurePolicy.maxPreemptions", "(got -1)"),
+    ),
+    (
+        "max preemptions over 10000",
+        changed("failurePolicy.maxPreemptions", 10_001),
+        ("spec.failurePolicy.maxPreemptions", "less than or equal to 10000 (got 10001)"),
+    ),
+    (
         "backoff 1e308",
         changed("failurePolicy.backoffSeconds", 1e308),
         ("spec.failurePolicy.backoffSeconds", "less than or equal to 86400 (got 1e+308)"),

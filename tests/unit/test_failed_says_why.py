@@ -42,6 +42,7 @@ SPEC: dict[str, Any] = {
 }
 JOB = Harness(SPEC)
 POLICY, ROLLOUT = "job-policy-0-e0", "job-rollout-0-g0"
+EVICTION = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
 
 
 def _status(**kw: Any) -> RefitJobStatus:
@@ -92,6 +93,16 @@ CASES = {
         {POLICY: SUCCEEDED, ROLLOUT: SUCCEEDED},
         "RestartsExhausted",
         ("reported 0 of 3 refits", "maxRestarts (2) used up"),
+    ),
+    "preemptions exhausted": Case(
+        _status(preemptions=2),
+        {
+            POLICY: exited(83, conditions=(EVICTION,)),
+            ROLLOUT: RUNNING,
+        },
+        "PreemptionsExhausted",
+        (POLICY, "EvictionByEvictionAPI", "preempted 2 times", "maxPreemptions (2) used up"),
+        spec={"failurePolicy": {"maxRestarts": 2, "backoffSeconds": 10, "maxPreemptions": 2}},
     ),
     "replacements exhausted": Case(
         _status(rollout_failures=2),
@@ -201,3 +212,14 @@ def test_a_job_failed_outside_a_round_is_said_as_every_failed() -> None:
     failed = next(c for c in status.conditions if c.type == cond.FAILED)
     assert (failed.reason, failed.message) == ("StartError", status.message)
     assert status.completion_time is not None
+
+
+def test_a_preemption_under_the_bound_restarts_the_gang_and_counts_it() -> None:
+    spec = {**SPEC, "failurePolicy": {**SPEC["failurePolicy"], "maxPreemptions": 2}}
+    pods = JOB.pods(0, **{POLICY: exited(83, conditions=(EVICTION,)), ROLLOUT: RUNNING})
+    d = JOB.run(_status(preemptions=1), pods, spec=spec)
+    assert (d.status.phase, d.status.preemptions, d.status.restarts) == (
+        Phase.RESTARTING,
+        2,
+        0,
+    )

@@ -3,8 +3,8 @@ deadline and failure policies): the policy gang stops (``scope="policy"``: a pol
 failed or was disrupted; the rollout replicas keep serving and join the new epoch), or
 every pod does (``scope="job"``: a spec change, a late start; every rollout slot moves to
 its next generation); the epoch goes up, and after a backoff the gang is recreated.
-Failures use up ``maxRestarts`` (doubling backoff); preemptions are counted apart; a
-spec change is neither.
+Failures use up ``maxRestarts`` (doubling backoff); preemptions are counted apart, up to
+``maxPreemptions``; a spec change is neither.
 
 Must not import: kopf, kubernetes, aiohttp.
 """
@@ -89,13 +89,22 @@ def restart_gang(
             draft.actions.append(notice)
     limit = inp.spec.failure_policy.max_restarts
     exhausted = bool(failures) and draft.status.restarts >= limit
-    if scope == "policy" and not exhausted:
+    bound = inp.spec.failure_policy.max_preemptions
+    preempted_out = not failures and bool(disruptions) and draft.status.preemptions >= bound
+    if scope == "policy" and not (exhausted or preempted_out):
         draft.delete_pods(p for p in inp.observed.pods if p.role == "policy")
         drop_pod_group(inp, draft)
     else:  # the job fails, or restarts whole: nothing of it keeps running
         stop_gang(inp, draft)
     if exhausted:
         draft.fail(reason, f"{failures[0]}; maxRestarts ({limit}) used up")
+        return Outcome.RESTARTS_EXHAUSTED
+    if preempted_out:
+        draft.fail(
+            "PreemptionsExhausted",
+            f"{disruptions[0]}; the policy gang was preempted {draft.status.preemptions} "
+            f"times: maxPreemptions ({bound}) used up",
+        )
         return Outcome.RESTARTS_EXHAUSTED
     reason, message, delay = _count(inp, draft, failures, disruptions, scope)
     draft.update(created_epoch=None, epoch_start_time=None, message=message)
