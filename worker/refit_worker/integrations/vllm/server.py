@@ -176,10 +176,6 @@ class VllmServer:
     def state(self) -> BackendState:
         return BackendState.parse(self._rpc("refit_backend_state"))
 
-    def weight_version(self) -> str:
-        answer = self._call("GET", "/weight_info")
-        return str(answer["weight_version"])
-
     def wait_staged(
         self, timeout_s: float, stop: Callable[[], bool] = lambda: False
     ) -> BackendState:
@@ -259,11 +255,9 @@ def serve_refits(
     the landings in order."""
     landings: list[ServedLanding] = []
     while True:
+        # A refit that failed while staging is "ready" too: its landing raises the
+        # backend's reason (VllmServer._failed).
         state = server.wait_staged(transfer_timeout_s, stop)
-        if state.error is not None and not state.ready:
-            raise ServerRefitError(
-                str(state.error["message"]), exit_code=int(state.error["exit_code"])
-            )
         if state.staged is None:
             return landings
         landing = server.land(state.staged)
