@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator"), str(ROOT / "worker")]
 
-from tests.support.bad_manifests import BAD_FILES, BAD_SPECS  # noqa: E402
+from tests.support.bad_manifests import BAD_FILES, BAD_SPECS, NOT_IN_YAML  # noqa: E402
 from tests.support.crd_agreement import NOT_GENERATED, run_agreement  # noqa: E402
 from tests.support.crd_judge import crd_verdict, model_verdict  # noqa: E402
 from tests.support.tampered_entries import (  # noqa: E402
@@ -73,7 +73,10 @@ def manifests_section() -> list[str]:
         "### Bad manifests",
         "",
         f"{len(BAD_SPECS)} bad specs and {len(BAD_FILES)} bad files; each spec is refused by "
-        "the models, by `refit run`'s loader with the same message, and by the CRD.",
+        "the models and by the CRD, and by `refit run`'s loader with the same message where "
+        "a YAML file can carry it ("
+        + "; ".join(f"{row}: {why}" for row, why in NOT_IN_YAML.items())
+        + ").",
         "",
         "| case | message | CRD refuses |",
         "|---|---|---|",

@@ -22,7 +22,7 @@ import yaml
 from tests.binaries import REPO_ROOT
 from tests.cluster.rest import ApiError
 from tests.cluster.support import Cluster, wait, wait_established
-from tests.support.bad_manifests import BAD_SPECS, BASE
+from tests.support.bad_manifests import BAD_SPECS, BASE, ISSUE_50_FILES, NOT_IN_YAML
 
 from refit_operator.models import API_VERSION
 
@@ -127,3 +127,30 @@ def test_kubectl_apply_of_a_bad_manifest_names_the_field(crd: Cluster) -> None:
     assert done.returncode != 0
     assert "spec.policy.replicas" in done.stderr, done.stderr
     assert crd.rest.find(f"{JOBS}/bad") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "words"), [r[1:] for r in ISSUE_50_FILES], ids=[r[0] for r in ISSUE_50_FILES]
+)
+def test_kubectl_apply_of_issue_50_inputs_as_written_names_the_field(
+    crd: Cluster, text: str, words: tuple[str, ...]
+) -> None:
+    """``timeoutSeconds: 1e308``, ``layers: 1e12`` as a user types them: kubectl sends
+    numbers (``refit run`` reads them the same way), and the CRD refuses them by bound."""
+    done = crd.kubectl.run("apply", "--dry-run=server", "-n", NS, "-f", "-", stdin=text)
+    assert done.returncode != 0, done.stdout
+    field = field_named(words)
+    assert names_field(done.stderr, field), f"kubectl did not name {field}: {done.stderr}"
+
+
+@pytest.mark.parametrize("row", sorted(NOT_IN_YAML))
+def test_kubectl_sends_a_whole_float_as_an_integer(crd: Cluster, row: str) -> None:
+    """Why ``NOT_IN_YAML``'s rows are valid in a file: ``replicas: 2.0`` reaches the
+    apiserver as 2, as ``refit run``'s loader reads it."""
+    spec = next(r[1] for r in BAD_SPECS if r[0] == row)
+    doc = {"apiVersion": API_VERSION, "kind": "RefitJob", "metadata": {"name": "ok"}, "spec": spec}
+    done = crd.kubectl.run(
+        "apply", "--dry-run=server", "-n", NS, "-o", "json", "-f", "-", stdin=yaml.safe_dump(doc)
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["spec"]["policy"]["replicas"] == 2

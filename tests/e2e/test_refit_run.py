@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.support.bad_manifests import BAD_SPECS, manifest_text
+from tests.support.bad_manifests import BAD_SPECS, ISSUE_50_FILES, manifest_text
 from tests.support.fault_runs import sent_refits
 from tests.support.processes import processes_under
 from tests.support.versions import trainer_digest
@@ -251,16 +251,25 @@ def test_bad_manifest_starts_nothing(tmp_path: Path, text: str, expected: str) -
     assert not workdir.exists()  # nothing was started, not even a working directory
 
 
-@pytest.mark.parametrize(
-    "row", ["bucket size 1Ti", "bucket size 1", "timeout 1e308", "synthetic layers 1e12"]
-)
+_ISSUE_50 = {
+    **{
+        row: (manifest_text(spec), words)
+        for row, spec, words in BAD_SPECS
+        if row in ("bucket size 1Ti", "bucket size 1", "timeout 1e308", "synthetic layers 1e12")
+    },
+    # The same values as a user types them (``1e308``, not YAML 1.1's ``1.0e+308``).
+    **{row: (text, words) for row, text, words in ISSUE_50_FILES},
+}
+
+
+@pytest.mark.parametrize("row", _ISSUE_50)
 def test_issue_50_bad_inputs_exit_2_naming_the_field_before_any_worker(
     tmp_path: Path, row: str
 ) -> None:
     """Each once passed ``refit run``'s checks and failed (or hung) in the pods."""
-    spec, words = next(r[1:] for r in BAD_SPECS if r[0] == row)
+    text, words = _ISSUE_50[row]
     path = tmp_path / "job.yaml"
-    path.write_text(manifest_text(spec))
+    path.write_text(text)
     workdir = tmp_path / "work"
     done = _run([str(path), "--workdir", str(workdir)], timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr

@@ -654,6 +654,48 @@ BAD_FILES: list[tuple[str, str, tuple[str, ...]]] = [
 ]
 
 
+#: Spec rows that YAML text cannot carry as written: kubectl sends ``replicas: 2.0`` as the
+#: integer 2 (Go's JSON writes a whole float without its fraction), so the API server, and
+#: ``refit run``'s loader with it, read a valid spec.  Only a JSON client can send the float.
+NOT_IN_YAML: dict[str, str] = {"replicas as a float": "kubectl sends 2.0 as the integer 2"}
+
+
+def _job_text(spec_lines: str) -> str:
+    """A RefitJob manifest around BASE's fields and ``spec_lines`` (YAML, two-space indent)."""
+    return (
+        f"apiVersion: {API_VERSION}\nkind: RefitJob\nmetadata: {{name: job}}\nspec:\n"
+        f"  image: img:1\n  policy: {{replicas: 1}}\n  rollout: {{replicas: 1}}\n{spec_lines}"
+    )
+
+
+#: Issue #50's bad inputs as a user types them: ``1e308`` and ``1e12`` are numbers to
+#: kubectl (go-yaml), though not to YAML 1.1, so ``refit run`` must refuse them for their
+#: bounds as the API server does, not call them "not a number".  (id, file text, words)
+ISSUE_50_FILES: list[tuple[str, str, tuple[str, ...]]] = [
+    (
+        "bucket size 1Ti as written",
+        _job_text("  transfer: {bucketSize: 1Ti}\n"),
+        ("spec.transfer.bucketSize", "'1Ti' is 1099511627776 bytes, more than the largest"),
+    ),
+    (
+        "bucket size 1 as written",
+        _job_text("  transfer: {bucketSize: 1}\n"),
+        ("spec.transfer.bucketSize", "bucketSize 1 is less than one element", "from 8 bytes"),
+    ),
+    (
+        "timeout 1e308 as written",
+        _job_text("  transfer: {timeoutSeconds: 1e308}\n"),
+        ("spec.transfer.timeoutSeconds", "less than or equal to 86400 (got 1e+308)"),
+    ),
+    (
+        "synthetic layers 1e12 as written",
+        _job_text("  weights: {synthetic: {layers: 1e12}}\n"),
+        ("spec.weights.synthetic.layers", "less than or equal to 4096 (got 1000000000000)"),
+    ),
+]
+BAD_FILES += ISSUE_50_FILES
+
+
 def manifest_text(spec: Any) -> str:
     """A whole RefitJob manifest (YAML) around ``spec``."""
     return yaml.safe_dump(

@@ -10,7 +10,9 @@ place that can turn bytes into code or arbitrary objects:
 - NIXL's pickled descriptor helpers ``get_serialized_descs`` / ``deserialize_descs``;
 - torch.distributed's object collectives (they pickle under the hood);
 - ``torch.load`` without ``weights_only=True``, ``numpy.load(allow_pickle=True)``;
-- ``yaml.load`` without a safe loader, ``yaml.unsafe_load`` / ``yaml.full_load``;
+- ``yaml.load`` without a safe loader, ``yaml.unsafe_load`` / ``yaml.full_load`` (a
+  loader class of the same module that derives from a safe one and is given no
+  constructor counts as safe: it can only resolve scalars differently);
 - the builtins ``eval`` / ``exec`` / ``compile``.
 
 """
@@ -55,6 +57,8 @@ UNSAFE_YAML = frozenset(
     {"yaml.unsafe_load", "yaml.unsafe_load_all", "yaml.full_load", "yaml.full_load_all"}
 )
 SAFE_LOADERS = frozenset({"yaml.SafeLoader", "yaml.CSafeLoader", "yaml.BaseLoader"})
+#: What gives a loader class the power to build objects from tags.
+YAML_CONSTRUCTORS = frozenset({"add_constructor", "add_multi_constructor"})
 
 
 @dataclass(frozen=True, order=True)
@@ -67,10 +71,12 @@ class Finding:
 class _Scanner(ast.NodeVisitor):
     """Collects findings for one module; resolves import aliases to dotted names."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, local_loaders: frozenset[str] = frozenset()) -> None:
         self.path = path
         self.aliases: dict[str, str] = {}
         self.findings: list[Finding] = []
+        #: This module's safe loader subclasses (see :func:`_local_safe_loaders`).
+        self.local_loaders = local_loaders
 
     def _flag(self, node: ast.AST, what: str) -> None:
         self.findings.append(Finding(self.path, getattr(node, "lineno", 0), what))
@@ -120,7 +126,8 @@ class _Scanner(ast.NodeVisitor):
             self._flag(node, f"calls {name}()")
         if name in ("yaml.load", "yaml.load_all"):
             loader = keywords.get("Loader") or (node.args[1] if len(node.args) > 1 else None)
-            if loader is None or self._dotted(loader) not in SAFE_LOADERS:
+            safe = SAFE_LOADERS | self.local_loaders
+            if loader is None or self._dotted(loader) not in safe:
                 self._flag(node, f"calls {name}() without a safe Loader")
         self.generic_visit(node)
 
@@ -129,10 +136,34 @@ def _is_true(node: ast.expr | None) -> bool:
     return isinstance(node, ast.Constant) and node.value is True
 
 
+def _local_safe_loaders(tree: ast.Module) -> frozenset[str]:
+    """Classes of this module that derive from a safe loader (named as ``yaml.X`` or ``X``
+    imported from yaml) and are never handed a constructor anywhere in the module."""
+    aliases = _Scanner("")
+    aliases.visit(tree)  # only for its import aliases; its findings are not these
+    derived = {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        and any(aliases._dotted(base) in SAFE_LOADERS for base in node.bases)
+    }
+    given = {
+        name.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in YAML_CONSTRUCTORS
+        for name in ast.walk(node)
+        if isinstance(name, ast.Name)
+    }
+    return frozenset(derived - given)
+
+
 def scan_source(text: str, path: str) -> list[Finding]:
     """Findings in one module's source text."""
-    scanner = _Scanner(path)
-    scanner.visit(ast.parse(text, filename=path))
+    tree = ast.parse(text, filename=path)
+    scanner = _Scanner(path, _local_safe_loaders(tree))
+    scanner.visit(tree)
     return sorted(scanner.findings)
 
 

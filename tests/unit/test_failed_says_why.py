@@ -25,7 +25,7 @@ from tests.support.reconcile_harness import (
 )
 
 from refit_operator.core import conditions as cond
-from refit_operator.core.decision import Decision, Emit, JobView
+from refit_operator.core.decision import Create, Decision, Emit, JobView
 from refit_operator.core.failure import Failure
 from refit_operator.core.observe import Observed
 from refit_operator.core.refusal import failed_status
@@ -137,6 +137,36 @@ CASES = {
         ("bucketSize '0' must be more than 0 bytes",),
         spec={"transfer": {"bucketSize": "0"}},
     ),
+    # Issue #50: a spec the CRD refuses, stored anyway (under an older CRD), fails the job
+    # at once naming the field.
+    "invalid spec: a bucket no rank can allocate": Case(
+        _status(),
+        {},
+        "InvalidSpec",
+        ("spec.transfer.bucketSize", "'1Ti' is 1099511627776 bytes, more than the largest"),
+        spec={"transfer": {"bucketSize": "1Ti"}},
+    ),
+    "invalid spec: a bucket smaller than one element": Case(
+        _status(),
+        {},
+        "InvalidSpec",
+        ("spec.transfer.bucketSize", "bucketSize 1 is less than one element"),
+        spec={"transfer": {"bucketSize": 1}},
+    ),
+    "invalid spec: a timeout no clock holds": Case(
+        _status(),
+        {},
+        "InvalidSpec",
+        ("spec.transfer.timeoutSeconds", "less than or equal to 86400 (got 1e+308)"),
+        spec={"transfer": {"timeoutSeconds": 1e308}},
+    ),
+    "invalid spec: more layers than the generator can list": Case(
+        _status(),
+        {},
+        "InvalidSpec",
+        ("spec.weights.synthetic.layers", "less than or equal to 4096 (got 1000000000000)"),
+        spec={"weights": {"synthetic": {"layers": 10**12}}},
+    ),
     # A round of a Failed job after one whose status.message was lost: the Failed
     # condition still says why, and the message says it again.
     "stored Failed, message lost": Case(
@@ -160,6 +190,16 @@ def test_every_failed_names_its_cause_in_message_and_condition(case: Case) -> No
     spec = {**SPEC, **case.spec}
     pods = JOB.pods(0, **case.pods) if case.pods else []
     _assert_says(JOB.run(case.status, pods, spec=spec), case.reason, case.says)
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n.startswith("invalid spec")])
+def test_a_new_job_with_an_invalid_spec_creates_nothing_and_says_why(name: str) -> None:
+    case = CASES[name]
+    d = JOB.run(RefitJobStatus(), [], spec={**SPEC, **case.spec})
+    _assert_says(d, case.reason, case.says)
+    assert of(d, Create) == []
+    (event,) = [e for e in of(d, Emit) if e.reason == "InvalidSpec"]
+    assert event.type == "Warning" and all(words in event.message for words in case.says)
 
 
 def _assert_says(d: Decision, reason: str, says: tuple[str, ...]) -> None:

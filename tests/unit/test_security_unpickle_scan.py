@@ -40,6 +40,14 @@ def bad(agent, blob, group):
     eval(blob)
     exec(blob)
     torch.distributed.broadcast_object_list([blob], group=group)
+
+class Rich(yaml.SafeLoader):
+    pass  # derived from a safe loader, then taught to build objects below: not safe
+
+Rich.add_constructor("!obj", lambda loader, node: object())
+
+def worse(blob):
+    return yaml.load(blob, Loader=Rich)
 """
 
 PLANTED_WANT = [
@@ -59,6 +67,7 @@ PLANTED_WANT = [
     (22, "calls eval()"),
     (23, "calls exec()"),
     (24, "calls .broadcast_object_list()"),
+    (32, "calls yaml.load() without a safe Loader"),
 ]
 
 LOOK_ALIKES = '''\
@@ -76,6 +85,14 @@ def fine(model, text, path):
     yaml.load(text, SafeLoader)
     json.loads(text)
     return "pickle.loads(x) eval(x)"
+
+class Floats(SafeLoader):
+    """A safe loader that reads one more float syntax, and builds nothing new."""
+
+Floats.add_implicit_resolver("tag:yaml.org,2002:float", FLOAT, list("0123456789"))
+
+def also_fine(text):
+    return list(yaml.load_all(text, Loader=Floats))
 '''
 
 

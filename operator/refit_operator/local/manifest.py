@@ -2,7 +2,9 @@
 
 One object of kind RefitJob, the right apiVersion, a name and namespace Kubernetes
 accepts, and a spec the models accept; otherwise :class:`ManifestError` saying where and
-why (a misspelt kind gets "did you mean").  Nothing is started here.
+why (a misspelt kind gets "did you mean").  Numbers are read as ``kubectl apply`` sends
+them (``1e308`` a float, ``1e12`` and ``2.0`` integers), so a value is refused here for the
+reason the API server gives.  Nothing is started here.
 
 Must not import: kopf, kubernetes.
 """
@@ -22,6 +24,55 @@ from refit_operator.models import API_VERSION, InvalidSpecError, RefitJobSpec, p
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
+class _KubectlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading plain scalars such as ``1e308`` as numbers.
+
+    kubectl and helm read manifests with go-yaml v2, which takes ``1e308`` and ``1.5e3``
+    for floats; PyYAML's YAML 1.1 float needs a dot and a signed exponent, so
+    ``timeoutSeconds: 1e308`` would be a string here ("not a valid number") while the API
+    server is sent a number (and refuses it for its bound).  Read the same value both ways.
+    """
+
+
+# go-yaml v2's float syntax (its resolve.go), tried after PyYAML's own int and float.
+_KubectlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$"),
+    list("-+.0123456789"),
+)
+
+
+#: Go's JSON writes a float64 below this without an exponent ("1000000000000" for 1e12),
+#: and the API server reads such a whole number back as an int64.
+_GO_PLAIN_FLOAT_BELOW = 1e21
+_INT64 = range(-(1 << 63), 1 << 63)
+
+
+def load_yaml_documents(text: str) -> list[Any]:
+    """The documents of ``text`` as the operator would see them after ``kubectl apply``
+    (numbers such as ``1e12`` included), empty ones left out."""
+    docs = yaml.load_all(text, Loader=_KubectlLoader)
+    return [_as_stored(d) for d in docs if d is not None]
+
+
+def _as_stored(value: Any) -> Any:
+    """``value`` after kubectl's YAML-to-JSON and the API server's JSON reading: a whole
+    float that Go writes without an exponent comes back an integer (``layers: 1e12`` is
+    the integer 1000000000000 there, refused for its bound, not for its type)."""
+    if isinstance(value, dict):
+        return {k: _as_stored(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_stored(v) for v in value]
+    if (
+        isinstance(value, float)
+        and value.is_integer()
+        and abs(value) < _GO_PLAIN_FLOAT_BELOW
+        and int(value) in _INT64
+    ):
+        return int(value)
+    return value
+
+
 class ManifestError(ValueError):
     """The file is not a valid RefitJob manifest; the message says where and why."""
 
@@ -37,7 +88,7 @@ def load_manifest(path: Path) -> tuple[dict[str, Any], RefitJobSpec]:
     except OSError as exc:
         raise ManifestError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = load_yaml_documents(text)
     except yaml.YAMLError as exc:
         raise ManifestError(f"{path}: not valid YAML: {exc}") from exc
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == "RefitJob"]
