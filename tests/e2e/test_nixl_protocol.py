@@ -11,6 +11,7 @@ import asyncio
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable
+from typing import Any
 
 import pytest
 import torch
@@ -31,9 +32,11 @@ from refit_worker.checkpoint_engines.messages import (
     Manifest,
     ManifestEntry,
     Ready,
+    Seal,
     encode,
 )
 from refit_worker.checkpoint_engines.planning import plan_digest
+from refit_worker.checkpoint_engines.signing import RefitSigner, RefitVerifier, seal_payload
 
 BUCKET = 4096
 
@@ -44,8 +47,16 @@ async def pair(
 ) -> AsyncIterator[tuple[NIXLCheckpointEngine, NIXLCheckpointEngine]]:
     """A policy and a rollout engine; ``request.param``: both check integrity hashes."""
     checksum: bool = request.param
-    policy = NIXLCheckpointEngine(BUCKET, device="cpu", timeout_s=2.0, checksum=checksum)
-    rollout = NIXLCheckpointEngine(BUCKET, device="cpu", timeout_s=2.0, checksum=checksum)
+    async for engines in connected({"checksum": checksum}, {"checksum": checksum}):
+        yield engines
+
+
+async def connected(
+    policy_kw: dict[str, Any], rollout_kw: dict[str, Any]
+) -> AsyncIterator[tuple[NIXLCheckpointEngine, NIXLCheckpointEngine]]:
+    """One policy and one rollout engine in one group (``*_kw``: each one's options)."""
+    policy = NIXLCheckpointEngine(BUCKET, device="cpu", timeout_s=2.0, **policy_kw)
+    rollout = NIXLCheckpointEngine(BUCKET, device="cpu", timeout_s=2.0, **rollout_kw)
     metadata = [policy.prepare().model_dump_json(), rollout.prepare().model_dump_json()]
     policy.init_policy_process_group(
         worker_rank=0, train_world_size=1, rollout_world_size=1, metadata=metadata
@@ -53,9 +64,11 @@ async def pair(
     rollout.init_rollout_process_group(
         rollout_rank=0, train_world_size=1, rollout_world_size=1, metadata=metadata
     )
-    yield policy, rollout
-    policy.finalize()
-    rollout.finalize()
+    try:
+        yield policy, rollout
+    finally:
+        policy.finalize()
+        rollout.finalize()
 
 
 async def collect(rollout: NIXLCheckpointEngine, **kw: int) -> dict[str, torch.Tensor]:
@@ -167,9 +180,13 @@ async def rogue_refit(
     integrity: str | None = None,
     hashes: tuple[int, ...] = (),
     buffer: int = 0,
+    signer: RefitSigner | None = None,
+    claim: str | None = None,
 ) -> None:
     """Play a policy rank by hand: manifest, wait for ready and a credit, WRITE one bucket
-    of ``data`` into receive buffer 0, then (with ``integrity``) its digest."""
+    of ``data`` into receive buffer 0, then (with ``integrity``) its digest, then (with
+    ``signer``) a seal of both.  ``claim``: the key fingerprint the manifest names (default:
+    the signer's)."""
     agent, peer = policy.agent, rollout.agent.name
     target = policy._target(0)
     deadline = time.monotonic() + 2
@@ -181,6 +198,7 @@ async def rogue_refit(
         bucket_size=BUCKET,
         integrity=integrity,  # type: ignore[arg-type]
         tensors=tuple(entries),
+        sealed_by=claim or (signer.fingerprint if signer else None),
     )
     agent.send_control(peer, manifest)
     ready = await agent.wait_control(peer, "ready", 0, 0, what="ready", deadline=deadline)
@@ -204,6 +222,10 @@ async def rogue_refit(
     agent.deregister(handle_reg)
     if integrity:
         agent.send_control(peer, Digest(refit=0, seq=0, hashes=hashes))
+    if signer is not None:
+        payload = seal_payload(manifest, [(0, hashes)] if integrity else [])
+        key = manifest.sealed_by or signer.fingerprint
+        agent.send_control(peer, Seal(refit=0, signature=signer.sign(payload), key=key))
 
 
 async def first_error(receive: Awaitable[object], rogue: Awaitable[None]) -> BaseException:
@@ -256,26 +278,8 @@ async def test_bad_refit_raises_before_the_final_batch(pair, entries, kw, match)
 
 
 async def test_integrity_passes_when_the_bytes_are_right(pair) -> None:
-    policy, rollout = pair
-    got: list[tuple[str, torch.Tensor]] = []
-
-    async def receive() -> None:
-        async for batch in rollout.receive_weight_batches():
-            got.extend((n, t.clone()) for n, t in batch)
-
-    hashes = (xxh(DATA[:8]), xxh(DATA[8:]))
-    await asyncio.gather(
-        receive(),
-        rogue_refit(
-            policy,
-            rollout,
-            [entry("a", 8), entry("b", 8)],
-            DATA,
-            integrity="xxh3_64",
-            hashes=hashes,
-        ),
-    )
-    assert [n for n, _ in got] == ["a", "b"] and torch.equal(got[1][1], DATA[8:])
+    got = await consistent_refit(*pair)
+    assert list(got) == ["a", "b"] and torch.equal(got["b"], DATA[8:])
 
 
 async def test_receiver_abort_reaches_the_sender(pair) -> None:
@@ -496,3 +500,101 @@ async def test_the_timing_says_whether_the_bytes_were_hashed(pair) -> None:
     sd = {"w": torch.arange(300, dtype=torch.float32)}
     await asyncio.gather(policy.send_weights(iter(sd.items())), drain())
     assert [t.integrity for t in timings] == ["xxh3_64" if rollout.checksum else None]
+
+
+# -- signed refits (issue #50): the trainer's key is the root of trust -------------------
+
+JOB_KEY = RefitSigner.generate()
+
+
+@pytest.fixture
+async def signed_pair() -> AsyncIterator[tuple[NIXLCheckpointEngine, NIXLCheckpointEngine]]:
+    """The job's policy rank (holding the private key) and a rollout rank (the public key)."""
+    verifier = RefitVerifier(JOB_KEY.public)
+    async for engines in connected(
+        {"checksum": True, "signer": JOB_KEY}, {"checksum": True, "verifier": verifier}
+    ):
+        yield engines
+
+
+async def test_a_signed_refit_lands_and_says_whose_key_it_passed(signed_pair) -> None:
+    policy, rollout = signed_pair
+    timings: list[RefitTiming] = []
+    got: dict[str, torch.Tensor] = {}
+
+    async def drain() -> None:
+        async for batch in rollout.receive_weight_batches(on_complete=timings.append):
+            got.update((n, t.clone()) for n, t in batch)
+
+    # Several buckets, a tensor split over two: every piece's hash is under the seal.
+    sd = {"w": torch.arange(3000, dtype=torch.float32), "b": torch.ones(7)}
+    for _ in range(2):
+        await asyncio.gather(policy.send_weights(iter(sd.items())), drain())
+    assert torch.equal(got["w"], sd["w"]) and torch.equal(got["b"], sd["b"])
+    assert [t.signed_by for t in timings] == [JOB_KEY.fingerprint] * 2
+
+
+HOSTILE = RefitSigner.generate()  # a taken-over pod can make keys, not the job's
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({}, r"unsigned, and this rank takes only refits signed with the job's key ed25519:"),
+        ({"signer": HOSTILE}, r"sealed with key ed25519:\w+, not the job's ed25519:"),
+        (
+            {"signer": HOSTILE, "claim": JOB_KEY.fingerprint},
+            r"policy rank 0 .*: the signature does not verify with the job's key",
+        ),
+    ],
+    ids=["unsigned", "own-key", "claims-the-jobs-key"],
+)
+async def test_a_forged_refit_with_consistent_hashes_is_refused(signed_pair, kw, match) -> None:
+    """A hostile process in a policy rank's place sends weights of its own with hashes that
+    match them: the hashes alone would pass; the seal does not."""
+    policy, rollout = signed_pair
+    yielded: list[object] = []
+
+    async def receive() -> None:
+        async for batch in rollout.receive_weight_batches():
+            yielded.append(batch)
+
+    error = await first_error(receive(), two_tensors(policy, rollout, **kw))
+    assert isinstance(error, IncompleteRefitError), error
+    assert re.search(match, str(error)), str(error)
+    assert yielded == [], "a forged refit must not yield its final batch"
+
+
+async def test_a_sealed_refit_with_altered_bytes_fails_their_hash(signed_pair) -> None:
+    """The signer's own seal over hashes the bytes do not match: refused by the hash (the
+    signature pins the hashes, the hashes the bytes)."""
+    policy, rollout = signed_pair
+    forged = two_tensors(policy, rollout, hashes=(xxh(DATA[:8]), xxh(DATA[:8])), signer=JOB_KEY)
+    error = await first_error(collect(rollout), forged)
+    assert re.search(r"tensor 'b' bytes 0..8 failed the xxh3_64 integrity check", str(error))
+
+
+async def test_the_jobs_own_seal_passes_the_rogue_path(signed_pair) -> None:
+    """The same hand-played sender with the job's key is taken: the refusals above are the
+    key's doing, not the hand-played path's."""
+    got = await consistent_refit(*signed_pair, signer=JOB_KEY)
+    assert torch.equal(got["b"], DATA[8:])
+
+
+async def consistent_refit(
+    policy: NIXLCheckpointEngine, rollout: NIXLCheckpointEngine, **kw: Any
+) -> dict[str, torch.Tensor]:
+    """A hand-played refit of ``DATA`` as ``a`` and ``b`` whose hashes match its bytes."""
+    got, _ = await asyncio.gather(collect(rollout), two_tensors(policy, rollout, **kw))
+    return got
+
+
+def two_tensors(
+    policy: NIXLCheckpointEngine,
+    rollout: NIXLCheckpointEngine,
+    hashes: tuple[int, ...] = (xxh(DATA[:8]), xxh(DATA[8:])),
+    **kw: Any,
+) -> Awaitable[None]:
+    """A hand-played refit of ``DATA`` as tensors ``a`` and ``b`` with ``hashes``."""
+    entries = [entry("a", 8), entry("b", 8)]
+    return rogue_refit(policy, rollout, entries, DATA, integrity="xxh3_64", hashes=hashes, **kw)

@@ -18,7 +18,11 @@ from typing import Any
 
 import pytest
 from tests.support.engine_procs import expected
-from tests.support.session_procs import SessionJob, run_session_job, sent_digests
+from tests.support.session_procs import JOB_SEED, SessionJob, run_session_job, sent_digests
+
+from refit_worker.checkpoint_engines.signing import RefitSigner
+
+SIGNED_BY = RefitSigner(JOB_SEED).fingerprint
 
 
 @pytest.mark.parametrize("mode", ["receive", "double_buffer", "in_place"])
@@ -149,3 +153,25 @@ def test_an_in_place_receiver_takes_delta_refits_whole(tmp_path: Path) -> None:
     assert rollout["refits"] == [sent_digests(job, k) for k in range(job.refits)]
     sent = [refit["bytes"] for refit in policy["refits"]]
     assert sent == [sent[0]] * job.refits, sent
+
+
+@pytest.mark.parametrize("delta", ["", "on"], ids=["whole", "delta"])
+def test_a_forged_refit_is_refused_and_the_last_signed_one_stays_served(
+    tmp_path: Path, delta: str
+) -> None:
+    """Issue #50: the ranks hold the job's key; from refit 2 on a hostile process in the
+    policy's place seals its sends with another key that names the job's (every hash
+    matches its bytes).  The replica refuses refit 2 (a delta, with ``delta: on``) before
+    it commits, names why, and still serves refit 1, bit for bit; refits 0 and 1 passed
+    the job's key."""
+    job = SessionJob(
+        mode="double_buffer", refits=4, signed=True, forge_at=2, delta=delta, changes=0.02
+    )
+    reports = run_session_job(job, tmp_path)
+    rollout = reports["rollout"]
+    assert rollout["refits"] == [sent_digests(job, k) for k in range(2)], rollout
+    assert "the signature does not verify with the job's key ed25519:" in rollout["error"]
+    assert "not the trainer's refit" in rollout["error"] and "refit 2" in rollout["error"]
+    assert rollout["live"] == sent_digests(job, 1)
+    assert rollout["live_weights_partial"] is False
+    assert rollout["signed_by"] == [SIGNED_BY, SIGNED_BY]

@@ -7,22 +7,25 @@ The peers are ``tests/support/seed_procs.py`` processes (a NIXL agent each, over
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 
 import pytest
 import torch
 from tests.support.seed_procs import expected_state
 
+from refit_worker.checkpoint_engines import NIXLCheckpointEngine, RefitTiming
 from refit_worker.checkpoint_engines.agent import NixlAgent
 from refit_worker.checkpoint_engines.base import dtype_from_name
 from refit_worker.checkpoint_engines.messages import NixlAgentMetadata
 from refit_worker.checkpoint_engines.planning import TensorSpec
 from refit_worker.checkpoint_engines.registry import MemoryRegistry
 from refit_worker.checkpoint_engines.seeding import Seeded, SeedError, SeedSource, pull
+from refit_worker.checkpoint_engines.signing import RefitSigner, RefitVerifier, SealRecord
 
 REFIT = 4
 
@@ -89,8 +92,12 @@ def _fresh(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
 
 
 async def _seed(
-    reader: tuple[NixlAgent, MemoryRegistry], sources: Sequence[SeedSource], min_refit: int
+    reader: tuple[NixlAgent, MemoryRegistry],
+    sources: Sequence[SeedSource],
+    min_refit: int,
+    key: RefitSigner | None = None,
 ) -> Seeded:
+    """Seed from ``sources``; with ``key``: only what that key's seals pin."""
     agent, registry = reader
     return await pull(
         agent,
@@ -100,6 +107,7 @@ async def _seed(
         min_refit=min_refit,
         resolve=_fresh,
         timeout_s=20,
+        verifier=RefitVerifier(key.public) if key is not None else None,
     )
 
 
@@ -142,3 +150,93 @@ async def test_a_copy_changed_after_its_offer_is_refused_then_a_new_offer_seeds(
     seeded = await _seed(reader, [peer.source], min_refit=REFIT)
     assert (seeded.refit, seeded.sources) == (REFIT + 2, ("rollout-1",))
     _bit_exact(seeded.tensors, expected_state(REFIT + 2))
+
+
+# -- seeds under the job's key (issue #50): a peer cannot vouch for its own copy ---------
+
+JOB_KEY = RefitSigner.generate()
+
+
+async def _signed_refit_seals(state: Mapping[str, torch.Tensor]) -> list[SealRecord]:
+    """The seals a rollout rank keeps from a real signed refit of ``state`` (small buckets:
+    tensors split over several, each piece under the seal)."""
+    policy = NIXLCheckpointEngine(4096, device="cpu", checksum=True, signer=JOB_KEY)
+    rollout = NIXLCheckpointEngine(
+        4096, device="cpu", checksum=True, verifier=RefitVerifier(JOB_KEY.public)
+    )
+    metadata = [policy.prepare().model_dump_json(), rollout.prepare().model_dump_json()]
+    policy.init_policy_process_group(
+        worker_rank=0, train_world_size=1, rollout_world_size=1, metadata=metadata
+    )
+    rollout.init_rollout_process_group(
+        rollout_rank=0, train_world_size=1, rollout_world_size=1, metadata=metadata
+    )
+    timings: list[RefitTiming] = []
+
+    async def drain() -> None:
+        async for _batch in rollout.receive_weight_batches(
+            refit_id=REFIT, on_complete=timings.append
+        ):
+            pass
+
+    try:
+        await asyncio.gather(policy.send_weights(iter(state.items()), refit_id=REFIT), drain())
+    finally:
+        policy.finalize()
+        rollout.finalize()
+    assert timings[0].signed_by == JOB_KEY.fingerprint
+    return list(timings[0].seals)
+
+
+@pytest.fixture(scope="module")
+async def sealed_peer() -> AsyncIterator[tuple[_Peer, list[SealRecord]]]:
+    seals = await _signed_refit_seals(expected_state(REFIT))
+    peer = _Peer("rollout-3", REFIT)
+    try:
+        peer.tell("seals " + json.dumps([s.model_dump(mode="json") for s in seals]))
+        yield peer, seals
+    finally:
+        peer.stop()
+
+
+async def _signed_seed(
+    reader: tuple[NixlAgent, MemoryRegistry], source: SeedSource, key: RefitSigner = JOB_KEY
+) -> Seeded:
+    return await _seed(reader, [source], REFIT, key)
+
+
+async def test_a_seed_is_checked_against_the_trainers_seals_and_forwards_them(
+    sealed_peer: tuple[_Peer, list[SealRecord]], reader: tuple[NixlAgent, MemoryRegistry]
+) -> None:
+    peer, seals = sealed_peer
+    seeded = await _signed_seed(reader, peer.source)
+    assert seeded.signed_by == JOB_KEY.fingerprint and list(seeded.seals) == seals
+    assert sum(len(d) for s in seals for _, d in s.digests) > len(expected_state(REFIT))
+    _bit_exact(seeded.tensors, expected_state(REFIT))
+    # Another job's key (or a hostile one) does not verify those seals.
+    with pytest.raises(SeedError, match="does not verify with the job's key"):
+        await _signed_seed(reader, peer.source, key=RefitSigner.generate())
+
+
+async def test_a_peer_without_the_trainers_seal_cannot_vouch_for_its_copy(
+    peers: list[_Peer], reader: tuple[NixlAgent, MemoryRegistry]
+) -> None:
+    with pytest.raises(SeedError, match="a peer cannot vouch for its own copy"):
+        await _signed_seed(reader, peers[1].source)
+
+
+async def test_a_hostile_seeder_with_consistent_hashes_is_refused_by_the_seals(
+    sealed_peer: tuple[_Peer, list[SealRecord]], reader: tuple[NixlAgent, MemoryRegistry]
+) -> None:
+    """Its own hashes match the bytes it offers (the check without a key passes); the
+    trainer's seals do not."""
+    peer, _ = sealed_peer
+    name = sorted(expected_state(REFIT))[-1]
+    peer.tell(f"forge {name}")
+    try:
+        unchecked = await _seed(reader, [peer.source], REFIT)
+        assert not torch.equal(unchecked.tensors[name], expected_state(REFIT)[name])
+        with pytest.raises(SeedError, match=f"tensor {name!r} bytes 0..[0-9]+ are not the ones"):
+            await _signed_seed(reader, peer.source)
+    finally:
+        peer.tell(f"forge {name}")  # flipped back: the sealed state again

@@ -9,6 +9,10 @@ line, answering ``ok`` to each:
 - ``corrupt <name>``: flip one byte of that committed tensor in place (as a bad copy, or a
   newer refit landing in that copy, would), without offering anything new;
 - ``offer <refit>``: advance the state in place to ``refit`` and offer it;
+- ``seals <json list>``: offer the same state again with these trainer seals of it
+  (:class:`~refit_worker.checkpoint_engines.signing.SealRecord`, as a receiver kept them);
+- ``forge <name>``: flip one byte of that tensor and offer the result as the same refit,
+  with its own (consistent) hashes and the seals it holds: a hostile seeder;
 - ``exit``.
 """
 
@@ -23,6 +27,7 @@ import torch
 from refit_worker.checkpoint_engines.agent import NixlAgent
 from refit_worker.checkpoint_engines.registry import MemoryRegistry
 from refit_worker.checkpoint_engines.seeding import SeedOffer
+from refit_worker.checkpoint_engines.signing import SealRecord
 from refit_worker.contract.config import SyntheticWeights
 from refit_worker.weights import advance, synthetic_state_dict
 
@@ -53,9 +58,16 @@ def main() -> None:
         ),
         flush=True,
     )
+    seals: list[SealRecord] = []
     for line in sys.stdin:
         command, _, arg = line.strip().partition(" ")
-        if command == "corrupt":
+        if command == "seals":
+            seals = [SealRecord.model_validate(item) for item in json.loads(arg)]
+            offer.publish(refit, state, seals)
+        elif command == "forge":
+            state[arg].reshape(-1).view(torch.uint8)[0] ^= 0xFF
+            offer.publish(refit, state, seals)
+        elif command == "corrupt":
             state[arg].reshape(-1).view(torch.uint8)[0] ^= 0xFF
         elif command == "offer":
             for step in range(refit + 2, int(arg) + 2):

@@ -13,6 +13,7 @@ Results cross back as JSON in queues.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import faulthandler
 import json
@@ -52,6 +53,15 @@ class SessionJob:
     #: is a new random state).
     changes: float = 0.0
     corrupt_at: int = -1  # the delta of this refit gets one flipped bit (see the module)
+    #: The ranks hold the job's key halves (policy: private, rollout: public).
+    signed: bool = False
+    #: From this refit on, the policy's sends are sealed by a key that claims the job's
+    #: fingerprint but is another: a hostile process in its place (see ``_forge_from``).
+    forge_at: int = -1
+
+
+#: The job's key in these tests (a fixed seed: both processes derive the same halves).
+JOB_SEED = bytes(range(32))
 
 
 def _config(job: SessionJob, role: str) -> Any:
@@ -73,7 +83,29 @@ def _config(job: SessionJob, role: str) -> Any:
             refits=job.refits,  # a rank that reports "done" is owed nothing more
         ),
         rendezvous=RendezvousConfig(store="file", location=job.store),
+        **_keys(job, role),
     )
+
+
+def _keys(job: SessionJob, role: str) -> dict[str, str]:
+    from refit_worker.checkpoint_engines.signing import RefitSigner
+
+    if not job.signed:
+        return {}
+    signer = RefitSigner(JOB_SEED)
+    if role == "policy":
+        return {"signing_key": base64.b64encode(JOB_SEED).decode()}
+    return {"verify_key": base64.b64encode(signer.public).decode()}
+
+
+def _forge_from_now(session: Any) -> None:
+    """Seal this policy rank's sends with a hostile key that names the job's: the refit
+    (or delta) is self-consistent, every hash matches its bytes, only the key is wrong."""
+    from refit_worker.checkpoint_engines.signing import RefitSigner
+
+    hostile = RefitSigner.generate()
+    hostile.fingerprint = RefitSigner(JOB_SEED).fingerprint
+    session.connection.engine._common.signer = hostile
 
 
 def _pause_after_first_bucket(out_q: Any) -> None:
@@ -215,6 +247,8 @@ def rank_main(job_json: str, role: str, out_q: Any) -> None:
                     _pause_after_first_bucket(out_q)
                 if refit == job.corrupt_at:
                     _corrupt_next_delta()
+                if refit == job.forge_at:
+                    _forge_from_now(session)
                 sent = _sent(job, refit)
                 stats = asyncio.run(session.send(sent.items(), refit_id=refit))
                 report["refits"].append({"bytes": stats.bytes})
@@ -230,6 +264,8 @@ def rank_main(job_json: str, role: str, out_q: Any) -> None:
             committed = session.committed
             assert committed is not None and committed.refit_id == refit
             report["refits"].append({n: digest(t) for n, t in committed.state.items()})
+            served = session.served_version
+            report.setdefault("signed_by", []).append(served.signed_by if served else None)
             report["pointers"].append({n: t.data_ptr() for n, t in live.items() if t.numel()})
     except (Preempted, PartialRefitError, Exception) as exc:
         report["error_type"] = type(exc).__name__

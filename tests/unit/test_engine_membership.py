@@ -143,8 +143,9 @@ def test_decline_round_trips_and_the_old_protocol_is_refused_by_version() -> Non
     decline = Decline(refit=4, reason="rollout rank 0: it waits for refit 5 or later")
     assert decode(encode(decline)) == decline
     assert decode(encode(manifest(version=7))).version == 7  # type: ignore[union-attr]
-    with pytest.raises(ProtocolError, match="protocol version 4, this worker speaks version 5"):
-        decode(b'RFT1{"v":4,"kind":"credit","refit":0,"seq":0,"buffer":0}')
+    # 5: the last version before seals, whose senders cannot sign.
+    with pytest.raises(ProtocolError, match="protocol version 5, this worker speaks version 6"):
+        decode(b'RFT1{"v":5,"kind":"credit","refit":0,"seq":0,"buffer":0}')
 
 
 async def test_delivery_drops_a_failing_target_and_keeps_the_first_reason() -> None:

@@ -56,6 +56,7 @@ class _NoSend:
         self.waiting = asyncio.Event()
         self.cancelled = False
         self.agent, self.registry, self.device = object(), object(), torch.device("cpu")
+        self.verifier = None  # an unsigned job
 
     async def receive_into(self, targets: object, *, min_refit: int, delta: object) -> object:
         self.waiting.set()

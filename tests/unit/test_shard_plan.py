@@ -288,9 +288,9 @@ def test_the_receiver_plans_the_same_from_the_manifest() -> None:
 
 
 def test_a_peer_of_another_control_version_is_refused_by_name() -> None:
-    with pytest.raises(ProtocolError, match="protocol version 3, this worker speaks version 5"):
+    with pytest.raises(ProtocolError, match="protocol version 3, this worker speaks version 6"):
         decode(b'RFT1{"v":3,"kind":"credit","refit":0,"seq":0,"buffer":0}')
-    with pytest.raises(ProtocolError, match="protocol version 2, this worker speaks version 5"):
+    with pytest.raises(ProtocolError, match="protocol version 2, this worker speaks version 6"):
         decode(b'RFT1{"v":2,"kind":"credit","refit":0,"seq":0,"buffer":0}')
     with pytest.raises(ProtocolError, match="protocol version 1"):
         decode(b'RFT1{"v":1,"kind":"credit","refit":0,"seq":0,"buffer":0}')

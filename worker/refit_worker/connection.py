@@ -24,6 +24,7 @@ from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry, SeedPointer
 from refit_worker.contract.failures import RefusedConfigError
 from refit_worker.following import PeerSet
+from refit_worker.job_keys import signer_of, verifier_of
 from refit_worker.refits import Removed, Superseded, _Flag
 from refit_worker.rendezvous import (
     Member,
@@ -110,6 +111,8 @@ class Connection:
             shard_expert_weights=transfer.shard_expert_weights,
             timeout_s=transfer.timeout_seconds,
             checksum=transfer.checksum,
+            signer=signer_of(self.config),
+            verifier=verifier_of(self.config),
         )
         try:
             self.agent_json = engine.prepare().model_dump_json()

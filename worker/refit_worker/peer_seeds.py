@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import torch
 
@@ -29,6 +29,7 @@ from refit_worker.checkpoint_engines.seeding import (
     pointer_metadata,
     pull,
 )
+from refit_worker.checkpoint_engines.signing import SealRecord
 from refit_worker.connection import Connection
 from refit_worker.contract.entries import BarrierEntry, SeedPointer
 from refit_worker.seeding import policy_done, predecessor, seed_sources
@@ -82,7 +83,12 @@ class PeerSeeds:
     def rank(self) -> int:
         return self.connection.config.rank
 
-    def offer(self, refit: int, committed: Mapping[str, torch.Tensor]) -> str | None:
+    def offer(
+        self,
+        refit: int,
+        committed: Mapping[str, torch.Tensor],
+        seals: Sequence[SealRecord] = (),
+    ) -> str | None:
         """Offer refit ``refit`` (the committed tensors); best effort: a rank that cannot
         offer still serves, its peers then take the policy's send.  Returns the committed
         state's digest (None: the offer failed before its tensors were hashed)."""
@@ -92,7 +98,7 @@ class PeerSeeds:
         try:
             if self._offer is None:
                 self._offer = SeedOffer(engine.agent, engine.registry, engine.device)
-            moved = self._offer.publish(refit, committed)
+            moved = self._offer.publish(refit, committed, seals)
             if moved and self._offer.pointer is not None:
                 (addr, nbytes, dev_id), metadata = self._offer.pointer
                 self.connection.seed = SeedPointer(
@@ -175,6 +181,7 @@ class PeerSeeds:
                 min_refit=min_refit,
                 resolve=resolve,
                 timeout_s=min(self.connection.config.transfer.timeout_seconds, SEED_TIMEOUT_S),
+                verifier=engine.verifier,
             )
         except SeedError as exc:
             log.warning("rollout rank %d: seed try %d failed: %s", self.rank, attempt, exc)

@@ -304,7 +304,16 @@ class RolloutSession(RefitSession):
         if seeded is None:
             return None
         self._seeded_from = seeded.sources
-        timing = RefitTiming(seeded.refit, "rollout", seeded.bytes, seeded.seconds, 0.0, 0)
+        timing = RefitTiming(
+            seeded.refit,
+            "rollout",
+            seeded.bytes,
+            seeded.seconds,
+            0.0,
+            0,
+            signed_by=seeded.signed_by,
+            seals=seeded.seals,
+        )
         return ReceivedRefit(seeded.tensors, timing)
 
     def _base_state(self) -> Mapping[str, torch.Tensor]:
@@ -550,8 +559,15 @@ class RolloutSession(RefitSession):
         )
         if self._committed is not None:
             committed = self._committed
-            digest = self._seeds.offer(committed.refit_id, committed.state)
-            self.reporter.log.serving = ServedVersion(refit=committed.refit_id, digest=digest)
+            # The key whose seals this very commit passed, and those seals for the peers
+            # it seeds (a commit of an earlier refit than the timing's has neither).
+            own = timing.refit_id == committed.refit_id
+            signed = timing.signed_by if own else None
+            seals = timing.seals if own else ()
+            digest = self._seeds.offer(committed.refit_id, committed.state, seals)
+            self.reporter.log.serving = ServedVersion(
+                refit=committed.refit_id, digest=digest, signed_by=signed
+            )
         serving_s = time.time() - self._started_at
         if self._seeded_from:
             # Who gave the most bytes comes first; the report names it.

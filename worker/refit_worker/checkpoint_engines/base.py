@@ -131,6 +131,13 @@ class RefitTiming:
     #: were not hashed, only the manifest checked).  What a report may claim comes from
     #: here, not from the configuration.
     integrity: str | None = None
+    #: A rollout rank: the fingerprint of the job key whose seals every source's manifest
+    #: and hashes passed (None: no signature was checked).
+    signed_by: str | None = None
+    #: A rollout rank: those seals (:class:`~.signing.SealRecord`), for the peers it seeds.
+    seals: tuple[Any, ...] = ()
+    #: Seconds of ``control_s`` spent signing (policy) or verifying (rollout) seals.
+    seal_s: float = 0.0
 
 
 class CheckpointEngine(abc.ABC):

@@ -19,6 +19,7 @@ from .agent import NixlAgent, take_preinit_agent
 from .integrity import Hasher
 from .peers import Peers
 from .registry import MemoryRegistry
+from .signing import RefitSigner, RefitVerifier
 
 
 class EngineCommon:
@@ -33,8 +34,13 @@ class EngineCommon:
         checksum: bool,
         stripe: bool,
         hash_threads: int | None,
+        signer: RefitSigner | None = None,
+        verifier: RefitVerifier | None = None,
     ) -> None:
         self.bucket_size, self.device = bucket_size, device
+        #: The job's key halves: a policy rank seals what it sends, a rollout rank takes
+        #: only sealed refits (:mod:`.signing`); None: unsigned, unchecked.
+        self.signer, self.verifier = signer, verifier
         self.timeout_s, self.checksum, self.stripe = timeout_s, checksum, stripe
         self.hash_threads = hash_threads
         #: The id of the next refit (see :meth:`next_refit`).

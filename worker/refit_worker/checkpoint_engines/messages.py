@@ -20,6 +20,8 @@ notification of refit ``k-1`` can never be taken for refit ``k``:
 * ``bucket`` (sender -> receiver, as the notification of the WRITE that filled it);
 * ``digest`` (sender -> receiver): the integrity hash of every piece of bucket ``seq``,
   computed off the transfer's thread and sent when ready;
+* ``seal`` (sender -> receiver): the sender's Ed25519 signature over the manifest it sent
+  and every piece hash it sent (:mod:`.signing`), once the last digest is out;
 * ``done`` (receiver -> sender): the refit arrived complete and verified;
 * ``abort`` (either way): the refit failed on the peer, with its reason;
 * ``decline`` (receiver -> sender): this rank will not take refit ``k`` (an older refit
@@ -57,15 +59,16 @@ from pydantic import (
 )
 
 PROTOCOL_VERSION: Literal[1] = 1
-#: Version of the control messages.  5: a manifest may carry a ``delta``; a decline may ask
-#: for the ``whole`` refit.  4: every source sends a manifest carrying the
+#: Version of the control messages.  6: ``seal`` (signed refits), a manifest's
+#: ``sealed_by``.  5: a manifest may carry a ``delta``; a decline may ask for the ``whole``
+#: refit.  4: every source sends a manifest carrying the
 #: membership ``version`` and ``rollout_world_size``; ``decline``.  3: manifest entries may
 #: carry the source boxes of a sharded tensor (``sources``) and the destination's place in
 #: it (``offset``).  2: the receiver plans from the manifest and answers ``ready`` with its
 #: landing memory; per-piece integrity digests (1 had credits with ``landing``, pieces in
 #: every ``bucket`` and per-tensor CRCs in the manifest).  A peer of another version is
 #: refused by name.
-CONTROL_VERSION: Literal[5] = 5
+CONTROL_VERSION: Literal[6] = 6
 CONTROL_MAGIC = b"RFT1"
 
 
@@ -136,7 +139,7 @@ def parse_metadata(
 
 
 class _Control(_Model):
-    v: Literal[5] = CONTROL_VERSION
+    v: Literal[6] = CONTROL_VERSION
     refit: int = Field(ge=0)
 
 
@@ -232,6 +235,8 @@ class Manifest(_Control):
     #: The refit is a delta onto a version the receiver serves (see :class:`DeltaHeader`);
     #: ``tensors`` then lists the one tensor of its bytes.
     delta: DeltaHeader | None = None
+    #: The fingerprint of the key whose ``seal`` follows the digests; None: unsigned.
+    sealed_by: str | None = Field(None, min_length=1, max_length=64)
 
 
 class BucketReady(_Control):
@@ -303,6 +308,15 @@ class Digest(_Control):
     hashes: tuple[int, ...]
 
 
+class Seal(_Control):
+    kind: Literal["seal"] = "seal"
+    seq: Literal[0] = 0
+    #: Ed25519 over :func:`~.signing.seal_payload` of this sender's manifest and digests.
+    signature: B64Bytes = Field(min_length=64, max_length=64)
+    #: The fingerprint of the key it claims (a mismatch is named, not trusted).
+    key: str = Field(min_length=1, max_length=64)
+
+
 class Done(_Control):
     kind: Literal["done"] = "done"
     seq: Literal[0] = 0
@@ -322,7 +336,7 @@ class Decline(_Control):
     whole: bool = False
 
 
-Message = Manifest | Ready | BucketReady | Credit | Digest | Done | Abort | Decline
+Message = Manifest | Ready | BucketReady | Credit | Digest | Seal | Done | Abort | Decline
 ControlMessage = Annotated[Message, Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[ControlMessage] = TypeAdapter(ControlMessage)
 

@@ -81,6 +81,7 @@ from .receiver import DeltaTarget, TargetResolver
 from .registry import MemoryRegistry
 from .rollout_side import ReceivedRefit, RolloutKept, RolloutSide
 from .routes import Target
+from .signing import RefitSigner, RefitVerifier
 
 
 class NIXLCheckpointEngine(CheckpointEngine):
@@ -101,6 +102,8 @@ class NIXLCheckpointEngine(CheckpointEngine):
         target_layout: TargetWeightLayout | None = None,
         buffer_count: int = NIXL_TRANSFER_BUFFER_COUNT,
         hash_threads: int | None = None,
+        signer: RefitSigner | None = None,
+        verifier: RefitVerifier | None = None,
     ) -> None:
         size, where = check_bucket_size(bucket_size), torch.device(device)
         if where.type not in ("cpu", "cuda"):
@@ -128,6 +131,8 @@ class NIXLCheckpointEngine(CheckpointEngine):
             checksum=checksum,
             stripe=stripe,
             hash_threads=hash_threads,
+            signer=signer,
+            verifier=verifier,
         )
         self._kept = RolloutKept()  # the receive side's memory, from prepare() on
         # The role is which part exists: set by init_*, dropped when the peers go.
@@ -138,6 +143,11 @@ class NIXLCheckpointEngine(CheckpointEngine):
     @property
     def bucket_size(self) -> int:
         return self._common.bucket_size
+
+    @property
+    def verifier(self) -> RefitVerifier | None:
+        """The job's public key this rank checks refits and seeds with (None: none)."""
+        return self._common.verifier
 
     @property
     def device(self) -> torch.device:

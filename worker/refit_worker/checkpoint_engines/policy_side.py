@@ -125,6 +125,7 @@ class PolicySide:
             version=common.peers.version,
             rollout_world_size=common.peers.rollout_world_size,
             delta=delta,
+            signer=common.signer,
         )
 
     def _timing(
@@ -144,6 +145,7 @@ class PolicySide:
             delivered=delivered,
             dropped=dict(sender.delivery.dropped),
             wants_whole=frozenset(sender.delivery.wants_whole),
+            seal_s=sender.sign_s,
         )
         self._routes_built = built
         return timing

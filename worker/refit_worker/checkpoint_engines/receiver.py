@@ -71,6 +71,7 @@ from .messages import (
     Manifest,
     ManifestEntry,
     Ready,
+    Seal,
 )
 from .peers import disagreement, expected_sources
 from .planning import (
@@ -84,6 +85,7 @@ from .planning import (
 )
 from .registry import MemoryRegistry
 from .shard_plan import ShardSpec, cached_shard_plan
+from .signing import RefitVerifier, SealRecord, SignatureError, seal_payload
 from .staging import Staging
 
 #: Given the specs a manifest lists, the tensors to receive them into (by name).
@@ -135,6 +137,9 @@ class Shared:
     #: This rank checks integrity hashes (``transfer.checksum``): a manifest without them
     #: is refused, not taken unchecked.
     require_integrity: bool = False
+    #: The job's public key: every source must seal what it sent (:mod:`.signing`);
+    #: None: refits are taken unsigned.
+    verifier: RefitVerifier | None = None
 
 
 class RefitReceiver:
@@ -177,6 +182,13 @@ class RefitReceiver:
         self._hashes: dict[int, Future[tuple[int, ...]]] = {}
         self._verified: set[int] = set()
         self.integrity: str | None = None
+        #: The key whose seals this refit passed (None: not checked).
+        self.signed_by: str | None = None
+        #: The seals that passed, kept with the commit for the peers it may seed.
+        self.seals: tuple[SealRecord, ...] = ()
+        self.seal_s = 0.0  # of ``control_s``: verifying them
+        self._manifests: dict[int, Manifest] = {}  # as each source sent it, by policy rank
+        self._theirs: dict[int, tuple[int, ...]] = {}  # each bucket's hashes as sent
         self._views = False
         self._by_rank: dict[int, Source] = {}  # a sharded refit's sources by policy rank
         self._offer: LandingSet | None = None
@@ -297,6 +309,7 @@ class RefitReceiver:
         self.sources = [Source(rank, peers[rank]) for rank in ranks]
         self._by_rank = {source.rank: source for source in self.sources}
         self._follow_connections({first: manifest, **others})
+        self._manifests = {r: m for r, m in {first: manifest, **others}.items() if m is not None}
         if manifest.delta is not None:
             refused = self._refuses(manifest)
             if refused is not None:
@@ -442,6 +455,24 @@ class RefitReceiver:
                 f"{self.who}: the manifest carries no integrity hashes, and this rank checks "
                 "every byte (transfer.checksum): refused unchecked"
             )
+        verifier = self.shared.verifier
+        if verifier is not None and manifest.sealed_by != verifier.fingerprint:
+            raise IncompleteRefitError(
+                f"{self.who}: "
+                + (
+                    f"the refit is sealed with key {manifest.sealed_by}, not the job's "
+                    f"{verifier.fingerprint}"
+                    if manifest.sealed_by
+                    else f"unsigned, and this rank takes only refits signed with the job's key "
+                    f"{verifier.fingerprint}"
+                )
+                + ": refused"
+            )
+        if manifest.integrity is None and verifier is not None:
+            raise IncompleteRefitError(
+                f"{self.who}: the manifest carries no integrity hashes, so no signature could "
+                "pin its bytes, and this rank takes only signed refits: refused"
+            )
         if manifest.integrity is not None and manifest.integrity != algorithm_for(self.device):
             raise IncompleteRefitError(
                 f"{self.who}: integrity hash {manifest.integrity!r} does not fit memory on "
@@ -449,6 +480,42 @@ class RefitReceiver:
             )
         self.integrity = manifest.integrity
         return specs
+
+    async def _check_seals(self) -> None:
+        """Every source's seal over the manifest it sent and the hashes this rank checked
+        the landed bytes against: the bytes are then the key holder's (a policy rank's)."""
+        verifier = self.shared.verifier
+        if verifier is None:
+            return
+        sent: dict[int, list[tuple[int, tuple[int, ...]]]] = {s.rank: [] for s in self.sources}
+        for seq, hashes in self._theirs.items():
+            sent[self._sender(seq).rank].append((seq, hashes))
+        records: list[SealRecord] = []
+        for source in self.sources:
+            found = await self._wait(source, "seal", 0, "the refit's seal")
+            who = f"{self.who} from policy rank {source.rank} ({source.agent})"
+            manifest = self._manifests.get(source.rank)
+            if not isinstance(found, Seal) or manifest is None:
+                raise IncompleteRefitError(f"{who}: expected its manifest and seal, got {found}")
+            t0 = time.perf_counter()
+            try:
+                if found.key != verifier.fingerprint:
+                    raise SignatureError(
+                        f"{who}: sealed with key {found.key}, not the job's {verifier.fingerprint}"
+                    )
+                verifier.verify(seal_payload(manifest, sent[source.rank]), found.signature, who)
+            except SignatureError as exc:
+                raise IncompleteRefitError(str(exc)) from None
+            finally:
+                self.seal_s += time.perf_counter() - t0
+            digests = tuple(sorted(sent[source.rank]))
+            records.append(
+                SealRecord(
+                    manifest=manifest, digests=digests, signature=found.signature, key=found.key
+                )
+            )
+        self.signed_by, self.seals = verifier.fingerprint, tuple(records)
+        self.control_s += self.seal_s
 
     def _apply_delta(self) -> None:
         """A delta refit: apply its verified bytes onto the spare copy; a result that is
@@ -575,6 +642,7 @@ class RefitReceiver:
                     f"{piece.chunk_offset + piece.chunk_size} failed the {self.integrity} "
                     "integrity check: the bytes that landed differ from those sent"
                 )
+        self._theirs[seq] = theirs.hashes
         self._verified.add(seq)
 
     async def _finish(self) -> None:
@@ -586,6 +654,7 @@ class RefitReceiver:
                 mine = await asyncio.wrap_future(future)
                 theirs = await self._wait(self._sender(seq), "digest", seq, f"digest {seq}")
                 self._compare(seq, mine, theirs)
+        await self._check_seals()
         self._apply_delta()
         self.shared.registry.sweep(keep=2)
         for source in self.sources:

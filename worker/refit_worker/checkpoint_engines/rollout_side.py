@@ -131,6 +131,7 @@ class RolloutSide:
                 self._connections,
                 kept.delta_arena,
                 require_integrity=common.checksum,
+                verifier=common.verifier,
             ),
             decline=Decliner(common.agent, self.rank, kept.declined),
             delta=delta,
@@ -183,6 +184,9 @@ class RolloutSide:
             control_s=receiver.control_s,
             registrations=self.common.registry.registered - registered,
             integrity=receiver.integrity,
+            signed_by=receiver.signed_by,
+            seals=receiver.seals,
+            seal_s=receiver.seal_s,
         )
         self._after()
         return timing

@@ -31,7 +31,7 @@ import base64
 import struct
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import xxhash
@@ -41,9 +41,10 @@ from .agent import NixlAgent, PeerError, Region
 from .base import dtype_name
 from .integrity import Algorithm, algorithm_for, as_bytes, hash_bytes, state_digest
 from .messages import LandingSet, NixlAgentMetadata, _Model
-from .planning import TensorSpec
+from .planning import TensorSpec, cached_plan
 from .receiver import TargetResolver
 from .registry import MemoryRegistry, device_id
+from .signing import RefitVerifier, SealRecord, SignatureError
 
 _HEADER = struct.Struct("<QQ")  # body length, xxh3_64 of the body
 #: How long a peer's manifest READ may take before the peer is passed over.
@@ -72,6 +73,10 @@ class SeedManifest(_Model):
     algorithm: Algorithm
     tensors: tuple[SeedTensor, ...] = Field(min_length=1)
     landing: LandingSet
+    #: The trainer's seals of this refit, as the seeder checked them (empty: it checked
+    #: none); a reader with the job's key checks the bytes against these, not the hashes
+    #: above alone, which are the seeder's own word.
+    seals: tuple[SealRecord, ...] = ()
 
     @property
     def digest(self) -> str:
@@ -101,6 +106,10 @@ class Seeded:
     sources: tuple[str, ...]
     bytes: int
     seconds: float
+    #: The job key whose seals the bytes were checked against (None: not checked), and
+    #: those seals (this rank forwards them when it seeds others in turn).
+    signed_by: str | None = None
+    seals: tuple[SealRecord, ...] = ()
 
 
 def _hashes(named: Mapping[str, torch.Tensor], algorithm: Algorithm) -> dict[str, int]:
@@ -138,9 +147,15 @@ class SeedOffer:
         #: The digest of the last state offered (None until the first commit).
         self.digest: str | None = None
 
-    def publish(self, refit: int, committed: Mapping[str, torch.Tensor]) -> bool:
-        """Offer ``committed`` as refit ``refit``; True when the region moved (the rank must
-        publish its metadata again with the new :attr:`pointer`)."""
+    def publish(
+        self,
+        refit: int,
+        committed: Mapping[str, torch.Tensor],
+        seals: Sequence[SealRecord] = (),
+    ) -> bool:
+        """Offer ``committed`` as refit ``refit`` (with the trainer's ``seals`` of it); True
+        when the region moved (the rank must publish its metadata again with the new
+        :attr:`pointer`)."""
         self.digest = None  # until this refit's is known: never the one before's
         named = {n: t for n, t in committed.items() if t.numel()}
         if not named:
@@ -155,6 +170,7 @@ class SeedOffer:
                 for n, t in named.items()
             ),
             landing=self._registry.landing_set(named),
+            seals=tuple(seals),
         )
         self.digest = manifest.digest
         raw = encode_manifest(manifest)
@@ -265,6 +281,7 @@ async def pull(
     min_refit: int,
     resolve: TargetResolver,
     timeout_s: float,
+    verifier: RefitVerifier | None = None,
 ) -> Seeded:
     """Seed refit >= ``min_refit`` from ``sources`` into ``resolve(specs)`` (see the module
     docstring); :class:`SeedError` when no peer gave a verified one."""
@@ -307,9 +324,90 @@ async def pull(
         )
     )
     _verify(manifest, targets, device)
-    nbytes = sum(s.nbytes for s in specs)
     labels = tuple(s.label for s, _, _ in used)
-    return Seeded(dict(targets), manifest.refit, labels, nbytes, time.monotonic() - started)
+    seeded = Seeded(dict(targets), manifest.refit, labels, sum(s.nbytes for s in specs), 0.0)
+    return _signed(seeded, manifest, verifier, time.monotonic() - started)
+
+
+def _signed(
+    seeded: Seeded, manifest: SeedManifest, verifier: RefitVerifier | None, seconds: float
+) -> Seeded:
+    """The seed, anchored to the trainer's seals when this rank holds the job's key."""
+    if verifier is None:
+        return replace(seeded, seconds=seconds)
+    who = f"seed of refit {manifest.refit} from {seeded.sources[0]}"
+    anchor(manifest, seeded.tensors, verifier, who)
+    return replace(seeded, seconds=seconds, signed_by=verifier.fingerprint, seals=manifest.seals)
+
+
+def anchor(
+    manifest: SeedManifest,
+    targets: Mapping[str, torch.Tensor],
+    verifier: RefitVerifier,
+    who: str,
+) -> None:
+    """Check a landed seed against the trainer's seals it carries (:class:`SeedError`
+    unless they verify with the job's key and pin every offered byte): a version that
+    arrived whole by the sealed piece hashes, one that arrived as a delta by the sealed
+    whole-state digest of its result.  The peer's own hashes count for nothing here."""
+    if not manifest.seals:
+        raise SeedError(
+            f"{who}: the peer holds no trainer seal of it, and a peer cannot vouch for its "
+            f"own copy (this rank takes only what the job's key {verifier.fingerprint} "
+            "signed)"
+        )
+    for record in manifest.seals:
+        if record.manifest.refit != manifest.refit:
+            raise SeedError(f"{who}: it carries a seal of refit {record.manifest.refit}")
+        try:
+            verifier.verify(record.payload(), record.signature, who)
+        except SignatureError as exc:
+            raise SeedError(str(exc)) from None
+    delta = manifest.seals[0].manifest.delta
+    if delta is not None:
+        # The sealed result digest of a (non-sharded) delta: the offered hashes were just
+        # checked against the landed bytes, so their digest is the landed state's.
+        if delta.blocks is not None or manifest.digest != delta.digest:
+            raise SeedError(
+                f"{who}: the landed state's digest {manifest.digest} is not the one the "
+                f"trainer sealed for it ({delta.digest})"
+            )
+        return
+    _sealed_pieces(manifest, targets, who)
+
+
+def _sealed_pieces(manifest: SeedManifest, targets: Mapping[str, torch.Tensor], who: str) -> None:
+    """Every offered byte under a sealed piece hash: the buckets are planned again from
+    each sealed manifest (a pure function of it) and each piece hashed where it landed."""
+    algorithm = manifest.algorithm
+    covered = dict.fromkeys((t.name for t in manifest.tensors), 0)
+    for record in manifest.seals:
+        entries = record.manifest.tensors
+        if any(e.sources is not None for e in entries):
+            raise SeedError(f"{who}: its seals are of a sharded send, which no seed re-checks")
+        specs = [TensorSpec(e.name, e.dtype, e.shape) for e in entries]
+        plan = cached_plan(specs, record.manifest.bucket_size)
+        for seq, hashes in record.digests:
+            pieces = plan.buckets[seq] if seq < len(plan.buckets) else ()
+            if len(pieces) != len(hashes):
+                raise SeedError(f"{who}: a seal's bucket {seq} does not fit its manifest")
+            for piece, sealed in zip(pieces, hashes, strict=True):
+                if piece.chunk_size == 0:
+                    continue  # an empty tensor: nothing offered, nothing to pin
+                target = targets.get(piece.name)
+                if target is None or piece.name not in covered:
+                    raise SeedError(f"{who}: sealed tensor {piece.name!r} is not in the seed")
+                end = piece.chunk_offset + piece.chunk_size
+                if hash_bytes(as_bytes(target)[piece.chunk_offset : end], algorithm) != sealed:
+                    raise SeedError(
+                        f"{who}: tensor {piece.name!r} bytes {piece.chunk_offset}..{end} are "
+                        "not the ones the trainer sealed"
+                    )
+                covered[piece.name] += piece.chunk_size
+    for offered in manifest.tensors:
+        target = targets[offered.name]
+        if covered[offered.name] != target.numel() * target.element_size():
+            raise SeedError(f"{who}: no seal covers all of tensor {offered.name!r}")
 
 
 def _check_targets(specs: Sequence[TensorSpec], targets: Mapping[str, torch.Tensor]) -> None:
@@ -395,6 +493,7 @@ __all__ = [
     "SeedSource",
     "SeedTensor",
     "Seeded",
+    "anchor",
     "decode_manifest",
     "encode_manifest",
     "metadata_from_pointer",

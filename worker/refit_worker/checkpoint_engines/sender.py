@@ -61,6 +61,7 @@ from .messages import (
     Manifest,
     ManifestEntry,
     Ready,
+    Seal,
     SourceBox,
     encode,
 )
@@ -68,6 +69,7 @@ from .planning import Plan, TensorSpec, buffer_slots, cached_plan, lands
 from .registry import MemoryRegistry, device_id
 from .routes import Routes, Target
 from .shard_plan import Holding, ShardSpec, cached_shard_plan, receiver_specs, source_offset
+from .signing import RefitSigner, seal_payload
 from .sources import for_target, prepare_sources
 
 Region = tuple[int, int, int]
@@ -86,6 +88,9 @@ class TargetStream:
     prepared: PreparedWrites | None = None
     inflight: list[int] = field(default_factory=list)  # posted, not seen DONE yet
     hashes: dict[int, Future[tuple[int, ...]]] = field(default_factory=dict)
+    #: What this refit told the target, for its seal: the manifest last sent, the digests.
+    manifest: Manifest | None = None
+    sent: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def handle(self, seq: int) -> Any:
         """The prepared WRITE of bucket ``seq`` (None: the bucket has no bytes)."""
@@ -124,8 +129,11 @@ class RefitSender:
         version: int = 0,
         rollout_world_size: int | None = None,
         delta: DeltaHeader | None = None,
+        signer: RefitSigner | None = None,
     ) -> None:
         self.agent, self.rank, self.refit = agent, rank, refit
+        #: Seals every target's manifest and digests (None: the refit goes unsigned).
+        self.signer = signer
         #: This refit is a delta onto the version the header names (None: whole).
         self.delta = delta
         self.version, self.rollout_world_size = version, rollout_world_size
@@ -137,6 +145,8 @@ class RefitSender:
         self.hasher, self.integrity = hasher, integrity
         #: Seconds of control work (plan, registration, route set-up) in this refit.
         self.control_s = 0.0
+        #: Of which signing the seals.
+        self.sign_s = 0.0
         #: When every target was ready, and when every target confirmed (monotonic).
         self.started_at = self.ended_at = 0.0
         self._streams: list[TargetStream] = []
@@ -285,6 +295,7 @@ class RefitSender:
             for seq in sorted(stream.hashes):
                 await asyncio.wrap_future(stream.hashes[seq])
             d.attempt_now(stream.target.rank, partial(self._send_digests, stream, block=True))
+            d.attempt_now(stream.target.rank, partial(self._send_seal, stream))
         for stream in self._live(streams):
             await d.attempt(
                 stream.target.rank,
@@ -314,9 +325,8 @@ class RefitSender:
         # A new send of this refit (the whole refit after a declined delta) gets a new
         # answer: the decline of the last one must not stand for it.
         self.agent.discard(stream.target.agent, "decline", self.refit)
-        self.agent.send_control(
-            stream.target.agent, self._manifest(stream), who=self._who(stream.target)
-        )
+        stream.manifest, stream.sent = self._manifest(stream), {}
+        self.agent.send_control(stream.target.agent, stream.manifest, who=self._who(stream.target))
 
     def _who(self, target: Target) -> str:
         return f"policy rank {self.rank}: rollout rank {target.rank}"
@@ -344,6 +354,7 @@ class RefitSender:
                 "rollout_world_size": self.rollout_world_size,
                 "connection": stream.routes.connection,
                 "delta": self.delta,
+                "sealed_by": self.signer.fingerprint if self.signer else None,
             }
         )
 
@@ -515,12 +526,28 @@ class RefitSender:
             future = stream.hashes[seq]
             if not (block or future.done()):
                 return
+            hashes = future.result()
             self.agent.send_control(
                 stream.target.agent,
-                Digest(refit=self.refit, seq=seq, hashes=future.result()),
+                Digest(refit=self.refit, seq=seq, hashes=hashes),
                 who=self._who(stream.target),
             )
+            stream.sent[seq] = hashes
             del stream.hashes[seq]
+
+    def _send_seal(self, stream: TargetStream) -> None:
+        """Sign what this rank told the target: its manifest and every digest."""
+        if self.signer is None or stream.manifest is None:
+            return
+        t0 = time.perf_counter()
+        payload = seal_payload(stream.manifest, stream.sent.items())
+        seal = Seal(
+            refit=self.refit, signature=self.signer.sign(payload), key=self.signer.fingerprint
+        )
+        elapsed = time.perf_counter() - t0
+        self.sign_s += elapsed
+        self.control_s += elapsed
+        self.agent.send_control(stream.target.agent, seal, who=self._who(stream.target))
 
 
 def _entry(spec: TensorSpec) -> ManifestEntry:

@@ -20,6 +20,7 @@ Must not import: anything but the standard library, pydantic and ``refit_worker.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -67,6 +68,20 @@ PreemptionSignals = Annotated[
     BeforeValidator(_signals_in),
     PlainSerializer(signal_list_text, return_type=str),
 ]
+
+
+def _key_text(value: object) -> object:
+    # An Ed25519 key (seed or public) is 32 bytes: base64 of that, or "" for none.  The
+    # message never quotes the value: it may be the private key.
+    if not isinstance(value, str) or not value.strip():
+        return "" if value is None else value
+    try:
+        raw = base64.b64decode(value.strip().encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError):
+        raise ValueError("not base64 text of an Ed25519 key") from None
+    if len(raw) != 32:
+        raise ValueError(f"{len(raw)} bytes of key, an Ed25519 key has 32")
+    return value.strip()
 
 
 class _Frozen(BaseModel):
@@ -244,6 +259,13 @@ class WorkerConfig(_Frozen):
     #: this long, offering its last committed refit, until its replacement serves; the
     #: operator sets it well inside the pod's grace period.  0: it exits at once.
     hand_over_seconds: float = Field(0.0, ge=0, le=3600)
+    #: The job's private signing key (base64 of an Ed25519 seed), in policy pods only: the
+    #: operator has the kubelet read it from the job's Secret.  Every refit this rank sends
+    #: is sealed with it.  "": refits go unsigned.  Never printed (``repr=False``).
+    signing_key: Annotated[str, BeforeValidator(_key_text)] = Field("", repr=False)
+    #: The job's public key (base64), in rollout pods: a refit, delta or seed not sealed with
+    #: it is refused.  "": refits are taken unsigned.
+    verify_key: Annotated[str, BeforeValidator(_key_text)] = ""
 
     @property
     def world_size(self) -> int:
@@ -257,6 +279,8 @@ class WorkerConfig(_Frozen):
         # previous version (extra="forbid") still reads the pods of a newer operator.
         nested = self.model_dump(mode="json", exclude_none=True)
         for name, dumped in self.model_dump(mode="json").items():
+            if name in KEY_FIELDS and not dumped:
+                continue  # no key: the variable stays out (a pod gets it from a Secret)
             value = nested[name] if isinstance(dumped, dict) else dumped
             if isinstance(value, dict | list):
                 env[_env_name(name)] = json.dumps(value, sort_keys=True, separators=(",", ":"))
@@ -303,6 +327,10 @@ class WorkerConfig(_Frozen):
 
 #: Fields carried as JSON (models and dicts); every other field is plain text.
 _JSON_FIELDS = frozenset({"weights", "transfer", "rendezvous"})
+
+#: Config fields that hold the job's key halves: rendered from the job's Secret, never as
+#: values (field -> the Secret's data key).
+KEY_FIELDS: dict[str, str] = {"signing_key": "ed25519.key", "verify_key": "ed25519.pub"}
 
 #: Config fields whose values the pod gets from the downward API (field -> fieldPath).
 DOWNWARD_API_FIELDS: dict[str, str] = {

@@ -226,6 +226,9 @@ class ServedVersion(BaseModel):
 
     refit: int = Field(ge=0)
     digest: str | None = Field(None, pattern=DIGEST_PATTERN)
+    #: The job key whose seals this version passed on this pod (:mod:`~refit_worker.
+    #: checkpoint_engines.signing`); None: no signature was checked of it.
+    signed_by: str | None = Field(None, pattern=r"^ed25519:[0-9a-f]{16}$")
 
     @property
     def label(self) -> str:
