@@ -137,17 +137,28 @@ class ServedVersionRow(_Status):
     #: ``<algorithm>:<16 hex digits>``; None where the replicas reported no digest.
     digest: str | None = None
     replicas: list[int] = Field(default_factory=list)
+    #: ``ed25519:<16 hex digits>``: the job key whose seals these replicas checked this
+    #: version against; None: they checked no signature of it (unsigned, or seeded).
+    signed_by: str | None = None
 
 
-def version_ledger(served: dict[int, tuple[int, str | None]]) -> list[ServedVersionRow]:
-    """The ledger from what each rollout rank serves (rank -> (refit, digest)): one row
-    per (refit, digest), newest refit first, its ranks in order.  Two rows of one refit
-    mean replicas serving different bytes under the same version."""
-    rows: dict[tuple[int, str | None], list[int]] = {}
+#: What one rollout rank reports serving: (refit, digest, the key its seals passed).
+Served = tuple[int, str | None, str | None]
+
+
+def version_ledger(served: dict[int, Served]) -> list[ServedVersionRow]:
+    """The ledger from what each rollout rank serves (rank -> (refit, digest, key)): one
+    row per distinct triple, newest refit first, its ranks in order.  Two rows of one refit
+    and digest differ in what was checked of it; two digests of one refit mean replicas
+    serving different bytes under the same version."""
+    rows: dict[Served, list[int]] = {}
     for rank in sorted(served):
         rows.setdefault(served[rank], []).append(rank)
-    order = sorted(rows, key=lambda key: (-key[0], key[1] or ""))
-    return [ServedVersionRow(refit=r, digest=d, replicas=rows[(r, d)]) for r, d in order]
+    order = sorted(rows, key=lambda key: (-key[0], key[1] or "", key[2] or ""))
+    return [
+        ServedVersionRow(refit=r, digest=d, signed_by=k, replicas=rows[(r, d, k)])
+        for r, d, k in order
+    ]
 
 
 def version_conflicts(ledger: list[ServedVersionRow]) -> list[int]:
@@ -162,7 +173,9 @@ def version_conflicts(ledger: list[ServedVersionRow]) -> list[int]:
 def version_words(ledger: list[ServedVersionRow]) -> list[str]:
     """``refit 3 xxh3_64:0123456789abcdef served by rollout-0, rollout-1``, per row."""
     return [
-        f"refit {row.refit} {row.digest or '(no digest)'} served by "
+        f"refit {row.refit} {row.digest or '(no digest)'}"
+        + (f" signed {row.signed_by}" if row.signed_by else "")
+        + " served by "
         + ", ".join(f"rollout-{rank}" for rank in row.replicas)
         for row in ledger
     ]

@@ -116,17 +116,21 @@ def test_the_largest_progress_report_still_fits_its_key() -> None:
 
 
 D1, D2 = "xxh3_64:" + "1" * 16, "xxh3_64:" + "2" * 16
+K = "ed25519:" + "ab" * 8
 
 
 def test_the_ledger_groups_replicas_by_version_newest_first() -> None:
-    ledger = version_ledger({2: (5, D1), 0: (5, D1), 1: (4, D2), 3: (5, None)})
-    assert [(r.refit, r.digest, r.replicas) for r in ledger] == [
-        (5, None, [3]),
-        (5, D1, [0, 2]),
-        (4, D2, [1]),
+    ledger = version_ledger(
+        {2: (5, D1, K), 0: (5, D1, K), 1: (4, D2, K), 3: (5, None, None), 4: (5, D1, None)}
+    )
+    assert [(r.refit, r.digest, r.signed_by, r.replicas) for r in ledger] == [
+        (5, None, None, [3]),
+        (5, D1, None, [4]),  # the same bytes, but no signature was checked of them there
+        (5, D1, K, [0, 2]),
+        (4, D2, K, [1]),
     ]
     assert version_conflicts(ledger) == []  # no digest is no disagreement
-    split = version_ledger({0: (5, D1), 1: (5, D2)})
+    split = version_ledger({0: (5, D1, K), 1: (5, D2, K)})
     assert version_conflicts(split) == [5]
     assert version_ledger({}) == []
 
@@ -148,7 +152,9 @@ def _running(versions: list[ServedVersionRow] | None = None) -> RefitJobStatus:
     )
 
 
-def _serving(rank: int, uid: str, refit: int, digest: str | None) -> dict[str, str]:
+def _serving(
+    rank: int, uid: str, refit: int, digest: str | None, signed_by: str | None = None
+) -> dict[str, str]:
     key = progress_key("rollout", rank)
     entry = ProgressEntry(
         epoch=0,
@@ -156,7 +162,7 @@ def _serving(rank: int, uid: str, refit: int, digest: str | None) -> dict[str, s
         role="rollout",
         rank=rank,
         refits_completed=refit + 1,
-        serving=ServedVersion(refit=refit, digest=digest),
+        serving=ServedVersion(refit=refit, digest=digest, signed_by=signed_by),
     )
     return {key: encode_entry(key, entry)}
 
@@ -167,17 +173,21 @@ def _mismatches(d: Any) -> list[Emit]:
 
 def test_the_status_ledger_says_which_replica_serves_which_version() -> None:
     data = {
-        **_serving(0, "uid-job-rollout-0-g0-0", 4, D1),
+        **_serving(0, "uid-job-rollout-0-g0-0", 4, D1, K),
         **_serving(1, "uid-job-rollout-1-g0-0", 3, D2),
     }
     d = JOB.run(_running(), JOB.pods(0, **ALL_UP), data)
     raw = d.status.model_dump(mode="json", by_alias=True)["versions"]
     assert raw == [
-        {"refit": 4, "digest": D1, "replicas": [0]},
-        {"refit": 3, "digest": D2, "replicas": [1]},
+        {"refit": 4, "digest": D1, "replicas": [0], "signedBy": K},
+        {"refit": 3, "digest": D2, "replicas": [1], "signedBy": None},
     ]
     assert _mismatches(d) == []
-    assert view.version_words(d.status.versions)[0] == f"refit 4 {D1} served by rollout-0"
+    words = view.version_words(d.status.versions)
+    assert words == [
+        f"refit 4 {D1} signed {K} served by rollout-0",
+        f"refit 3 {D2} served by rollout-1",
+    ]
 
 
 def test_a_replaced_pods_report_is_not_its_slots_version() -> None:
@@ -213,4 +223,4 @@ def test_the_crd_carries_the_ledger() -> None:
     schema = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     versions = schema["properties"]["status"]["properties"]["versions"]
     assert versions["type"] == "array"
-    assert set(versions["items"]["properties"]) == {"refit", "digest", "replicas"}
+    assert set(versions["items"]["properties"]) == {"refit", "digest", "replicas", "signedBy"}

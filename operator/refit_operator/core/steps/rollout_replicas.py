@@ -23,6 +23,7 @@ from refit_operator.core.steps.restart import POLL_DELETING_S, stop_gang
 from refit_operator.models import RolloutReplica
 from refit_operator.status import (
     UNSEEDED,
+    Served,
     seed_words,
     version_conflicts,
     version_ledger,
@@ -86,10 +87,10 @@ def _seeds(inp: RoundInput) -> dict[int, SeedReport]:
     return {rank: e.seed for rank, e in _own_reports(inp).items() if e.seed is not None}
 
 
-def _served(inp: RoundInput) -> dict[int, tuple[int, str | None]]:
-    """What each slot's pod reports serving: (refit, digest)."""
+def _served(inp: RoundInput) -> dict[int, Served]:
+    """What each slot's pod reports serving: (refit, digest, the key it passed)."""
     return {
-        rank: (e.serving.refit, e.serving.digest)
+        rank: (e.serving.refit, e.serving.digest, e.serving.signed_by)
         for rank, e in _own_reports(inp).items()
         if e.serving is not None
     }
