@@ -43,7 +43,6 @@ for path in (ROOT, ROOT / "worker"):
 
 from refit_worker.contract.rendezvous import (  # noqa: E402
     Layout,
-    configmap_name,
     shards_needed,
 )
 from refit_worker.rendezvous import ConfigMapStore, FileStore, Member  # noqa: E402
@@ -164,16 +163,16 @@ def measure_configmap(total: int, run: int) -> tuple[float, float, float, int]:
 def bench_configmap(box: dict[str, Any], total: int, run: int) -> tuple[float, float, float, int]:
     api = box["api"]
     half = total // 2
-    shards = shards_needed(total)
+    shards = shards_needed(half, total - half)
     layout = Layout(half, total - half, shards)
     base, raw_base = f"bench-{total}-{run}", f"raw-{total}-{run}"
-    names = [configmap_name(base, s) for s in range(shards)]
-    raw_names = [configmap_name(raw_base, s) for s in range(shards)]
+    names = [layout.name(base, s) for s in range(shards)]
+    raw_names = [layout.name(raw_base, s) for s in range(shards)]
     for name in names + raw_names:
         on_loop(box, lambda name=name: api.create(CM, NS, {"metadata": {"name": name}, "data": {}}))
     seconds = run_protocol(lambda: ConfigMapStore(base, NS, layout), total)
     size = sum(
-        len(json.dumps(api.get(CM, NS, configmap_name(base, s))).encode()) for s in range(shards)
+        len(json.dumps(api.get(CM, NS, layout.name(base, s))).encode()) for s in range(shards)
     )
     from kubernetes import client  # after KUBECONFIG points at the emulator
 
@@ -194,7 +193,7 @@ def bench_configmap(box: dict[str, Any], total: int, run: int) -> tuple[float, f
 
 def bench_files(total: int) -> tuple[float, float, float, int]:
     half = total // 2
-    shards = shards_needed(total)
+    shards = shards_needed(half, total - half)
     layout = Layout(half, total - half, shards)
     with tempfile.TemporaryDirectory() as tmp:
         seconds = run_protocol(lambda: FileStore(Path(tmp) / "rdzv", layout), total)

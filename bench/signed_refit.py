@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _refit_ranks import CTX, WAIT_S, bench_raw_nixl, state_dict  # noqa: E402
+from _refit_ranks import CTX, WAIT_S, bench_raw_nixl, state_dict
 
 WARMUP = 2
 SEED = bytes(range(32))  # the bench's job key (both processes derive the same halves)

@@ -1,6 +1,7 @@
 """Pure rendering of the children that live as long as a RefitJob: one headless Service
-per role (the ranks' DNS names), the rendezvous ConfigMap shards (created empty), and the
-workers' ServiceAccount, Role and RoleBinding limited to this job's ConfigMaps.
+per role (the ranks' DNS names), the rendezvous ConfigMaps (created empty: the
+operator's, then each role's), and per role a ServiceAccount, Role and RoleBinding that
+may read the job's rendezvous and patch only that role's maps (docs/security.md).
 
 Must not import: kopf, kubernetes, aiohttp.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from refit_operator import names
+from refit_operator import names, signing_key
 from refit_operator.models import RefitJobSpec
 from refit_operator.render import JobRef, owned, pod_account
 from refit_worker.contract.roles import ROLES, Role
@@ -37,68 +38,89 @@ def render_service(job: JobRef, role: Role) -> dict[str, Any]:
 
 
 def render_rendezvous(job: JobRef, spec: RefitJobSpec) -> list[dict[str, Any]]:
-    """The rendezvous ConfigMap shards, created empty; workers write their own keys."""
-    shards = names.rendezvous_shards(spec.policy.replicas, spec.rollout.replicas)
+    """The rendezvous ConfigMaps, created empty: the operator's, then each role's."""
+    maps = names.rendezvous_maps(job.name, spec.policy.replicas, spec.rollout.replicas)
+    labels = names.job_labels(job.name)
     return [
         owned(
             {
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
-                "metadata": _meta(
-                    job, names.rendezvous_name(job.name, i), names.job_labels(job.name)
-                ),
+                "metadata": _meta(job, name, labels),
                 "data": {},
             },
             job,
         )
-        for i in range(shards)
+        for name in maps
+    ]
+
+
+def worker_rules(job: JobRef, spec: RefitJobSpec, role: Role) -> list[dict[str, Any]]:
+    """What ``role``'s pods may do: read and watch every rendezvous map of the job (the
+    operator's membership and notice, the other role's metadata), patch only their own
+    role's maps.  Nothing else: no other ConfigMap, no Secret, no pod."""
+    policy, rollout = spec.policy.replicas, spec.rollout.replicas
+    return [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": names.rendezvous_maps(job.name, policy, rollout),
+            "verbs": ["get", "watch"],
+        },
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": names.role_rendezvous_maps(job.name, role, policy, rollout),
+            "verbs": ["patch"],
+        },
     ]
 
 
 def render_rbac(job: JobRef, spec: RefitJobSpec) -> list[dict[str, Any]]:
-    """A Role that may only read, watch and patch this job's rendezvous, bound to every
-    account the pods run as: the per-job ServiceAccount (created here) and any the
-    templates name.  Nothing when the pods run as the namespace's default account."""
-    accounts = sorted({pod_account(job, spec, role) for role in ROLES} - {""})
-    if not accounts:
-        return []
-    name = names.worker_account_name(job.name)
-    labels = names.job_labels(job.name)
-    shards = names.rendezvous_shards(spec.policy.replicas, spec.rollout.replicas)
-    maps = [names.rendezvous_name(job.name, i) for i in range(shards)]
+    """Per role: a Role limited to this job's rendezvous (:func:`worker_rules`), bound to
+    every account that role's pods run as: the role's ServiceAccount (created here) or
+    the one its template names.  Nothing for a role whose pods run as the namespace's
+    default account."""
     objs: list[dict[str, Any]] = []
-    if name in accounts:
-        meta = _meta(job, name, labels)
-        objs.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta})
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": _meta(job, name, labels),
-        "rules": [
-            {
-                "apiGroups": [""],
-                "resources": ["configmaps"],
-                "resourceNames": maps,
-                "verbs": ["get", "watch", "patch"],
-            }
-        ],
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": _meta(job, name, labels),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [
-            {"kind": "ServiceAccount", "name": account, "namespace": job.namespace}
-            for account in accounts
-        ],
-    }
-    return [owned(obj, job) for obj in (*objs, role, binding)]
+    for role in ROLES:
+        account = pod_account(job, spec, role)
+        if account:
+            objs += _role_rbac(job, spec, role, account)
+    return [owned(obj, job) for obj in objs]
+
+
+def _role_rbac(job: JobRef, spec: RefitJobSpec, role: Role, account: str) -> list[dict[str, Any]]:
+    name = names.worker_account_name(job.name, role)
+    labels = {**names.job_labels(job.name), names.LABEL_ROLE: role}
+    objs: list[dict[str, Any]] = []
+    if account == name:
+        objs.append(
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, name, labels)}
+        )
+    objs.append(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(job, name, labels),
+            "rules": worker_rules(job, spec, role),
+        }
+    )
+    objs.append(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(job, name, labels),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": job.namespace}],
+        }
+    )
+    return objs
 
 
 def render_static(job: JobRef, spec: RefitJobSpec) -> list[dict[str, Any]]:
     """Every child except pods: these live as long as the job."""
     return [
+        owned(signing_key.render_secret(job.name, job.namespace), job),
         *render_rbac(job, spec),
         *(render_service(job, role) for role in ROLES),
         *render_rendezvous(job, spec),

@@ -28,6 +28,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Pod"): "pods",
     ("v1", "Service"): "services",
     ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Secret"): "secrets",
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("v1", "Event"): "events",
     (events.EVENTS_V1, "Event"): "events",
@@ -40,8 +41,53 @@ PLURALS: dict[tuple[str, str], str] = {
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): "podgroups",
 }
 
+_LEASE = ("coordination.k8s.io/v1", "Lease")
+_RBAC = "rbac.authorization.k8s.io/v1"
+_VOLCANO, _COSCHEDULING = "scheduling.volcano.sh/v1beta1", "scheduling.x-k8s.io/v1alpha1"
+
+#: (apiVersion, kind) -> the verbs the operator's account uses on it: every call of this
+#: module (the only client of the API) and what kopf does with the handlers' resources.
+#: The chart grants exactly these (and the rights the per-job worker Roles hand on, which
+#: Kubernetes refuses to let an account grant without holding them);
+#: ``tests/integration/test_chart_rbac.py`` checks both ways.  No kind is ever ``update``d
+#: (every write is a merge patch) and no child but a pod or PodGroup is ever deleted: the
+#: rest go with their job by ownerReference.
+VERBS: dict[tuple[str, str], frozenset[str]] = {
+    # get: each round reads its job; list: the resync, and kopf's; watch: kopf; patch:
+    # kopf's annotations (diff base, progress) and the old finalizer it removes; delete:
+    # the job itself once its ttlSecondsAfterFinished ran out.
+    (models.API_VERSION, models.KIND): frozenset({"get", "list", "watch", "patch", "delete"}),
+    # list: each round's children (by the job label); watch: kopf's child events; patch:
+    # the gang's scheduling gate; delete: restarts, replacements, force deletes.
+    ("v1", "Pod"): frozenset({"list", "watch", "create", "delete", "patch"}),
+    # patch: the operator's rendezvous keys (barrier, preemption notice, epoch clearing).
+    ("v1", "ConfigMap"): frozenset({"list", "watch", "create", "patch"}),
+    # Created once, listed each round (``STATIC_KINDS``), never changed or deleted.
+    ("v1", "Service"): frozenset({"list", "create"}),
+    ("v1", "Secret"): frozenset({"list", "create"}),
+    ("v1", "ServiceAccount"): frozenset({"list", "create"}),
+    (_RBAC, "Role"): frozenset({"list", "create"}),
+    (_RBAC, "RoleBinding"): frozenset({"list", "create"}),
+    # patch: a repeat updates its Event's series (``events.py``).
+    ("v1", "Event"): frozenset({"create", "patch"}),
+    (events.EVENTS_V1, "Event"): frozenset({"create", "patch"}),
+    # The epoch's PodGroup: created with its gang, deleted with it; never read.
+    (_VOLCANO, "PodGroup"): frozenset({"create", "delete"}),
+    (_COSCHEDULING, "PodGroup"): frozenset({"create", "delete"}),
+    # The leader Lease (``leader.py``), in the release's namespace only.
+    _LEASE: frozenset({"get", "create", "patch"}),
+}
+
+#: (apiVersion, kind, subresource) -> verbs: the RefitJob's status, merge-patched each
+#: round (``kube_writes.py``); kopf writes none (its progress is kept in annotations).
+SUBRESOURCE_VERBS: dict[tuple[str, str, str], frozenset[str]] = {
+    (models.API_VERSION, models.KIND, "status"): frozenset({"patch"}),
+}
+
 #: Cluster-scoped kinds the operator only reads, by name, with the verbs it uses (the
-#: chart grants exactly these; ``tests/integration/test_chart_rbac.py`` checks).
+#: chart grants exactly these; ``tests/integration/test_chart_rbac.py`` checks).  Nothing
+#: reads CRDs or Namespaces: kopf's scanning is off (``settings.py``), so it finds the
+#: RefitJobs by API discovery (open to every account) and watches the namespaces given.
 CLUSTER_READS: dict[tuple[str, str], tuple[str, frozenset[str]]] = {
     ("v1", "Node"): ("nodes", frozenset({"get"})),
 }
@@ -50,6 +96,7 @@ CLUSTER_READS: dict[tuple[str, str], tuple[str, frozenset[str]]] = {
 STATIC_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "Service"),
     ("v1", "ConfigMap"),
+    ("v1", "Secret"),
     ("v1", "ServiceAccount"),
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from refit_operator import kube
+from refit_operator import kube, signing_key
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Delete, Emit, LiftGate
 from refit_operator.core.writes import WriteError
@@ -38,12 +38,15 @@ class KubeWrites:
         self._on_status = on_status
 
     async def create(self, obj: dict[str, Any]) -> WriteError | None:
+        filled = signing_key.with_fresh_key(obj)
         try:
-            await self._api.create(obj)
+            await self._api.create(filled)
         except kube.ConflictError:
             raise
         except kube.ApiError as exc:
             return _refused("create", obj["kind"], obj["metadata"]["name"], exc)
+        if (event := signing_key.created_event(filled)) is not None:
+            await self.emit(event)  # which key the job's refits are sealed with
         return None
 
     async def delete(self, action: Delete) -> WriteError | None:

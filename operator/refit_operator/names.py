@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from refit_worker.contract.rendezvous import configmap_name, shards_needed
+from refit_worker.contract.rendezvous import Layout, place_name, shards_needed
 from refit_worker.contract.roles import Role
 
 LABEL_JOB = "refit.dev/job"
@@ -41,18 +41,39 @@ def service_name(job: str, role: Role) -> str:
     return f"{job}-{role}"
 
 
-def rendezvous_name(job: str, shard: int = 0) -> str:
-    """Shard 0 is ``<job>-rendezvous``; later shards get a ``-<i>`` suffix (the worker's
-    rendezvous protocol owns the rule and the shard size)."""
-    return configmap_name(f"{job}-rendezvous", shard)
+def rendezvous_name(job: str, role: Role | None = None, block: int = 0) -> str:
+    """``<job>-rendezvous`` is the operator's map (the barrier, the preemption notice);
+    each role's ranks are in ``<job>-rendezvous-<role>[-<block>]`` (the worker's
+    rendezvous protocol owns the rule and the block size)."""
+    return place_name(f"{job}-rendezvous", (role, block))
 
 
 def rendezvous_shards(policy_replicas: int, rollout_replicas: int) -> int:
-    return shards_needed(policy_replicas + rollout_replicas)
+    return shards_needed(policy_replicas, rollout_replicas)
 
 
-def worker_account_name(job: str) -> str:
-    return f"{job}-worker"
+def rendezvous_maps(job: str, policy_replicas: int, rollout_replicas: int) -> list[str]:
+    """Every rendezvous map of the job, in shard order (the operator's first)."""
+    layout = _layout(policy_replicas, rollout_replicas)
+    return [layout.name(f"{job}-rendezvous", s) for s in range(layout.shards)]
+
+
+def role_rendezvous_maps(
+    job: str, role: Role, policy_replicas: int, rollout_replicas: int
+) -> list[str]:
+    """The maps holding ``role``'s entries: the only ones its pods may patch."""
+    layout = _layout(policy_replicas, rollout_replicas)
+    return [layout.name(f"{job}-rendezvous", s) for s in layout.role_shards(role)]
+
+
+def _layout(policy_replicas: int, rollout_replicas: int) -> Layout:
+    shards = rendezvous_shards(policy_replicas, rollout_replicas)
+    return Layout(policy_replicas, rollout_replicas, shards)
+
+
+def worker_account_name(job: str, role: Role) -> str:
+    """The ServiceAccount (and its Role, RoleBinding) of ``role``'s pods."""
+    return f"{job}-{role}-worker"
 
 
 def master_addr(job: str, role: Role, namespace: str, incarnation: int) -> str:
@@ -121,3 +142,8 @@ def name_problems(job: str, policy_replicas: int, rollout_replicas: int) -> list
             f"job name {job!r} is too long: pod name {longest!r} is over {_DNS_LABEL_MAX} chars"
         )
     return problems
+
+
+def signing_secret_name(job: str) -> str:
+    """The Secret holding the job's signing key (``signing_key``)."""
+    return f"{job}-signing"

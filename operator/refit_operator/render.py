@@ -23,6 +23,7 @@ from refit_operator.merge import WORKER, PodParts, TemplateConflict, WorkerParts
 from refit_operator.models import API_VERSION, KIND, RefitJobSpec
 from refit_worker.contract.config import (
     DOWNWARD_API_FIELDS,
+    KEY_FIELDS,
     RendezvousConfig,
     SafetensorsWeights,
     TransferConfig,
@@ -40,6 +41,10 @@ SIGNAL_DIR = "/var/run/refit"
 SIGNAL_VOLUME = "refit-signal"
 WEIGHTS_VOLUME = "weights"
 WEIGHTS_DIR = "/var/lib/refit/weights"
+#: The root filesystem is read-only; what a worker (or a library under it: torch's and
+#: UCX's scratch files) writes goes to this emptyDir, which is also the image's WORKDIR.
+TMP_VOLUME = "tmp"
+TMP_DIR = "/tmp"
 RUN_AS = 1000
 
 
@@ -154,6 +159,14 @@ def _leader(role: Role, epoch: int, generation: int, leader: int | None) -> int:
     return generation if leader is None else leader
 
 
+def signing_env(job: str, role: Role) -> list[dict[str, Any]]:
+    """A role's half of the job's key, read by the kubelet from the job's Secret: the
+    private half for policy pods, the public half for rollout pods (never both)."""
+    field = "signing_key" if role == "policy" else "verify_key"
+    ref = {"name": names.signing_secret_name(job), "key": KEY_FIELDS[field]}
+    return [{"name": env_name(field), "valueFrom": {"secretKeyRef": ref}}]
+
+
 def worker_env(config: WorkerConfig) -> list[dict[str, Any]]:
     """The config's env entries (downward API where the pod knows better)."""
     downward = {env_name(field): path for field, path in DOWNWARD_API_FIELDS.items()}
@@ -198,7 +211,7 @@ def _worker_parts(
     job: JobRef, spec: RefitJobSpec, role: Role, config: WorkerConfig, mode: str
 ) -> WorkerParts:
     role_spec = spec.policy if role == "policy" else spec.rollout
-    mounts: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = [{"name": TMP_VOLUME, "mountPath": TMP_DIR}]
     if mode == "stopSignal":
         lifecycle: dict[str, Any] = {"stopSignal": spec.preemption.signal_name}
     else:
@@ -213,7 +226,7 @@ def _worker_parts(
         default_command=list(DEFAULT_COMMAND),
         command=list(role_spec.command),
         args=list(role_spec.args),
-        env=worker_env(config) + _metrics_env(spec),
+        env=worker_env(config) + signing_env(job.name, role) + _metrics_env(spec),
         extra_env=[{"name": e.name, "value": e.value} for e in role_spec.env],
         resources=role_spec.resources.model_dump(exclude_defaults=True),
         ports=[
@@ -229,6 +242,7 @@ def _worker_parts(
         security_context={
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
         },
     )
@@ -252,7 +266,7 @@ def pod_account(job: JobRef, spec: RefitJobSpec, role: Role) -> str:
     named = str((template.get("spec") or {}).get("serviceAccountName") or "")
     if named:
         return named
-    return names.worker_account_name(job.name) if spec.create_service_account else ""
+    return names.worker_account_name(job.name, role) if spec.create_service_account else ""
 
 
 def render_pod(
@@ -283,7 +297,7 @@ def render_pod(
         leader=leader,
     )
     mode = injection_mode(spec, options)
-    volumes: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = [{"name": TMP_VOLUME, "emptyDir": {}}]
     if mode != "stopSignal":
         volumes.append({"name": SIGNAL_VOLUME, "emptyDir": {}})
     if spec.weights.safetensors is not None:

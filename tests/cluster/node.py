@@ -388,7 +388,9 @@ class ProcessNode:
             if ref is None:
                 continue
             found = self.rest.find(f"/api/v1/namespaces/{namespace}/{plural}/{ref['name']}")
-            data = (found or {}).get("data") or {}
+            if found is None:
+                raise _NotYet  # a kubelet retries until the object exists
+            data = found.get("data") or {}
             if ref["key"] not in data:
                 raise KubeletError(
                     f"CreateContainerConfigError: {plural[:-1]} {ref['name']!r} has no key"

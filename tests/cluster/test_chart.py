@@ -90,7 +90,7 @@ def test_install_run_a_job_on_the_chart_rbac_then_uninstall_leaves_nothing(
 
 
 def test_namespaced_install_runs_a_job_on_its_roles_alone(cluster: Cluster, tmp_path: Path) -> None:
-    """``watchNamespaces``: a Role per watched namespace and only CRD reads cluster-wide;
+    """``watchNamespaces``: a Role per watched namespace and only Node reads cluster-wide;
     the operator on that account reconciles a job there and meets no 403."""
     team = cluster.namespace("team-a")
     install = install_chart(cluster, "scoped", tmp_path, watch_namespaces=(team,))
@@ -104,7 +104,7 @@ def test_namespaced_install_runs_a_job_on_its_roles_alone(cluster: Cluster, tmp_
             "-o",
             "name",
         )
-        # The operator's own: CRD reads cluster-wide, the rest in team-a only; beside them
+        # The operator's own: Node reads cluster-wide, the rest in team-a only; beside them
         # the leader Lease's Role (release namespace) and the users' aggregated roles.
         assert sorted(kinds.split()) == [
             "clusterrole.rbac.authorization.k8s.io/scoped-refit-operator",

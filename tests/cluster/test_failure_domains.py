@@ -36,7 +36,7 @@ from tests.cluster.controlplane import NODE_MONITOR_GRACE_S, NODE_MONITOR_PERIOD
 from tests.cluster.node import ProcessNode, lease_ns
 from tests.cluster.rest import ApiError
 from tests.cluster.support import Cluster, Install, example, wait
-from tests.support.versions import served_ranks, trainer_digest
+from tests.support.versions import job_key, served_ranks, trainer_digest
 
 from refit_worker.contract.rendezvous import EntryError, ProgressEntry, decode_entry, parse_key
 
@@ -204,7 +204,8 @@ def test_a_rollout_pod_sigkilled_mid_job_is_replaced_alone(
     # The ledger (issue #32): the replacement serves the trainer's last refit, byte for
     # byte the same as its peer.
     last_digest = trainer_digest(_job(job)["spec"], REFITS - 1)
-    ledger = [{"refit": REFITS - 1, "digest": last_digest, "replicas": [0, 1]}]
+    key = job_key(e["message"] for e in _events(cluster, job))
+    ledger = [{"refit": REFITS - 1, "digest": last_digest, "replicas": [0, 1], "signedBy": key}]
     assert status["versions"] == ledger, status["versions"]
     reasons = [e["reason"] for e in _events(cluster, job)]
     assert "RolloutReplaced" in reasons and "Restarted" not in reasons, reasons
@@ -537,7 +538,10 @@ def test_kubectl_scale_up_and_down_mid_job_leaves_the_policy_pods(
     assert status["phase"] == "Succeeded", status
     assert status["refitsCompleted"] == 60, status
     # The ranks the scale-down removed left the ledger; rank 0 serves the last refit.
-    ledger = [{"refit": 59, "digest": trainer_digest(doc["spec"], 59), "replicas": [0]}]
+    key = job_key(e["message"] for e in _events(cluster, job))
+    ledger = [
+        {"refit": 59, "digest": trainer_digest(doc["spec"], 59), "replicas": [0], "signedBy": key}
+    ]
     assert status["versions"] == ledger, status["versions"]
     assert _started(cluster, job, "policy") == policy, "a scale recreated the policy pods"
     assert (status["epoch"], status["restarts"], status["preemptions"]) == (0, 0, 0), status

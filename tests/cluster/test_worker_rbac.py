@@ -1,9 +1,10 @@
-"""RBAC for real: a worker pod's ServiceAccount token (requested by its node through the
-TokenRequest API, bound to the pod) reads and patches its own job's rendezvous ConfigMap
-and nothing else; the apiserver answers 403 to everything beyond.
+"""RBAC for real: a rollout pod's ServiceAccount token (requested by its node through the
+TokenRequest API, bound to the pod) reads its own job's rendezvous maps and patches only
+its own role's; the apiserver answers 403 to everything beyond — the operator's map (the
+barrier, the preemption notice), the policy role's entries, another job's maps.
 
 Real: the apiserver's authentication of bound service-account tokens and its RBAC
-authorizer, the per-job Role and RoleBinding the operator created, the worker that ran.
+authorizer, the per-role Role and RoleBinding the operator created, the worker that ran.
 """
 
 from __future__ import annotations
@@ -44,20 +45,31 @@ def test_worker_token_reaches_its_own_configmap_only(cluster: Cluster, install: 
         {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
     )
     info = review["status"]["userInfo"]
-    assert info["username"] == f"system:serviceaccount:{NS}:own-worker"
+    assert info["username"] == f"system:serviceaccount:{NS}:own-rollout-worker"
     assert info["extra"]["authentication.kubernetes.io/pod-uid"] == [pod["metadata"]["uid"]]
 
     maps = f"/api/v1/namespaces/{NS}/configmaps"
     assert as_pod.get(f"{maps}/own-rendezvous")["metadata"]["name"] == "own-rendezvous"
-    patched = as_pod.patch(f"{maps}/own-rendezvous", {"data": {"rbac-test": "1"}})
+    assert as_pod.get(f"{maps}/own-rendezvous-policy")["metadata"]["name"]  # peers' metadata
+    patched = as_pod.patch(f"{maps}/own-rendezvous-rollout", {"data": {"rbac-test": "1"}})
     assert patched["data"]["rbac-test"] == "1"
+    _expect_403(
+        lambda: as_pod.patch(f"{maps}/own-rendezvous", {"data": {"barrier": "{}"}}),
+        "patching the operator's map (the barrier)",
+    )
+    _expect_403(
+        lambda: as_pod.patch(f"{maps}/own-rendezvous-policy", {"data": {"meta.policy.0": "{}"}}),
+        "patching the policy role's entries",
+    )
     _expect_403(lambda: as_pod.get(f"{maps}/other-rendezvous"), "another job's ConfigMap")
     _expect_403(
         lambda: as_pod.patch(f"{maps}/other-rendezvous", {"data": {"x": "1"}}),
         "patching another job's ConfigMap",
     )
     _expect_403(lambda: as_pod.get(maps), "listing ConfigMaps")
-    _expect_403(lambda: as_pod.delete(f"{maps}/own-rendezvous"), "deleting its own ConfigMap")
+    _expect_403(
+        lambda: as_pod.delete(f"{maps}/own-rendezvous-rollout"), "deleting its own ConfigMap"
+    )
     _expect_403(lambda: as_pod.get(f"/api/v1/namespaces/{NS}/secrets"), "Secrets")
     _expect_403(lambda: as_pod.get(f"/api/v1/namespaces/{NS}/pods"), "pods")
     _expect_403(lambda: as_pod.get("/apis/refit.dev/v1alpha1/refitjobs"), "RefitJobs")

@@ -19,11 +19,12 @@ import yaml
 from tests.support.bad_manifests import BAD_SPECS, ISSUE_50_FILES, manifest_text
 from tests.support.fault_runs import sent_refits
 from tests.support.processes import processes_under
-from tests.support.versions import trainer_digest
+from tests.support.versions import job_key, trainer_digest
 
 from refit_operator.local.command import _available_memory as available_memory
 from refit_operator.models import parse_spec
 from refit_worker.contract.bounds import MAX_BUCKET_BYTES
+from refit_worker.contract.shards import shard_of_key, shards_needed
 from refit_worker.weights import synthetic_state_dict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -609,8 +610,7 @@ def test_a_killed_rollout_replica_is_seeded_by_its_peers_not_the_policy(tmp_path
     ), out
     assert re.search(r"its replacement committed its first refit .* \(seeded from rollout-", out)
     # What the replacement got from the policy: exactly the refits after the seeded one.
-    shard = work / "rendezvous" / "shard-0"
-    report = json.loads((shard / "progress.rollout.0").read_text())
+    report = json.loads(_entry_file(work, "progress.rollout.0", 1, 3).read_text())
     assert [r["refit"] for r in report["recent"]] == list(range(seeded + 1, refits)), report
     assert report["bytes_total"] == (refits - seeded - 1) * model_bytes, report
     policy_log = "".join(p.read_text() for p in (work / "logs").glob("e2e-run-policy-*.log"))
@@ -619,8 +619,21 @@ def test_a_killed_rollout_replica_is_seeded_by_its_peers_not_the_policy(tmp_path
     # digest is the trainer's state's, regenerated here: the bytes served, not a label.
     digest = trainer_digest(yaml.safe_load(path.read_text())["spec"], refits - 1)
     versions = json.loads(status.read_text())["status"]["versions"]
-    assert versions == [{"refit": refits - 1, "digest": digest, "replicas": [0, 1, 2]}], versions
-    assert f"serving: refit {refits - 1} {digest} served by rollout-0, rollout-1, rollout-2" in out
+    # Issue #50: each of them, the seeded one too, checked the job's key's seals of it.
+    key = job_key([out])
+    assert versions == [
+        {"refit": refits - 1, "digest": digest, "replicas": [0, 1, 2], "signedBy": key}
+    ], versions
+    assert (
+        f"serving: refit {refits - 1} {digest} signed {key} served by rollout-0, rollout-1, "
+        "rollout-2" in out
+    )
+
+
+def _entry_file(work: Path, key: str, policy: int, rollout: int) -> Path:
+    """Where ``refit run``'s file store keeps rendezvous entry ``key`` (its role's map)."""
+    shard = shard_of_key(key, policy, rollout, shards_needed(policy, rollout))
+    return work / "rendezvous" / f"shard-{shard}" / key
 
 
 def _logged_at(text: str, needle: str) -> str:
@@ -715,15 +728,17 @@ def test_deltas_in_a_row_end_bit_exact_and_a_replacement_gets_a_whole_version_fi
     for refit in commits[1:]:
         assert (refit - 1 in onto) != (refit in resent), (refit, onto, sorted(resent))
     # What crossed: the first refit whole, then deltas of ~1% of the elements.
-    shard = work / "rendezvous" / "shard-0"
-    report = json.loads((shard / "progress.rollout.1").read_text())
+    report = json.loads(_entry_file(work, "progress.rollout.1", 1, 2).read_text())
     spec = yaml.safe_load(path.read_text())["spec"]
     whole = _model_bytes(spec)
     assert whole < report["bytes_total"] < 2 * whole, (report["bytes_total"], whole)
     # The ledger names the trainer's state, regenerated here, on both replicas.
     digest = trainer_digest(spec, DELTA_REFITS - 1)
     versions = json.loads(status.read_text())["status"]["versions"]
-    assert versions == [{"refit": DELTA_REFITS - 1, "digest": digest, "replicas": [0, 1]}], versions
+    key = job_key([done.stdout])
+    assert versions == [
+        {"refit": DELTA_REFITS - 1, "digest": digest, "replicas": [0, 1], "signedBy": key}
+    ], versions
 
 
 def _model_bytes(spec: dict[str, Any]) -> int:

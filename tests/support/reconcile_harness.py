@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from tests.support.rendezvous_maps import spread
+
 from refit_operator.children import render_static
 from refit_operator.core.decision import Create, Decision, Delete, Emit, JobView
 from refit_operator.core.observe import observe
@@ -93,7 +95,7 @@ class Harness:
         renders them; none for a spec that does not parse)."""
         raw = self.spec if spec is None else spec
         others = _static(raw) if static else []
-        shards = rendezvous if rendezvous is not None else {"job-rendezvous": dict(data or {})}
+        shards = rendezvous if rendezvous is not None else spread("job", data or {})
         job = JobView(
             ref=REF,
             generation=self.generation if generation is None else generation,

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support.rendezvous_maps import spread
+
 from refit_operator.core.coordinate import coordinate, decode
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
@@ -260,7 +262,7 @@ def operator_outcome(row: Tamper, marker: Path) -> str:
     data = {**honest(), row.key: row.value(marker).decode("utf-8", errors="replace")}
     result = coordinate(
         "job",
-        decode({"job-rendezvous": data}),
+        decode(spread("job", data)),
         epoch=0,
         world=(1, 1),
         live={("policy", 0): LivePod("p0"), ("rollout", 0): LivePod("r0")},
@@ -282,8 +284,8 @@ def worker_outcome(row: Tamper, marker: Path, directory: Path) -> str:
     """What policy rank 0 makes of it, through a real file store, once the barrier is open."""
     store = FileStore(directory, Layout(1, 1, 1))
     for key, value in {**honest(), BARRIER_KEY: encode_entry(BARRIER_KEY, HONEST_BARRIER)}.items():
-        (directory / "shard-0" / key).write_text(value)
-    (directory / "shard-0" / row.key).write_bytes(row.value(marker))
+        (directory / _shard_dir(store, key) / key).write_text(value)
+    (directory / _shard_dir(store, row.key) / row.key).write_bytes(row.value(marker))
     try:
         barrier = store.wait_barrier(P0, timeout=0.2)
         peers = store.peers(P0, barrier)
@@ -299,3 +301,11 @@ def worker_outcome(row: Tamper, marker: Path, directory: Path) -> str:
     if {k: e.uid for k, e in peers.items()} != {("policy", 0): "p0", ("rollout", 0): "r0"}:
         return f"ACCEPTED peers {peers}"
     return "proceeds" if notice is None else f"ACCEPTED notice {notice}"
+
+
+def _shard_dir(store: FileStore, key: str) -> str:
+    """The folder ``key`` belongs in (a key outside the protocol: the operator's)."""
+    try:
+        return f"shard-{store.layout.shard_of(key)}"
+    except (EntryError, ValueError):
+        return "shard-0"

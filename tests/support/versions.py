@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from refit_operator.models import parse_spec
@@ -22,3 +23,13 @@ def trainer_digest(spec: Mapping[str, Any], refit: int) -> str:
 def served_ranks(status: Mapping[str, Any]) -> list[int]:
     """Every rollout rank the status's ledger lists, in order."""
     return sorted(rank for row in status.get("versions") or [] for rank in row["replicas"])
+
+
+_KEY_EVENT = re.compile(r"job key (ed25519:[0-9a-f]{16}) in Secret ")
+
+
+def job_key(messages: Iterable[str]) -> str:
+    """The job's key as the operator's ``SigningKeyCreated`` event names it (one per job)."""
+    found = {m.group(1) for text in messages for m in _KEY_EVENT.finditer(text)}
+    assert len(found) == 1, f"one SigningKeyCreated key expected, found {sorted(found)}"
+    return found.pop()

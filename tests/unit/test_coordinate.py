@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+from tests.support.rendezvous_maps import spread
+
 from refit_operator.core.coordinate import (
     Coordination,
     PatchData,
@@ -78,7 +80,9 @@ def _round(
     world: tuple[int, int] = (1, 2),
     **options: bool,
 ) -> Coordination:
-    return coordinate("job", decode({MAP: data}), epoch=0, world=world, live=live, **options)
+    return coordinate(
+        "job", decode(spread("job", data)), epoch=0, world=world, live=live, **options
+    )
 
 
 def test_whole_gang_first_opening_waits_for_every_rollout_slot() -> None:
@@ -133,7 +137,7 @@ def test_a_barrier_of_an_earlier_epoch_is_no_previous() -> None:
     old = BarrierEntry(epoch=0, version=5, policy_uids=("p",), rollout=(RolloutMember(uid="r"),))
     data[BARRIER_KEY] = encode_entry(BARRIER_KEY, old)
     result = coordinate(
-        "job", decode({MAP: data}), epoch=1, world=(1, 2), live=_live(), whole_gang=True
+        "job", decode(spread("job", data)), epoch=1, world=(1, 2), live=_live(), whole_gang=True
     )
     new = _written(result.patches)
     assert result.problem is None and new is not None and (new.epoch, new.version) == (1, 1)
@@ -157,7 +161,7 @@ def test_progress_of_an_epoch_leaves_out_later_reports_under_the_same_key() -> N
         entry = ProgressEntry(epoch=epoch, uid="r", role="rollout", rank=0, bytes_total=nbytes)
         return key, encode_entry(key, entry)
 
-    decoded = decode({MAP: dict([report(1, 500)])})
+    decoded = decode(spread("job", dict([report(1, 500)])))
     old = progress_of(decoded, epoch=0, world=(1, 1))
     assert old is not None and old.bytes_total == 0
     now = progress_of(decoded, epoch=1, world=(1, 1))

@@ -17,7 +17,7 @@ def test_rolebinding_after_its_role_and_pods_last() -> None:
     objs = [*render_gang(job, spec, 0, RenderOptions()), *render_static(job, spec)]
     waves = [[o["kind"] for o in wave] for wave in creation_waves(objs)]
     assert [set(w) for w in waves] == [
-        {"ServiceAccount", "Role", "Service", "ConfigMap"},
+        {"Secret", "ServiceAccount", "Role", "Service", "ConfigMap"},
         {"RoleBinding"},
         {"Pod"},
     ]

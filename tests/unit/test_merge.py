@@ -68,8 +68,8 @@ def test_everything_the_template_sets_reaches_the_pod_beside_the_operators_parts
         assert spec[key] == GPU_TEMPLATE["spec"][key]
     assert spec["nodeSelector"] == {"gpu": "h100"} and spec["tolerations"][0]["key"] == "gpu"
     assert spec["restartPolicy"] == "Never" and spec["hostname"] == "job-policy-0-e2"
-    assert spec["serviceAccountName"] == "job-worker"  # the per-job account, with the secrets
-    assert [v["name"] for v in spec["volumes"]] == ["shm", "refit-signal"]
+    assert spec["serviceAccountName"] == "job-policy-worker"  # the role's, with the secrets
+    assert [v["name"] for v in spec["volumes"]] == ["shm", "tmp", "refit-signal"]
     worker = spec["containers"][0]
     assert worker["command"] == ["refit-worker"] and worker["image"] == "img:1"
     names = [e["name"] for e in worker["env"]]
@@ -77,7 +77,11 @@ def test_everything_the_template_sets_reaches_the_pod_beside_the_operators_parts
     assert worker["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
     assert worker["securityContext"]["allowPrivilegeEscalation"] is False
     assert [p["name"] for p in worker["ports"]] == ["dist", "metrics"]
-    assert [m["mountPath"] for m in worker["volumeMounts"]] == ["/dev/shm", "/var/run/refit"]
+    assert [m["mountPath"] for m in worker["volumeMounts"]] == [
+        "/dev/shm",
+        "/tmp",
+        "/var/run/refit",
+    ]
     assert "preStop" in worker["lifecycle"]
 
 
@@ -87,7 +91,7 @@ def test_the_template_is_not_changed_and_each_rank_gets_its_own_copy() -> None:
     first = render_pod(JOB, spec, "policy", 0, epoch=0, options=OPTIONS)
     first["spec"]["volumes"].append({"name": "x"})
     again = render_pod(JOB, spec, "policy", 0, epoch=0, options=OPTIONS)
-    assert [v["name"] for v in again["spec"]["volumes"]] == ["shm", "refit-signal"]
+    assert [v["name"] for v in again["spec"]["volumes"]] == ["shm", "tmp", "refit-signal"]
     assert spec.policy.template == GPU_TEMPLATE
 
 
@@ -238,9 +242,14 @@ def test_a_named_service_account_is_kept_and_bound() -> None:
     spec = _spec(_with(serviceAccountName="trainer"))
     pod = render_pod(JOB, spec, "policy", 0, epoch=0, options=OPTIONS)
     assert pod["spec"]["serviceAccountName"] == "trainer"
-    kinds = {o["kind"]: o for o in render_rbac(JOB, spec)}
-    # The rollout role still runs as the per-job account: both are bound to the Role.
-    assert sorted(s["name"] for s in kinds["RoleBinding"]["subjects"]) == ["job-worker", "trainer"]
+    bindings = {
+        o["metadata"]["labels"]["refit.dev/role"]: o["subjects"]
+        for o in render_rbac(JOB, spec)
+        if o["kind"] == "RoleBinding"
+    }
+    # The policy role's Role binds the named account; the rollout role keeps its own.
+    assert [s["name"] for s in bindings["policy"]] == ["trainer"]
+    assert [s["name"] for s in bindings["rollout"]] == ["job-rollout-worker"]
     only_named = parse_spec(
         {
             "image": "i",
@@ -248,6 +257,7 @@ def test_a_named_service_account_is_kept_and_bound() -> None:
             "rollout": {"template": _with(serviceAccountName="trainer")},
         }
     )
-    kinds = {o["kind"]: o for o in render_rbac(JOB, only_named)}
-    assert "ServiceAccount" not in kinds  # nobody uses the per-job one: not created
-    assert [s["name"] for s in kinds["RoleBinding"]["subjects"]] == ["trainer"]
+    objs = render_rbac(JOB, only_named)
+    assert "ServiceAccount" not in {o["kind"] for o in objs}  # nobody uses a role's own one
+    subjects = [o["subjects"] for o in objs if o["kind"] == "RoleBinding"]
+    assert subjects == [[{"kind": "ServiceAccount", "name": "trainer", "namespace": "ns"}]] * 2

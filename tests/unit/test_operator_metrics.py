@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import create_model
+from tests.support.rendezvous_maps import spread
 
 from refit_operator.core.coordinate import decode
 from refit_operator.metrics import OperatorMetrics
@@ -99,19 +100,19 @@ def test_each_itemised_refit_is_observed_once() -> None:
     status = _job(phase=Phase.RUNNING)
     shard = {**_progress("rollout", 0, 0, [(0, 0.2), (1, 0.3)]), **_progress("policy", 0, 0, [])}
     for _ in range(3):  # the same reports, read on three rounds
-        metrics.job_round("ns", "j", status, decode({"j-rendezvous": shard}))
+        metrics.job_round("ns", "j", status, decode(spread("j", shard)))
     shard = _progress("rollout", 0, 0, [(0, 0.2), (1, 0.3), (2, 7.0)])
-    metrics.job_round("ns", "j", status, decode({"j-rendezvous": shard}))
+    metrics.job_round("ns", "j", status, decode(spread("j", shard)))
     # A recreated gang (epoch 1) resumes at refit 3: its reports are new ones.
     shard = _progress("rollout", 0, 1, [(3, 0.4)])
-    metrics.job_round("ns", "j", status, decode({"j-rendezvous": shard}))
+    metrics.job_round("ns", "j", status, decode(spread("j", shard)))
     got = _samples(metrics)
     rollout = (("role", "rollout"),)
     assert got[("refit_refit_duration_seconds_count", rollout)] == 4
     assert round(got[("refit_refit_duration_seconds_sum", rollout)], 6) == 7.9
     assert got[("refit_refit_duration_seconds_bucket", (("le", "0.25"), ("role", "rollout")))] == 1
     # A bad entry is skipped (the status reports it), not fatal to the metrics.
-    broken = decode({"j-rendezvous": {"progress.rollout.0": "{broken"}})
+    broken = decode(spread("j", {"progress.rollout.0": "{broken"}))
     metrics.job_round("ns", "j", status, broken)
     assert _samples(metrics)[("refit_refit_duration_seconds_count", rollout)] == 4
 

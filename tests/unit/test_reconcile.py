@@ -18,6 +18,7 @@ from tests.support.reconcile_harness import (
 from tests.support.reconcile_harness import creates as _creates
 from tests.support.reconcile_harness import deletes as _deletes
 from tests.support.reconcile_harness import events as _events
+from tests.support.rendezvous_maps import spread
 
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Create, Delete, Emit, JobView
@@ -60,7 +61,10 @@ def _status(**kw: Any) -> RefitJobStatus:
 def test_new_job_creates_every_child_and_stays_pending() -> None:
     d = _run(_status(), [], static=False)
     assert _creates(d) == sorted(
-        [*POD_NAMES, "job-policy", "job-rollout", "job-rendezvous"] + ["job-worker"] * 3
+        [*POD_NAMES, "job-policy", "job-rollout", "job-signing"]
+        + ["job-rendezvous", "job-rendezvous-policy", "job-rendezvous-rollout"]
+        + ["job-policy-worker"] * 3
+        + ["job-rollout-worker"] * 3
     )
     assert d.status.phase is Phase.PENDING
     assert d.status.created_epoch == 0 and d.status.start_time == NOW
@@ -330,11 +334,9 @@ def _published(epoch: int, skip: str = "", uid_of: dict[str, str] | None = None)
 def test_barrier_opens_once_every_rank_of_the_epoch_published() -> None:
     pods = _pods(0, **dict.fromkeys(POD_NAMES, RUNNING))
     running = _status(phase=Phase.RUNNING, created_epoch=0, observed_generation=1)
-    partial = _run(
-        running, pods, rendezvous={"job-rendezvous": _published(0, skip="job-rollout-0-g0")}
-    )
+    partial = _run(running, pods, rendezvous=spread("job", _published(0, skip="job-rollout-0-g0")))
     assert not [a for a in partial.actions if isinstance(a, PatchData)]
-    full = _run(running, pods, rendezvous={"job-rendezvous": _published(0)})
+    full = _run(running, pods, rendezvous=spread("job", _published(0)))
     (patch,) = [a for a in full.actions if isinstance(a, PatchData)]
     barrier = decode_entry(BARRIER_KEY, str(patch.data[BARRIER_KEY]))
     assert isinstance(barrier, BarrierEntry) and barrier.epoch == 0
@@ -342,16 +344,14 @@ def test_barrier_opens_once_every_rank_of_the_epoch_published() -> None:
     assert barrier.version == 1
     assert barrier.policy_uids == ("uid-job-policy-0-e0-0", "uid-job-policy-1-e0-0")
     # Entries of another epoch do not count.
-    old = _run(running, pods, rendezvous={"job-rendezvous": _published(7)})
+    old = _run(running, pods, rendezvous=spread("job", _published(7)))
     assert not [a for a in old.actions if isinstance(a, PatchData)]
 
 
 def test_an_entry_from_another_pod_is_flagged_not_trusted() -> None:
     pods = _pods(0, **dict.fromkeys(POD_NAMES, RUNNING))
     data = _published(0, uid_of={"job-policy-1-e0": "someone-else"})
-    d = _run(
-        _status(phase=Phase.RUNNING, created_epoch=0), pods, rendezvous={"job-rendezvous": data}
-    )
+    d = _run(_status(phase=Phase.RUNNING, created_epoch=0), pods, rendezvous=spread("job", data))
     assert not [a for a in d.actions if isinstance(a, PatchData)]
     flag = next(c for c in d.status.conditions if c.type == "RendezvousReadable")
     assert flag.status == "False" and "someone-else" in flag.message
@@ -381,7 +381,7 @@ def test_progress_of_the_rollout_ranks_shows_in_status() -> None:
         bytes_counted=earlier,
         bytes_transferred=500,
     )
-    d = _run(st, pods, rendezvous={"job-rendezvous": data})
+    d = _run(st, pods, rendezvous=spread("job", data))
     assert d.status.refits_completed == 2
     assert d.status.bytes_transferred == 3500
     assert d.status.bytes_counted == [*earlier, PodBytes(uid=entry.uid, bytes=3000)]

@@ -178,8 +178,13 @@ def test_the_new_policy_epoch_keeps_the_serving_rollout_entries() -> None:
     )
     data[BARRIER_KEY] = "{}"
     d = JOB.run(restarting, rollout, data)
-    (patch,) = of(d, PatchData)
-    assert sorted(patch.data) == [BARRIER_KEY, "meta.policy.0", "meta.rollout.1"]
+    # Each map cleared of what goes: the operator's, the policy role's, the rollout role's.
+    dropped = {p.name: sorted(p.data) for p in of(d, PatchData)}
+    assert dropped == {
+        "job-rendezvous": [BARRIER_KEY],
+        "job-rendezvous-policy": ["meta.policy.0"],
+        "job-rendezvous-rollout": ["meta.rollout.1"],
+    }
     assert creates(d) == []  # the policy gang comes once the map is clean
     kept = {k: v for k, v in data.items() if k == "meta.rollout.0"}
     clean = JOB.run(restarting, rollout, kept)

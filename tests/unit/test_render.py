@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
+from refit_operator import signing_key
 from refit_operator.children import render_rbac, render_rendezvous, render_service, render_static
 from refit_operator.models import parse_spec
 from refit_operator.render import JobRef, RenderOptions, render_gang, render_pod, spec_hash
+from refit_worker.checkpoint_engines.signing import RefitSigner
 from refit_worker.contract.config import WorkerConfig
 
 JOB = JobRef(name="job", namespace="ns", uid="u-1")
@@ -65,7 +68,7 @@ GOLDEN_POD: dict[str, Any] = {
         "hostname": "job-rollout-0-g2",
         "subdomain": "job-rollout",
         "terminationGracePeriodSeconds": 40,
-        "serviceAccountName": "job-worker",
+        "serviceAccountName": "job-rollout-worker",
         "os": {"name": "linux"},
         # Held until every pod of the epoch exists (gang.admission: SchedulingGates).
         "schedulingGates": [{"name": "refit.dev/gang"}],
@@ -100,7 +103,7 @@ GOLDEN_POD: dict[str, Any] = {
                     _value("REFIT_RANK", "0"),
                     _value(
                         "REFIT_RENDEZVOUS",
-                        '{"location":"job-rendezvous","shards":1,"store":"configmap"}',
+                        '{"location":"job-rendezvous","shards":3,"store":"configmap"}',
                     ),
                     _value("REFIT_ROLE", "rollout"),
                     _value("REFIT_ROLLOUT_WORLD_SIZE", "1"),
@@ -117,6 +120,13 @@ GOLDEN_POD: dict[str, Any] = {
                         '{"dtype":"bfloat16","experts":0,"hidden":8,"kind":"synthetic",'
                         '"layers":1,"seed":0,"vocab":16}',
                     ),
+                    # The public half of the job's key only: the kubelet reads it.
+                    {
+                        "name": "REFIT_VERIFY_KEY",
+                        "valueFrom": {
+                            "secretKeyRef": {"name": "job-signing", "key": "ed25519.pub"}
+                        },
+                    },
                     _value("X", "1"),
                 ],
                 "ports": [{"name": "dist", "containerPort": 29500, "protocol": "TCP"}],
@@ -125,11 +135,15 @@ GOLDEN_POD: dict[str, Any] = {
                 "securityContext": {
                     "allowPrivilegeEscalation": False,
                     "capabilities": {"drop": ["ALL"]},
+                    "readOnlyRootFilesystem": True,
                     "runAsNonRoot": True,
                 },
                 "lifecycle": {"stopSignal": "SIGUSR1"},
+                # The root filesystem is read-only: scratch files go here.
+                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
             }
         ],
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
     },
 }
 
@@ -162,6 +176,31 @@ def test_pod_env_is_read_back_by_the_worker() -> None:
     assert config.master_addr == "job-policy-0-e0.job-policy.ns.svc"
 
 
+def test_only_policy_pods_get_the_private_half_of_the_jobs_key() -> None:
+    secret = signing_key.with_fresh_key(signing_key.render_secret("job", "ns"))
+    assert secret["immutable"] is True and set(secret["data"]) == {"ed25519.key", "ed25519.pub"}
+    assert signing_key.with_fresh_key(signing_key.render_secret("job", "ns")) != secret
+    configs = {}
+    for role in ("policy", "rollout"):
+        pod = render_pod(JOB, _spec(), role, 0, epoch=0, options=RenderOptions())
+        env = pod["spec"]["containers"][0]["env"]
+        refs = [e for e in env if "secretKeyRef" in e.get("valueFrom", {})]
+        assert [r["valueFrom"]["secretKeyRef"]["name"] for r in refs] == ["job-signing"]
+        environ = {e["name"]: e.get("value", "") for e in env if "value" in e}
+        for ref in refs:  # as the kubelet resolves it
+            key = ref["valueFrom"]["secretKeyRef"]["key"]
+            environ[ref["name"]] = base64.b64decode(secret["data"][key]).decode()
+        environ |= {"REFIT_POD_NAME": "p", "REFIT_POD_UID": "u", "REFIT_NAMESPACE": "ns"}
+        configs[role] = WorkerConfig.from_env(environ)
+    policy, rollout = configs["policy"], configs["rollout"]
+    assert policy.signing_key and not policy.verify_key
+    assert rollout.verify_key and not rollout.signing_key
+    assert RefitSigner(base64.b64decode(policy.signing_key)).public == base64.b64decode(
+        rollout.verify_key
+    )
+    assert policy.signing_key not in repr(policy)
+
+
 def test_prestop_injection_mounts_the_pid_dir() -> None:
     spec = _spec(preemption={"signal": "usr2", "injection": "preStop", "gracePeriodSeconds": 40})
     pod = render_pod(JOB, spec, "policy", 0, epoch=0, options=RenderOptions())
@@ -170,8 +209,14 @@ def test_prestop_injection_mounts_the_pid_dir() -> None:
         "preStop": {"exec": {"command": ["refit-signal", "--timeout", "30"]}}
     }
     assert "os" not in pod["spec"]
-    assert pod["spec"]["volumes"] == [{"name": "refit-signal", "emptyDir": {}}]
-    assert container["volumeMounts"] == [{"name": "refit-signal", "mountPath": "/var/run/refit"}]
+    assert pod["spec"]["volumes"] == [
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "refit-signal", "emptyDir": {}},
+    ]
+    assert container["volumeMounts"] == [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "refit-signal", "mountPath": "/var/run/refit"},
+    ]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["REFIT_SIGNAL_PID_DIR"] == "/var/run/refit"
     assert env["REFIT_PREEMPTION_SIGNAL"] == "SIGUSR2"  # canonical, whatever the spelling
@@ -240,33 +285,50 @@ def test_service_golden() -> None:
 
 def test_rendezvous_shards_by_rank_count() -> None:
     small = render_rendezvous(JOB, _spec())
-    assert [m["metadata"]["name"] for m in small] == ["job-rendezvous"]
+    # The operator's map, then each role's: no map holds both roles' entries.
+    names = ["job-rendezvous", "job-rendezvous-policy", "job-rendezvous-rollout"]
+    assert [m["metadata"]["name"] for m in small] == names
     assert small[0]["data"] == {} and small[0]["metadata"]["ownerReferences"] == OWNER
-    big = render_rendezvous(JOB, _spec(policy={"replicas": 100}, rollout={"replicas": 100}))
-    assert [m["metadata"]["name"] for m in big] == ["job-rendezvous", "job-rendezvous-1"]
+    big = render_rendezvous(JOB, _spec(policy={"replicas": 100}, rollout={"replicas": 101}))
+    assert [m["metadata"]["name"] for m in big] == [*names, "job-rendezvous-rollout-1"]
 
 
 def test_rbac_limits_the_worker_to_its_rendezvous() -> None:
-    # 151 ranks: two shards of at most RANKS_PER_SHARD (100) each.
-    account, role, binding = render_rbac(JOB, _spec(policy={"replicas": 150}))
-    assert account["kind"] == "ServiceAccount" and account["metadata"]["name"] == "job-worker"
-    assert role["rules"] == [
+    # 150 policy ranks: two policy maps of at most RANKS_PER_SHARD (100) each.
+    objs = render_rbac(JOB, _spec(policy={"replicas": 150}))
+    assert [(o["kind"], o["metadata"]["name"]) for o in objs] == [
+        (kind, f"job-{role}-worker")
+        for role in ("policy", "rollout")
+        for kind in ("ServiceAccount", "Role", "RoleBinding")
+    ]
+    every = ["job-rendezvous", "job-rendezvous-policy", "job-rendezvous-policy-1"]
+    every.append("job-rendezvous-rollout")
+    policy_role, rollout_role = objs[1], objs[4]
+    assert policy_role["rules"] == [
         {
             "apiGroups": [""],
             "resources": ["configmaps"],
-            "resourceNames": ["job-rendezvous", "job-rendezvous-1"],
-            "verbs": ["get", "watch", "patch"],
-        }
+            "resourceNames": every,
+            "verbs": ["get", "watch"],
+        },
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["job-rendezvous-policy", "job-rendezvous-policy-1"],
+            "verbs": ["patch"],
+        },
     ]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "job-worker", "namespace": "ns"}
+    assert rollout_role["rules"][1]["resourceNames"] == ["job-rendezvous-rollout"]
+    assert objs[5]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "job-rollout-worker", "namespace": "ns"}
     ]
     assert render_rbac(JOB, _spec(createServiceAccount=False)) == []
 
 
 def test_every_child_is_owned_and_labelled() -> None:
     children = render_static(JOB, _spec()) + render_gang(JOB, _spec(), 0, RenderOptions())
-    assert len(children) == 3 + 2 + 1 + 3
+    # Per role its RBAC (3), the Services (2), the maps (3), the pods (3); a Secret aside.
+    assert len([c for c in children if c["kind"] != "Secret"]) == 6 + 2 + 3 + 3
     for child in children:
         assert child["metadata"]["ownerReferences"] == OWNER
         assert child["metadata"]["labels"]["refit.dev/job"] == "job"

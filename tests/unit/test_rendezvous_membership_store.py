@@ -27,6 +27,7 @@ from refit_worker.contract.rendezvous import (
     MetadataEntry,
     PreemptNotice,
     RolloutMember,
+    encode_entry,
     make_preempt_notice,
     membership,
     meta_key,
@@ -217,21 +218,42 @@ def test_progress_all_gives_every_rank_whatever_its_epoch(tmp_path: Path) -> Non
 def test_a_scale_up_past_a_shard_is_followed_by_the_ranks_already_running(
     tmp_path: Path,
 ) -> None:
-    # 99 policy ranks + 1 rollout rank fill one shard; a second rollout rank (index 100)
-    # lands in shard 1, which the running ranks' layout did not have.
-    policy = RANKS_PER_SHARD - 1
-    old = FileStore(tmp_path, Layout(policy, 1, 1))
-    for rank in range(policy):
-        old.publish_metadata(Member("policy", rank, 0, f"p{rank}"), "{}")
-    old.publish_metadata(R0, "{}")
-    grown = FileStore(tmp_path, Layout(policy, 2, 2))
-    grown.publish_metadata(R1, "{}")
-    assert (tmp_path / "shard-1" / meta_key("rollout", 1)).is_file()
-    live = {("policy", r): LivePod(f"p{r}") for r in range(policy)}
-    live.update({("rollout", 0): LivePod("r0"), ("rollout", 1): LivePod("r1", 2)})
-    barrier = membership(grown.snapshot(0), policy, 2, live, None)  # type: ignore[arg-type]
-    assert barrier is not None and barrier.members() == (0, 1)
+    # 100 rollout ranks fill the rollout role's first map; rollout rank 100 lands in its
+    # second, which the running ranks' layout did not have.
+    rollout = RANKS_PER_SHARD
+    old = FileStore(tmp_path, Layout(1, rollout, 1))
+    old.publish_metadata(Member("policy", 0, 0, "p0"), "{}")
+    for rank in range(rollout):
+        old.publish_metadata(Member("rollout", rank, 0, f"r{rank}"), "{}")
+    grown = FileStore(tmp_path, Layout(1, rollout + 1, 1))
+    late = Member("rollout", rollout, 0, "late")
+    grown.publish_metadata(late, "{}")
+    assert old.layout.shards == 3 and grown.layout.shards == 4
+    assert (tmp_path / "shard-3" / meta_key("rollout", rollout)).is_file()
+    live = {("rollout", r): LivePod(f"r{r}") for r in range(rollout)}
+    live.update({("policy", 0): LivePod("p0"), ("rollout", rollout): LivePod("late")})
+    barrier = membership(grown.snapshot(0), 1, rollout + 1, live, None)  # type: ignore[arg-type]
+    assert barrier is not None and barrier.members() == tuple(range(rollout + 1))
     old.put_entry(BARRIER_KEY, barrier)
     peers = old.peers(Member("policy", 0, 0, "p0"), barrier)
-    assert peers[("rollout", 1)].uid == "r1" and len(peers) == policy + 2
-    assert old.layout == Layout(policy, 2, 2)
+    assert peers[("rollout", rollout)].uid == "late" and len(peers) == rollout + 2
+    assert old.layout == Layout(1, rollout + 1, 4)
+
+
+def test_a_key_written_into_a_map_it_does_not_belong_in_is_not_read(tmp_path: Path) -> None:
+    # A rollout pod may patch only its role's maps: what it puts there under the
+    # operator's keys or a policy rank's is not read by any worker.
+    store = FileStore(tmp_path, Layout(1, 1, 1))
+    honest = Member("policy", 0, 0, "p0")
+    store.publish_metadata(honest, '{"honest": 1}')
+    store.publish_metadata(Member("rollout", 0, 0, "r0"), "{}")
+    rollout_map = tmp_path / f"shard-{store.layout.role_shards('rollout')[0]}"
+    forged = MetadataEntry(epoch=0, uid="p0", role="policy", rank=0, agent='{"forged": 1}')
+    (rollout_map / "meta.policy.0").write_text(encode_entry("meta.policy.0", forged))
+    live = {("policy", 0): LivePod("p0"), ("rollout", 0): LivePod("r0")}
+    barrier = membership(store.snapshot(0), 1, 1, live, None)
+    assert barrier is not None
+    (rollout_map / BARRIER_KEY).write_text(encode_entry(BARRIER_KEY, barrier))
+    assert store.barrier() is None  # the barrier is read from the operator's map only
+    store.put_entry(BARRIER_KEY, barrier)
+    assert store.peers(honest, barrier)[("policy", 0)].agent == '{"honest": 1}'

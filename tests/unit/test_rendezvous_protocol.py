@@ -9,8 +9,6 @@ import json
 import math
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from refit_worker.contract.membership import slot_member
 from refit_worker.contract.rendezvous import (
@@ -34,7 +32,6 @@ from refit_worker.contract.rendezvous import (
     RefitReport,
     RolloutMember,
     aggregate_progress,
-    configmap_name,
     decode_entry,
     encode_entry,
     is_valid_data_key,
@@ -46,9 +43,6 @@ from refit_worker.contract.rendezvous import (
     parse_key,
     progress_key,
     read_snapshot,
-    shard_of,
-    shard_of_key,
-    shards_needed,
 )
 
 AGENT = json.dumps({"name": "policy-0", "metadata": "QUJD" * 150, "buffers": [[1, 2, 0]]})
@@ -248,97 +242,7 @@ def test_metadata_payload_must_be_json() -> None:
         meta(agent="definitely not json")
 
 
-# -- shards --------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("total", "shards"),
-    [
-        (1, 1),
-        (2, 1),
-        (RANKS_PER_SHARD, 1),
-        (RANKS_PER_SHARD + 1, 2),
-        (2 * RANKS_PER_SHARD, 2),
-        (2 * RANKS_PER_SHARD + 1, 3),
-        (MAX_RANKS, math.ceil(MAX_RANKS / RANKS_PER_SHARD)),
-    ],
-)
-def test_shards_needed(total: int, shards: int) -> None:
-    assert shards_needed(total) == shards
-
-
-@pytest.mark.parametrize("total", [0, -1, MAX_RANKS + 1])
-def test_shards_needed_rejects_out_of_range(total: int) -> None:
-    with pytest.raises(ValueError, match=f"total ranks {total} is outside"):
-        shards_needed(total)
-
-
-@pytest.mark.parametrize(
-    ("role", "rank", "policy", "rollout", "shards", "shard"),
-    [
-        ("policy", 0, 2, 2, 1, 0),
-        ("rollout", 1, 2, 2, 1, 0),
-        ("policy", 99, 100, 100, 2, 0),
-        ("rollout", 0, 100, 100, 2, 1),  # index 100: the second block of 100
-        ("rollout", 99, 100, 100, 2, 1),
-        ("rollout", 0, 50, 60, 2, 0),  # by index, not in equal halves: 50 + 0 < 100
-        ("rollout", 49, 50, 60, 2, 0),
-        ("rollout", 50, 50, 60, 2, 1),
-        ("policy", 99, 512, 512, 11, 0),
-        ("policy", 100, 512, 512, 11, 1),
-        ("rollout", 511, 512, 512, 11, 10),
-        ("rollout", 0, 1, 1, 2, 0),  # more shards than needed is allowed (and unused)
-    ],
-)
-def test_shard_of(role: str, rank: int, policy: int, rollout: int, shards: int, shard: int) -> None:
-    assert shard_of(role, rank, policy, rollout, shards) == shard  # type: ignore[arg-type]
-    assert shard_of_key(meta_key(role, rank), policy, rollout, shards) == shard  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(
-    ("role", "rank", "policy", "rollout", "shards", "error"),
-    [
-        ("policy", 2, 2, 2, 1, "policy rank 2 is outside world size 2"),
-        ("rollout", -1, 2, 2, 1, "rollout rank -1 is outside"),
-        ("policy", 0, 0, 2, 1, "world sizes must be >= 1"),
-        ("policy", 0, 200, 200, 3, "shards=3 is too few for 400 ranks"),
-        ("rollout", 0, 100, 1, 1, "shards=1 is too few for 101 ranks"),
-        ("critic", 0, 2, 2, 1, "role 'critic'"),
-    ],
-)
-def test_shard_of_rejects_bad_input(
-    role: str, rank: int, policy: int, rollout: int, shards: int, error: str
-) -> None:
-    with pytest.raises(ValueError, match=error):
-        shard_of(role, rank, policy, rollout, shards)  # type: ignore[arg-type]
-
-
-@given(policy=st.integers(1, 1500), rollout=st.integers(1, 1500), extra=st.integers(0, 3))
-def test_shards_are_contiguous_and_within_capacity(policy: int, rollout: int, extra: int) -> None:
-    shards = shards_needed(policy + rollout) + extra
-    assigned = [shard_of("policy", r, policy, rollout, shards) for r in range(policy)]
-    assigned += [shard_of("rollout", r, policy, rollout, shards) for r in range(rollout)]
-    assert assigned == sorted(assigned)
-    assert all(0 <= s < shards for s in assigned)
-    assert max(assigned.count(s) for s in set(assigned)) <= RANKS_PER_SHARD
-
-
-@given(policy=st.integers(1, 600), rollout=st.integers(1, 600), more=st.integers(1, 600))
-def test_scaling_the_rollout_role_moves_no_existing_key(
-    policy: int, rollout: int, more: int
-) -> None:
-    before = shards_needed(policy + rollout)
-    after = shards_needed(policy + rollout + more)
-    for role, world in (("policy", policy), ("rollout", rollout)):
-        for rank in range(world):
-            was = shard_of(role, rank, policy, rollout, before)  # type: ignore[arg-type]
-            now = shard_of(role, rank, policy, rollout + more, after)  # type: ignore[arg-type]
-            assert was == now
-
-
-def test_barrier_and_notice_live_in_shard_zero() -> None:
-    assert shard_of_key(BARRIER_KEY, 600, 600, 10) == 0
-    assert shard_of_key(PREEMPT_KEY, 600, 600, 10) == 0
+# -- shards (placement: test_rendezvous_shards.py) ---------------------------------------
 
 
 def test_full_shard_zero_fits_in_a_configmap() -> None:
@@ -373,31 +277,6 @@ def test_full_shard_zero_fits_in_a_configmap() -> None:
     assert len(encode_entry(BARRIER_KEY, barrier)) <= max_value_bytes("barrier")
     with pytest.raises(ValueError, match=f"over {MAX_RANKS}"):
         BarrierEntry(epoch=0, policy_uids=uids[:1], rollout=(full,) * MAX_RANKS)
-
-
-@pytest.mark.parametrize(
-    ("base", "shard", "name"),
-    [
-        ("job-rendezvous", 0, "job-rendezvous"),
-        ("job-rendezvous", 1, "job-rendezvous-1"),
-        ("job-rendezvous", 12, "job-rendezvous-12"),
-    ],
-)
-def test_configmap_name(base: str, shard: int, name: str) -> None:
-    assert configmap_name(base, shard) == name
-
-
-@pytest.mark.parametrize(
-    ("base", "shard", "error"),
-    [
-        ("", 0, "base name is empty"),
-        ("job", -1, "shard -1 is negative"),
-        ("x" * 253, 1, "longer than 253"),
-    ],
-)
-def test_configmap_name_rejects_bad_input(base: str, shard: int, error: str) -> None:
-    with pytest.raises(ValueError, match=error):
-        configmap_name(base, shard)
 
 
 def test_merge_patch_sets_only_own_key() -> None:

@@ -20,7 +20,12 @@ import pytest
 
 from refit_operator.children import render_rbac
 from refit_operator.models import parse_spec
-from refit_operator.names import rendezvous_name, rendezvous_shards, worker_account_name
+from refit_operator.names import (
+    rendezvous_maps,
+    rendezvous_name,
+    role_rendezvous_maps,
+    worker_account_name,
+)
 from refit_operator.render import JobRef, RenderOptions, render_gang
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,7 +110,9 @@ def test_every_rendered_pod_is_restricted(
     assert len(pods) == 4
     for pod in pods:
         assert pod_security_problems(pod) == [], pod["metadata"]["name"]
-        assert pod["spec"]["serviceAccountName"] == worker_account_name(JOB.name)
+        role = pod["metadata"]["labels"]["refit.dev/role"]
+        assert pod["spec"]["serviceAccountName"] == worker_account_name(JOB.name, role)
+        assert pod["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
 
 
 @pytest.mark.parametrize(
@@ -166,31 +173,53 @@ def test_the_checker_refuses_an_unsafe_pod(change: Any, problem: str) -> None:
     assert any(problem in p for p in pod_security_problems(unsafe)), pod_security_problems(unsafe)
 
 
+def _by_role(objs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["labels"]["refit.dev/role"]: o for o in objs if o["kind"] == kind}
+
+
 @pytest.mark.parametrize("policy_replicas", [1, 200])
-def test_the_role_grants_only_this_jobs_configmaps(policy_replicas: int) -> None:
+def test_each_role_reads_the_jobs_maps_and_patches_only_its_own(policy_replicas: int) -> None:
     spec = _spec("auto", WEIGHTS[0], policy_replicas)
-    account, role, binding = render_rbac(JOB, spec)
-    shards = rendezvous_shards(policy_replicas, 2)
-    (rule,) = role["rules"]
-    assert rule == {
-        "apiGroups": [""],
-        "resources": ["configmaps"],
-        "resourceNames": [rendezvous_name(JOB.name, i) for i in range(shards)],
-        "verbs": ["get", "watch", "patch"],
-    }
-    assert "*" not in str(role["rules"])
-    assert role["kind"] == "Role"  # namespaced, never a ClusterRole
-    assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "Role",
-        "name": role["metadata"]["name"],
-    }
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "ns"}
-    ]
+    objs = render_rbac(JOB, spec)
+    accounts, roles = _by_role(objs, "ServiceAccount"), _by_role(objs, "Role")
+    bindings = _by_role(objs, "RoleBinding")
+    every = rendezvous_maps(JOB.name, policy_replicas, 2)
+    for name in ("policy", "rollout"):
+        role = roles[name]
+        read, patch = role["rules"]
+        assert read == {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": every,
+            "verbs": ["get", "watch"],
+        }
+        own = role_rendezvous_maps(JOB.name, name, policy_replicas, 2)  # type: ignore[arg-type]
+        assert patch["resourceNames"] == own and patch["verbs"] == ["patch"]
+        # Never the operator's map (the barrier, the notice), never the other role's.
+        assert rendezvous_name(JOB.name) not in own
+        assert not set(own) & set(
+            role_rendezvous_maps(
+                JOB.name, "rollout" if name == "policy" else "policy", policy_replicas, 2
+            )
+        )
+        assert "*" not in str(role["rules"]) and role["kind"] == "Role"
+        assert bindings[name]["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        }
+        assert bindings[name]["subjects"] == [
+            {
+                "kind": "ServiceAccount",
+                "name": accounts[name]["metadata"]["name"],
+                "namespace": "ns",
+            }
+        ]
+    assert accounts["policy"]["metadata"]["name"] != accounts["rollout"]["metadata"]["name"]
     # A job whose name extends this one's gets none of its maps (names, not prefixes).
-    other = render_rbac(JobRef(name="job-rendezvous", namespace="ns", uid="u-2"), spec)[1]
-    assert not set(rule["resourceNames"]) & set(other["rules"][0]["resourceNames"])
+    other = render_rbac(JobRef(name="job-rendezvous", namespace="ns", uid="u-2"), spec)
+    theirs = {n for r in _by_role(other, "Role").values() for n in r["rules"][0]["resourceNames"]}
+    assert not set(every) & theirs
 
 
 #: kubernetes client method → the RBAC verb of the request it makes.
@@ -230,7 +259,8 @@ def api_verbs(source: str) -> list[tuple[str, str]]:
 def test_the_workers_api_calls_fit_the_role() -> None:
     calls = api_verbs(STORE_SOURCE.read_text())
     assert {m for m, _ in calls} >= {"read_namespaced_config_map", "patch_namespaced_config_map"}
-    granted = set(render_rbac(JOB, _spec("auto", WEIGHTS[0], 1))[1]["rules"][0]["verbs"])
+    role = _by_role(render_rbac(JOB, _spec("auto", WEIGHTS[0], 1)), "Role")["rollout"]
+    granted = {verb for rule in role["rules"] for verb in rule["verbs"]}
     assert {verb for _, verb in calls} <= granted, calls
 
 

@@ -48,42 +48,44 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{/*
-Rights on namespaced resources: the RefitJobs, their children, Events, and the per-job
-ServiceAccount/Role/RoleBinding. The operator creates Roles that grant get/watch/patch on
-ConfigMaps, so it must hold those verbs itself (Kubernetes refuses RBAC escalation).
+Rights on namespaced resources: exactly the verbs the operator uses (refit_operator.kube.VERBS;
+tests/integration/test_chart_rbac.py checks both ways). Every write is a merge patch, never
+an update; no child but a pod or PodGroup is ever deleted (the rest go with their job).
 */}}
 {{- define "refit-operator.namespacedRules" -}}
 - apiGroups: ["refit.dev"]
   resources: ["refitjobs"]
-  {{- /* delete: a finished job whose ttlSecondsAfterFinished ran out */}}
+  {{- /* watch, list, patch: kopf (its annotations); get: each round; delete: a finished
+         job whose ttlSecondsAfterFinished ran out */}}
   verbs: ["get", "list", "watch", "patch", "delete"]
 - apiGroups: ["refit.dev"]
   resources: ["refitjobs/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
+{{- /* patch: the gang's scheduling gates; delete: restarts and replacements. */}}
 - apiGroups: [""]
-  resources: ["pods", "services", "configmaps"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+  resources: ["pods"]
+  verbs: ["list", "watch", "create", "delete", "patch"]
+{{- /* patch: the operator's rendezvous keys; get: the workers' Roles grant it, and
+       Kubernetes refuses to let an account grant what it does not hold. */}}
 - apiGroups: [""]
-  resources: ["serviceaccounts"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+{{- /* Created once, listed (by the job's label) each round; never read by name,
+       changed or deleted (they go with their job). The signing key's Secret too: whoever
+       may create pods here can read Secrets through them anyway (docs/security.md). */}}
+- apiGroups: [""]
+  resources: ["services", "secrets", "serviceaccounts"]
+  verbs: ["list", "create"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "watch", "create", "delete"]
-- apiGroups: [""]
+  verbs: ["list", "create"]
+{{- /* patch: a repeated Event updates its series. */}}
+- apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
-{{- /* A gang's PodGroup (gang.admission: PodGroup) for Volcano or coscheduling. */}}
+{{- /* A gang's PodGroup (gang.admission: PodGroup) for Volcano or coscheduling: created
+       and deleted with its gang, never read. */}}
 - apiGroups: ["scheduling.volcano.sh", "scheduling.x-k8s.io"]
   resources: ["podgroups"]
-  verbs: ["get", "list", "watch", "create", "delete"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
-{{- end }}
-
-{{/* kopf discovers its resources through the CRDs; peering is off, so no kopfpeerings. */}}
-{{- define "refit-operator.crdRules" -}}
-- apiGroups: ["apiextensions.k8s.io"]
-  resources: ["customresourcedefinitions"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["create", "delete"]
 {{- end }}

@@ -4,7 +4,8 @@ read progress, post the preemption notice.  Decisions come from
 this module turns them into ConfigMap patches.
 
 The operator never writes a rank's own keys; it writes only ``barrier`` and ``preempt``
-(both in shard 0), and clears the map between epochs.  The map is decoded once per round
+(both in its own map, ``<job>-rendezvous``, which workers may only read), and clears the
+maps between epochs.  The map is decoded once per round
 (:func:`decode`, kept in ``Observed.entries``); the barrier, progress and the operator's
 metrics all read that one decoding.
 
@@ -30,12 +31,13 @@ from refit_worker.contract.rendezvous import (
     ProgressSummary,
     Snapshot,
     aggregate_progress,
-    configmap_name,
+    at_home,
     decode_entry,
     encode_entry,
     make_preempt_notice,
     membership,
     parse_key,
+    place_of_name,
     read_snapshot,
 )
 from refit_worker.contract.roles import Role
@@ -62,10 +64,14 @@ class Coordination:
 
 
 def merged(rendezvous: Mapping[str, Mapping[str, str]] | None) -> dict[str, str]:
-    """All shards' data in one map (the protocol's keys are unique across shards)."""
+    """All maps' data in one, each key taken only from the map it belongs in (its name
+    says which): a barrier in a role's map, or one role's entry in the other's, was
+    written by a pod the map's rights do not speak for, and is not read."""
     out: dict[str, str] = {}
-    for _name, data in sorted((rendezvous or {}).items()):
-        out.update(data)
+    for name, data in sorted((rendezvous or {}).items()):
+        place = place_of_name(name)
+        if place is not None:
+            out.update(at_home(place, data))
     return out
 
 
@@ -201,7 +207,7 @@ def preempt_notice(
     except ValueError:  # a pod without a proper uid (never from a real API server)
         return None
     value = encode_entry(PREEMPT_KEY, notice)
-    return PatchData(configmap_name(names.rendezvous_name(job), 0), {PREEMPT_KEY: value})
+    return PatchData(names.rendezvous_name(job), {PREEMPT_KEY: value})
 
 
 def clear(

@@ -59,6 +59,9 @@ class ObservedPod:
     #: Why the pod's node is lost (NotReady past ``nodeLostSeconds``, out-of-service), or
     #: None: such a pod is disrupted and gone, never waited for.
     node_lost: str | None = None
+    #: Its ``disruption`` is only its worker's word (it exited ``EXIT_PREEMPTED``), not the
+    #: platform's: believed only as the knock-on of an attested one (``claims.py``).
+    self_reported: bool = False
 
     @property
     def taken(self) -> str | None:
@@ -194,6 +197,7 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
     ready = phase == "Running" and (conditions.get("Ready") or {}).get("status") == "True"
     disruption: str | None = None
+    self_reported = False
     target = conditions.get("DisruptionTarget") or {}
     terminated = _terminated(status)
     if phase == "Succeeded":
@@ -205,7 +209,7 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
     elif phase == "Failed" and status.get("reason") in _EVICTED_REASONS:
         disruption = f"Evicted: {status.get('reason')}"
     elif any(t.get("exitCode") == EXIT_PREEMPTED for t in terminated):
-        disruption = f"WorkerPreempted: exit code {EXIT_PREEMPTED}"
+        disruption, self_reported = f"WorkerPreempted: exit code {EXIT_PREEMPTED}", True
     failed = disruption is None and phase == "Failed"
     failure = _failure(str(meta.get("name")), status, terminated) if failed else None
     gates = tuple(
@@ -229,6 +233,7 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         exit_code=_exit_code(terminated) if failed else None,
         generation=max(0, _int_label(labels, names.LABEL_GENERATION)),
         node=str((pod.get("spec") or {}).get("nodeName") or "") or None,
+        self_reported=self_reported,
     )
 
 

@@ -13,17 +13,18 @@ Must not import: kopf, kubernetes, aiohttp.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import partial
 
 from refit_operator import names
-from refit_operator.core import progress
+from refit_operator.core import claims, progress
 from refit_operator.core.coordinate import Coordination, coordinate
-from refit_operator.core.decision import JobView
+from refit_operator.core.decision import Emit, JobView
 from refit_operator.core.observe import Observed, ObservedPod
 from refit_operator.models import RefitJobSpec, RefitJobStatus
 from refit_operator.render import RenderOptions
-from refit_worker.contract.rendezvous import LivePod, ProgressSummary
+from refit_worker.contract.rendezvous import PREEMPT_KEY, LivePod, PreemptNotice, ProgressSummary
 from refit_worker.contract.roles import ROLES, Role
 
 
@@ -73,6 +74,9 @@ class RoundInput:
     #: Whether the gang's work is over, and why it fell short if it did.
     over: bool
     short: str | None
+    #: Warning Events about preemptions no one attested (``claims.py``): the claims'
+    #: pods are in ``current`` as what they are (a failure, or running).
+    ignored_claims: tuple[Emit, ...] = ()
 
     @property
     def summary(self) -> ProgressSummary | None:
@@ -146,7 +150,48 @@ def read_round(
     start: RefitJobStatus,
     retry: bool,
 ) -> RoundInput:
-    """The round's input, from the status it starts from (``start``)."""
+    """The round's input, from the status it starts from (``start``), each claimed
+    preemption of a pod judged first (``claims.py``): one no one attested is read again
+    as what it is."""
+    read = partial(_read, job, spec, now=now, options=options, start=start, retry=retry)
+    inp = read(observed)
+    vetted = claims.vet(
+        inp.current,
+        epoch=inp.epoch,
+        notice=_notice(observed),
+        reports=observed.entries.progress(),
+        missing=bool(inp.lost) or any(_missing(inp, s) for s in inp.slots),
+    )
+    if not vetted.events:
+        return inp
+    by_name = {p.name: p for p in vetted.pods}
+    pods = tuple(by_name.get(p.name, p) for p in observed.pods)
+    seen = replace(observed, pods=pods)
+    again = read(seen)
+    return replace(again, ignored_claims=vetted.events)
+
+
+def _missing(inp: RoundInput, slot: Slot) -> bool:
+    """A created rollout slot whose pod is gone without its rank's report of done."""
+    return slot.created and slot.pod is None and slot.name not in inp.done
+
+
+def _notice(observed: Observed) -> PreemptNotice | None:
+    """The operator's preemption notice (read only from its own map)."""
+    found = observed.entries.entries.get(PREEMPT_KEY)
+    return found if isinstance(found, PreemptNotice) else None
+
+
+def _read(
+    job: JobView,
+    spec: RefitJobSpec,
+    observed: Observed,
+    *,
+    now: datetime,
+    options: RenderOptions,
+    start: RefitJobStatus,
+    retry: bool,
+) -> RoundInput:
     epoch = start.epoch
     slots = read_slots(job.ref.name, spec, observed, start)
     policy = tuple(p for p in observed.pods if p.role == "policy" and p.epoch == epoch)

@@ -79,6 +79,8 @@ def police(inp: RoundInput, draft: Draft) -> Outcome | None:
     changed or the job is done, before failures are judged; the pods of ranks a
     scale-down removed retire once the rollout replicas are judged, before a policy
     failure restarts the policy gang."""
+    # A preemption no one attested (a pod's own exit code or report) is announced.
+    failure_policy.announce_ignored_claims(inp, draft)
     # Pods of another spec: a new gang, neither failure nor preemption.
     # Every pod done and every refit reported: succeed.
     ended = spec_change.restart_on_spec_change(inp, draft) or success_policy.succeed_when_done(

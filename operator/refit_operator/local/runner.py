@@ -16,6 +16,7 @@ job's ConfigMaps on one machine.
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import shutil
 import socket
@@ -27,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from refit_operator import names
+from refit_operator import names, signing_key
 from refit_operator.apply import Applier
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Delete, Emit, JobView, LiftGate
@@ -125,7 +126,11 @@ class LocalCluster:
         self.store = FileStore(self.store_dir, self.layout)
         # Workers die with `refit run` even when it is killed with SIGKILL.
         self.kubelet = ProcessKubelet(
-            workdir, rewrite_env=self._local_env, die_with_parent=True, claims=claims
+            workdir,
+            rewrite_env=self._local_env,
+            env_source=self._secret_value,
+            die_with_parent=True,
+            claims=claims,
         )
         self.others: dict[tuple[str, str], dict[str, Any]] = {}
         self._ports = LoopbackPorts()
@@ -148,12 +153,23 @@ class LocalCluster:
             rewritten[METRICS_PORT_ENV] = str(metrics)
         return rewritten
 
+    def _secret_value(self, pod: Mapping[str, Any], source: Mapping[str, Any]) -> str:
+        """A ``secretKeyRef`` (the job's signing key), read from the Secrets held here."""
+        ref = source.get("secretKeyRef") or {}
+        secret = self.others.get(("Secret", str(ref.get("name"))))
+        data = (secret or {}).get("data") or {}
+        if ref.get("key") not in data:
+            raise KubeletError(
+                f"pod {pod['metadata']['name']}: no key {ref.get('key')!r} in Secret "
+                f"{ref.get('name')!r} of this run (sources other than the job's own Secrets "
+                "are not available to `refit run`)"
+            )
+        return base64.b64decode(str(data[ref["key"]])).decode()
+
     def observed_rendezvous(self) -> dict[str, dict[str, str]]:
         base = names.rendezvous_name(self.job.name)
         return {
-            names.rendezvous_name(self.job.name, shard) if shard else base: self.store.read_shard(
-                shard
-            )
+            self.layout.name(base, shard): self.store.read_shard(shard)
             for shard in range(self.layout.shards)
         }
 
@@ -163,7 +179,10 @@ class LocalCluster:
         if obj.get("kind") == "Pod":
             self.kubelet.create(obj)  # raises KubeletError: the run cannot go on
         else:
+            obj = signing_key.with_fresh_key(obj)  # `refit run` makes its own key
             self.others[(str(obj["kind"]), str(obj["metadata"]["name"]))] = obj
+            if (event := signing_key.created_event(obj)) is not None:
+                self.on_event(event)
         return None
 
     async def delete(self, action: Delete) -> WriteError | None:
@@ -195,8 +214,9 @@ class LocalCluster:
         self.status = status
 
     def _shard_of(self, configmap: str) -> int:
+        base = names.rendezvous_name(self.job.name)
         for shard in range(self.layout.shards):
-            if names.rendezvous_name(self.job.name, shard) == configmap:
+            if self.layout.name(base, shard) == configmap:
                 return shard
         raise ValueError(f"{configmap} is not a rendezvous ConfigMap of job {self.job.name}")
 

@@ -19,7 +19,6 @@ Must not import: torch, nixl, the transport modules of this package.
 from __future__ import annotations
 
 import base64
-import hashlib
 from collections.abc import Iterable
 
 from cryptography.exceptions import InvalidSignature
@@ -29,6 +28,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pydantic import Field
+
+from refit_worker.contract.keys import fingerprint
 
 from .messages import B64Bytes, Manifest, _Model
 
@@ -40,11 +41,6 @@ _DOMAIN = b"kube-refit seal 1\n"
 
 class SignatureError(RuntimeError):
     """A refit (or seed) is unsigned, or its signature does not verify with the job's key."""
-
-
-def fingerprint(public: bytes) -> str:
-    """A short, stable name of a public key: ``ed25519:<16 hex digits of its SHA-256>``."""
-    return f"ed25519:{hashlib.sha256(public).hexdigest()[:16]}"
 
 
 def decode_key(text: str, what: str) -> bytes:

@@ -2,8 +2,9 @@
 
 Holds (re-exported from :mod:`.entries`) the key names, the typed entries a key may carry
 (each with protocol version, epoch and the writer's pod uid) and their encoding and
-decoding (every error names the key); and here the assignment of ranks to ConfigMap
-shards (:class:`Layout`), and the decisions the coordinator (the operator, or the local
+decoding (every error names the key); (re-exported from :mod:`.shards`) which ConfigMap
+holds each key (:class:`Layout`: the operator's map, then each role's); and here the
+decisions the coordinator (the operator, or the local
 runner) takes from what ranks published: the membership of an epoch (:func:`membership`),
 what the job's progress is, what a preemption notice says.  docs/failure-domains.md is
 the design.
@@ -20,8 +21,9 @@ Reading rules, so every reader acts alike:
   :class:`EntryError` naming the key, whatever its epoch (its epoch cannot be trusted);
 - a key outside the grammar below is ignored, so tools may annotate the map.
 
-Keys (valid ConfigMap data keys): ``meta.<role>.<rank>``, ``progress.<role>.<rank>``,
-``barrier`` and ``preempt`` (the last two always in shard 0).
+Keys (valid ConfigMap data keys): ``meta.<role>.<rank>``, ``progress.<role>.<rank>``
+(in their role's maps), ``barrier`` and ``preempt`` (the operator's map, shard 0, which
+workers only read).  A key is read only from the map it belongs in.
 
 Must not import: anything but the standard library, pydantic and ``refit_worker.contract``;
 nothing that does I/O.
@@ -29,12 +31,10 @@ nothing that does I/O.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import (
     BARRIER_KEY,
     MAX_GENERATION,
@@ -71,14 +71,28 @@ from refit_worker.contract.entries import (
     max_value_bytes,
     meta_key,
     parse_key,
-    parse_known_key,
     progress_key,
 )
 from refit_worker.contract.membership import LivePod, Snapshot, membership, read_snapshot
 from refit_worker.contract.roles import ROLES, Role, check_role
+from refit_worker.contract.shards import (
+    CONTROL_SHARD,
+    Layout,
+    Place,
+    at_home,
+    home_of_key,
+    merge_patch,
+    place_name,
+    place_of_name,
+    place_of_shard,
+    shard_of,
+    shard_of_key,
+    shards_needed,
+)
 
 __all__ = [
     "BARRIER_KEY",
+    "CONTROL_SHARD",
     "MAX_GENERATION",
     "MAX_META_BYTES",
     "MAX_PREEMPT_BYTES",
@@ -101,6 +115,7 @@ __all__ = [
     "Layout",
     "LivePod",
     "MetadataEntry",
+    "Place",
     "PreemptNotice",
     "ProgressEntry",
     "ProgressState",
@@ -113,10 +128,11 @@ __all__ = [
     "Snapshot",
     "Verification",
     "aggregate_progress",
+    "at_home",
     "check_role",
-    "configmap_name",
     "decode_entry",
     "encode_entry",
+    "home_of_key",
     "is_valid_data_key",
     "make_preempt_notice",
     "max_value_bytes",
@@ -124,6 +140,9 @@ __all__ = [
     "merge_patch",
     "meta_key",
     "parse_key",
+    "place_name",
+    "place_of_name",
+    "place_of_shard",
     "progress_key",
     "read_snapshot",
     "shard_of",
@@ -131,103 +150,6 @@ __all__ = [
     "shards_needed",
     "weakest",
 ]
-
-
-def _worlds(policy_world_size: int, rollout_world_size: int) -> tuple[tuple[Role, int], ...]:
-    """(role, world size) pairs in rank-numbering order, typed for the loops below."""
-    return (("policy", policy_world_size), ("rollout", rollout_world_size))
-
-
-# -- shards --------------------------------------------------------------------------------
-
-
-def shards_needed(total_ranks: int) -> int:
-    """How many ConfigMaps a job of ``total_ranks`` (policy + rollout) spreads over."""
-    if not 1 <= total_ranks <= MAX_RANKS:
-        raise ValueError(f"total ranks {total_ranks} is outside 1..{MAX_RANKS}")
-    return math.ceil(total_ranks / RANKS_PER_SHARD)
-
-
-def shard_of(
-    role: Role, rank: int, policy_world_size: int, rollout_world_size: int, shards: int
-) -> int:
-    """The shard holding the per-rank keys of ``role`` rank ``rank``.
-
-    Ranks are numbered policy first, then rollout, and cut by that index into blocks of
-    :data:`RANKS_PER_SHARD` (shard ``index // RANKS_PER_SHARD``): a rank's shard depends
-    on the policy world size alone, so scaling the rollout role moves no existing key.
-    """
-    world = policy_world_size if check_role(role) == "policy" else rollout_world_size
-    if policy_world_size < 1 or rollout_world_size < 1:
-        raise ValueError(
-            f"world sizes must be >= 1, got policy={policy_world_size} rollout={rollout_world_size}"
-        )
-    if not 0 <= rank < world:
-        raise ValueError(f"{role} rank {rank} is outside world size {world}")
-    total = policy_world_size + rollout_world_size
-    needed = shards_needed(total)
-    if shards < needed:
-        raise ValueError(
-            f"shards={shards} is too few for {total} ranks "
-            f"(at most {RANKS_PER_SHARD} per shard: need {needed})"
-        )
-    index = rank if role == "policy" else policy_world_size + rank
-    return index // RANKS_PER_SHARD
-
-
-def shard_of_key(key: str, policy_world_size: int, rollout_world_size: int, shards: int) -> int:
-    """The shard that holds ``key`` (barrier and preemption notice: shard 0)."""
-    parsed = parse_known_key(key)
-    if parsed.role is None or parsed.rank is None:
-        return 0
-    return shard_of(parsed.role, parsed.rank, policy_world_size, rollout_world_size, shards)
-
-
-def configmap_name(base: str, shard: int) -> str:
-    """Shard 0 is ``base`` itself; shard i > 0 is ``<base>-<i>``."""
-    if not base:
-        raise ValueError("the rendezvous ConfigMap base name is empty")
-    if shard < 0:
-        raise ValueError(f"shard {shard} is negative")
-    name = base if shard == 0 else f"{base}-{shard}"
-    if len(name) > 253:
-        raise ValueError(f"ConfigMap name {name!r} is longer than 253 characters")
-    return name
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """The shape of a job's rendezvous: world sizes and how many shards hold it."""
-
-    policy_world_size: int
-    rollout_world_size: int
-    shards: int
-
-    def __post_init__(self) -> None:
-        total = self.policy_world_size + self.rollout_world_size
-        if self.policy_world_size < 1 or self.rollout_world_size < 1:
-            raise ValueError(
-                f"world sizes must be >= 1, got policy={self.policy_world_size} "
-                f"rollout={self.rollout_world_size}"
-            )
-        if self.shards < shards_needed(total):
-            raise ValueError(
-                f"shards={self.shards} is too few for {total} ranks (need {shards_needed(total)})"
-            )
-
-    @classmethod
-    def from_config(cls, config: WorkerConfig) -> Layout:
-        return cls(config.policy_world_size, config.rollout_world_size, config.rendezvous.shards)
-
-    def shard_of(self, key: str) -> int:
-        return shard_of_key(key, self.policy_world_size, self.rollout_world_size, self.shards)
-
-
-def merge_patch(key: str, value: str) -> dict[str, dict[str, str]]:
-    """The JSON merge patch that sets ``key`` alone, leaving every other key as it is."""
-    if not is_valid_data_key(key):
-        raise ValueError(f"{key!r} is not a valid ConfigMap data key")
-    return {"data": {key: value}}
 
 
 # -- decisions -----------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """The ConfigMap rendezvous store: the job's ConfigMaps through the Kubernetes API.
 
-Shard i lives in ConfigMap :func:`~.protocol.configmap_name` (base, i), created empty by
-the operator before the pods.  Every write is a JSON merge patch
-``{"data": {"<own key>": "<json>"}}`` (``application/merge-patch+json``), so writers of
-different keys never overwrite each other and nobody reads-modifies-writes the map.
+Shard i lives in ConfigMap :meth:`~refit_worker.contract.rendezvous.Layout.name` (base,
+i) — the operator's map, then each role's — created empty by the operator before the
+pods.  Every write is a JSON merge patch ``{"data": {"<own key>": "<json>"}}``
+(``application/merge-patch+json``), so writers of different keys never overwrite each
+other and nobody reads-modifies-writes the map; a read takes from each map only the keys
+that belong there.
 A wait lists each watched shard, then watches it from that resourceVersion (one thread
 per shard, each watch bounded in time); after ``410 Gone`` it lists again.  The waiting
 thread sleeps on a condition the watch threads notify, through
@@ -26,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from refit_worker.contract.rendezvous import Layout, configmap_name, merge_patch
+from refit_worker.contract.rendezvous import Layout, merge_patch
 from refit_worker.rendezvous.store import (
     Check,
     RendezvousError,
@@ -93,7 +95,7 @@ class ConfigMapStore(RendezvousStore):
     @property
     def names(self) -> list[str]:
         """The ConfigMap of each shard of the layout (which :meth:`follow` may grow)."""
-        return [configmap_name(self.base_name, shard) for shard in range(self.layout.shards)]
+        return [self.layout.name(self.base_name, shard) for shard in range(self.layout.shards)]
 
     def _api(self) -> Any:
         with self._lock:
@@ -201,7 +203,7 @@ class ConfigMapStore(RendezvousStore):
                 return None  # a shard not listed yet
             merged: dict[str, str] = {}
             for shard in shards:
-                merged.update(state.data[shard])
+                merged.update(self._home(shard, state.data[shard]))
             return check(merged)
 
         def doze(seconds: float) -> None:  # releases the lock; every change wakes it early

@@ -109,7 +109,7 @@ class FileStore(RendezvousStore):
         def merged() -> T | None:
             data: dict[str, str] = {}
             for shard in shards:
-                data.update(self._read(shard))
+                data.update(self._home(shard, self._read(shard)))
             return check(data)
 
         return poll_until(

@@ -30,6 +30,7 @@ from typing import TypeVar
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
+    CONTROL_SHARD,
     MAX_RANKS,
     MAX_UID_CHARS,
     PREEMPT_KEY,
@@ -188,11 +189,17 @@ class RendezvousStore(ABC):
         self._put(self.layout.shard_of(key), key, encode_entry(key, entry))
 
     def read_data(self) -> dict[str, str]:
-        """The data of all shards, merged."""
+        """The data of all shards, merged (each key from the map it belongs in)."""
         data: dict[str, str] = {}
         for shard in range(self.layout.shards):
-            data.update(self._read(shard))
+            data.update(self._home(shard, self._read(shard)))
         return data
+
+    def _home(self, shard: int, data: Mapping[str, str]) -> dict[str, str]:
+        """The keys of ``shard``'s ``data`` that belong there: a key written into a map it
+        does not belong in (a role's map holding the barrier, another role's entry) was
+        written by someone the map's rights do not speak for, and is not read."""
+        return self.layout.at_home(shard, data)
 
     def snapshot(self, epoch: int) -> Snapshot:
         """The decoded entries of ``epoch`` across all shards."""
@@ -236,7 +243,7 @@ class RendezvousStore(ABC):
 
     def barrier(self, epoch: int | None = None) -> BarrierEntry | None:
         """The latest membership now written (of ``epoch``, or of any epoch for None)."""
-        value = self._read(0).get(BARRIER_KEY)
+        value = self._home(CONTROL_SHARD, self._read(CONTROL_SHARD)).get(BARRIER_KEY)
         if value is None:
             return None
         entry = _decode_cached(BARRIER_KEY, value)
@@ -277,7 +284,9 @@ class RendezvousStore(ABC):
                 joined.append(later)
             return None
 
-        return self._wait([0], listed, timeout, what, cancel)
+        # The operator's map, and the policy ranks' (a new gang's metadata).
+        watched = [CONTROL_SHARD, *self.layout.role_shards("policy")]
+        return self._wait(watched, listed, timeout, what, cancel)
 
     def wait_barrier(
         self, me: Member, timeout: float, cancel: CancelFlag | None = None
@@ -346,7 +355,7 @@ class RendezvousStore(ABC):
         key moves).  Never shrinks: keys of ranks past R are ignored by every reader."""
         policy = self.layout.policy_world_size
         rollout = max(self.layout.rollout_world_size, barrier.rollout_world_size)
-        shards = max(self.layout.shards, shards_needed(policy + rollout))
+        shards = max(self.layout.shards, shards_needed(policy, rollout))
         if (rollout, shards) != (self.layout.rollout_world_size, self.layout.shards):
             self.layout = Layout(policy, rollout, shards)
 
@@ -439,7 +448,7 @@ class RendezvousStore(ABC):
     def preemption_notice(self, me: Member) -> PreemptNotice | None:
         """The preemption notice that stops ``me`` now, if there is one (see
         :func:`_notice_for`)."""
-        return _notice_for(me, me.epoch, self._read(0))
+        return _notice_for(me, me.epoch, self._home(CONTROL_SHARD, self._read(CONTROL_SHARD)))
 
     def wait_preemption(
         self, me: Member, timeout: float, cancel: CancelFlag | None = None
@@ -448,7 +457,8 @@ class RendezvousStore(ABC):
         :class:`~.watch.PreemptionWatch` to do it in the background)."""
         what = f"a preemption notice for epoch {me.epoch} (key {PREEMPT_KEY!r})"
         _check_timeout(timeout, what)
-        return self._wait([0], lambda data: _notice_for(me, me.epoch, data), timeout, what, cancel)
+        check: Check[PreemptNotice] = lambda data: _notice_for(me, me.epoch, data)  # noqa: E731
+        return self._wait([CONTROL_SHARD], check, timeout, what, cancel)
 
     # -- coordinator side -----------------------------------------------------------------
 

@@ -9,6 +9,8 @@
   lost node) restarts it as a preemption, counted apart, and so does a failure beside
   a disruption (:func:`counted`: a drain is never a failure).  The rollout replicas keep
   running (their own failures are ``rollout_replicas.py``'s).
+- A preemption only the worker claims (its exit code, its rank's report), with nothing
+  attesting it, is no preemption (``core/claims.py``): a Warning Event names the pod.
 
 Must not import: kopf, kubernetes, aiohttp.
 """
@@ -20,6 +22,12 @@ from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
 from refit_operator.core.steps.restart import restart_gang, stop_gang
 from refit_worker.contract.exits import NOT_RETRYABLE
+
+
+def announce_ignored_claims(inp: RoundInput, draft: Draft) -> None:
+    """A preemption no one attested is said in a Warning Event naming the pod; the round
+    already reads its pod as what it is (``claims.py``)."""
+    draft.actions.extend(inp.ignored_claims)
 
 
 def fail_not_retryable(inp: RoundInput, draft: Draft) -> Outcome | None:
