@@ -261,9 +261,10 @@ async def _store_backoff() -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         async with ApiEmulator(Path(tmp)) as api:
             os.environ["KUBECONFIG"] = str(api.kubeconfig_path)
-            api.create("v1/configmaps", "default", {"metadata": {"name": "bo"}, "data": {}})
+            store = ConfigMapStore("bo-rendezvous", "default", Layout(1, 1, 1))
+            for name in store.names:  # the operator's map and each role's, as it makes them
+                api.create("v1/configmaps", "default", {"metadata": {"name": name}, "data": {}})
             api.faults.add(ApiFault(code=500, method="PATCH", times=4))
-            store = ConfigMapStore("bo", "default", Layout(1, 1, 1))
             try:
                 await asyncio.to_thread(
                     store.publish_metadata, Member("policy", 0, 0, "u"), json.dumps({"a": 1})

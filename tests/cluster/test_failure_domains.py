@@ -38,7 +38,14 @@ from tests.cluster.rest import ApiError
 from tests.cluster.support import Cluster, Install, example, wait
 from tests.support.versions import job_key, served_ranks, trainer_digest
 
-from refit_worker.contract.rendezvous import EntryError, ProgressEntry, decode_entry, parse_key
+from refit_worker.contract.rendezvous import (
+    EntryError,
+    ProgressEntry,
+    at_home,
+    decode_entry,
+    parse_key,
+    place_of_name,
+)
 
 NS = "faildomains"
 REFITS = 30
@@ -111,10 +118,18 @@ def _sigkill(cluster: Cluster, pod: dict[str, Any]) -> None:
 
 
 def _progress(cluster: Cluster, job: str) -> dict[tuple[str, int], ProgressEntry]:
-    """The rollout and policy progress entries of the job's rendezvous (shard 0)."""
-    found = cluster.rest.find(f"/api/v1/namespaces/{NS}/configmaps/{job}-rendezvous")
+    """The rollout and policy progress entries of the job's rendezvous: each role's maps,
+    each key read only from the map it belongs in (as the operator reads them)."""
+    maps = cluster.rest.get(
+        f"/api/v1/namespaces/{NS}/configmaps", labelSelector=f"refit.dev/job={job}"
+    )
+    data: dict[str, str] = {}
+    for cm in maps.get("items") or []:
+        place = place_of_name(cm["metadata"]["name"])
+        if place is not None and place[0] is not None:  # a role's map
+            data.update(at_home(place, cm.get("data") or {}))
     out: dict[tuple[str, int], ProgressEntry] = {}
-    for key, value in ((found or {}).get("data") or {}).items():
+    for key, value in data.items():
         parsed = parse_key(key)
         if parsed is None or parsed.kind != "progress":
             continue

@@ -22,6 +22,8 @@ import pytest
 import yaml
 from tests.cluster.support import EXAMPLES, Cluster, Install, wait
 
+from refit_operator import names
+
 
 def example_files() -> list[Path]:
     """Every manifest under ``examples/`` whose documents include a RefitJob."""
@@ -95,7 +97,7 @@ def test_apply_get_wait_delete(
         assert (owner["kind"], owner["name"], owner["controller"]) == ("RefitJob", name, True)
     assert sorted(by_kind["Pod"]) == wanted
     assert sorted(by_kind["Service"]) == [f"{name}-policy", f"{name}-rollout"]
-    assert f"{name}-rendezvous" in by_kind["ConfigMap"]
+    assert set(names.rendezvous_maps(name, policy, rollout)) <= set(by_kind["ConfigMap"])
     for pod in cluster.pods(namespace, selector):
         assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
         labels = pod["metadata"]["labels"]

@@ -30,6 +30,8 @@ from tests.cluster.support import (
     wait,
 )
 
+from refit_operator import names
+
 NS = "lifecycle"
 
 
@@ -76,7 +78,12 @@ def test_operator_restart_mid_job_no_duplicates_no_lost_status(
     for kind in CHILD_KINDS:
         assert all(len(uids) == 1 for uids in watch.uids(kind).values()), (kind, watch.uids(kind))
     assert len(watch.uids("pods")) == 4
-    assert set(watch.uids("configmaps")) == {"restart-rendezvous"}
+    # The rendezvous maps: the operator's, then each role's (one block each at 2 + 2 ranks).
+    assert sorted(watch.uids("configmaps")) == sorted(
+        names.rendezvous_maps(
+            "restart", job["spec"]["policy"]["replicas"], job["spec"]["rollout"]["replicas"]
+        )
+    )
     assert install.operator.forbidden() == []
 
 
@@ -284,7 +291,8 @@ def test_suspend_mid_job_keeps_the_rest_and_resumes_in_a_new_epoch(
         "wait", "rj/pause", "-n", NS, "--for=jsonpath={.status.phase}=Suspended", "--timeout=60s"
     )
     wait(lambda: not cluster.pods(NS, "refit.dev/job=pause"), "the pods deleted on suspend", 60)
-    assert cluster.rest.find(f"/api/v1/namespaces/{NS}/configmaps/pause-rendezvous")
+    for kept in names.rendezvous_maps("pause", 2, 2):  # the operator's map and each role's
+        assert cluster.rest.find(f"/api/v1/namespaces/{NS}/configmaps/{kept}"), kept
     cluster.kubectl.ok(
         "patch", "rj", "pause", "-n", NS, "--type=merge", "-p", '{"spec":{"suspend":false}}'
     )

@@ -38,6 +38,8 @@ import pytest
 from tests.cluster.pod_template_schema import TARGET, render, served
 from tests.cluster.support import Cluster, Install, elapsed, example, wait
 
+from refit_operator import names
+
 NS = "platform"
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 CHILD_PATHS = {
@@ -156,17 +158,22 @@ def test_a_template_reaches_the_pods(cluster: Cluster, install: Install, ns: str
         } in worker["env"]
         assert not spec.get("schedulingGates")  # lifted once the gang existed
         role = meta["labels"]["refit.dev/role"]
-        assert spec["serviceAccountName"] == ("trainer" if role == "policy" else "shaped-worker")
+        assert spec["serviceAccountName"] == _SHAPED_ACCOUNTS[role]
         if role == "rollout":
             assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
         # The node resolved the Secret into the process's environment, as a kubelet does.
         env = next(n.envs[meta["uid"]] for n in cluster.nodes.values() if meta["uid"] in n.envs)
         assert env["HF_TOKEN"] == "s3cret"
-    binding = cluster.rest.get(
-        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings/shaped-worker"
-    )
-    assert sorted(s["name"] for s in binding["subjects"]) == ["shaped-worker", "trainer"]
+    bindings = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings"
+    for role, account in _SHAPED_ACCOUNTS.items():
+        binding = cluster.rest.get(f"{bindings}/{names.worker_account_name('shaped', role)}")
+        assert [s["name"] for s in binding["subjects"]] == [account], (role, binding)
     delete(cluster, "shaped")
+
+
+#: The account each role's pods of job "shaped" run as: the one its template names (the
+#: policy role), else the role's own.  Each role's Role is bound to that one alone.
+_SHAPED_ACCOUNTS = {"policy": "trainer", "rollout": names.worker_account_name("shaped", "rollout")}
 
 
 def test_a_conflicting_template_is_refused_naming_the_fields(

@@ -15,6 +15,8 @@ import time
 import yaml
 from tests.cluster.support import EXAMPLES, Cluster, Install, assert_bit_exact, example, wait
 
+from refit_operator import names
+
 NS = "demo"
 
 
@@ -79,9 +81,13 @@ def test_first_reconcile_creates_every_child_without_a_404(
     wait(
         lambda: (
             len(cluster.pods(NS, "refit.dev/job=prompt-0")) == 4
-            and all(cluster.rest.find(f"{bindings}/prompt-{i}-worker") for i in range(4))
+            and all(
+                cluster.rest.find(f"{bindings}/{names.worker_account_name(f'prompt-{i}', role)}")
+                for i in range(4)
+                for role in ("policy", "rollout")
+            )
         ),
-        "every job's RoleBinding and the running job's 4 pods after one reconcile",
+        "every job's RoleBindings (one per role) and the running job's 4 pods after one reconcile",
         timeout=4.0,
     )
     took = time.monotonic() - started

@@ -20,6 +20,7 @@ import pytest
 from refit_worker.contract.config import RendezvousConfig, WorkerConfig
 from refit_worker.contract.rendezvous import (
     MAX_PROGRESS_BYTES,
+    MAX_RANKS,
     RANKS_PER_SHARD,
     EntryError,
     Layout,
@@ -28,6 +29,7 @@ from refit_worker.contract.rendezvous import (
     aggregate_progress,
     make_preempt_notice,
     meta_key,
+    shards_needed,
 )
 from refit_worker.rendezvous import FileStore, Member, RendezvousTimeout, open_store
 
@@ -112,16 +114,18 @@ def ranks(policy: int, rollout: int) -> list[tuple[str, int]]:
 
 
 def test_gang_publishes_meets_at_barrier_and_reports(tmp_path: Path) -> None:
-    # Shards are cut by rank index in blocks of RANKS_PER_SHARD: with 100 policy ranks,
-    # policy rank 99 sits in shard 0 and the rollout ranks in shard 1.  Policy ranks
-    # 0..98 are published from here; the three ranks either side of the cut are real
-    # processes, so the routing is exercised across processes.
-    layout = (RANKS_PER_SHARD, 2, 2)
+    # Shard 0 is the operator's (the barrier); then the policy ranks in blocks of
+    # RANKS_PER_SHARD (policy rank 99 in shard 1, rank 100 in shard 2); then the rollout
+    # ranks (shard 3).  Policy ranks 0..98 are published from here; the ranks either side
+    # of each cut are real processes, so the routing is exercised across processes.
+    policy = RANKS_PER_SHARD + 1
+    layout = (policy, 2, shards_needed(policy, 2))
+    assert layout[2] == 4
     store = FileStore(tmp_path, Layout(*layout))
     for rank in range(RANKS_PER_SHARD - 1):
         me = Member("policy", rank, 1, f"uid-policy-{rank}")
         store.publish_metadata(me, json.dumps({"agent": f"policy-{rank}"}))
-    spawned = [("policy", RANKS_PER_SHARD - 1), ("rollout", 0), ("rollout", 1)]
+    spawned = [("policy", policy - 2), ("policy", policy - 1), ("rollout", 0), ("rollout", 1)]
     procs = {
         f"{role}.{rank}": spawn(
             WORKER,
@@ -147,13 +151,20 @@ def test_gang_publishes_meets_at_barrier_and_reports(tmp_path: Path) -> None:
     for proc in procs.values():
         assert result(proc)["peers"] == expected
     summary = aggregate_progress(store.snapshot(1), *layout[:2])
-    assert (summary.refits_completed, summary.ranks_done, summary.bytes_total) == (1, 3, 200)
-    assert sorted(p.name for p in (tmp_path / "shard-1").iterdir()) == [
+    assert (summary.refits_completed, summary.ranks_done, summary.bytes_total) == (1, 4, 200)
+    assert _files(tmp_path, 0) == ["barrier"]
+    assert len(_files(tmp_path, 1)) == RANKS_PER_SHARD + 1  # meta of 0..99, progress of 99
+    assert _files(tmp_path, 2) == [f"meta.policy.{policy - 1}", f"progress.policy.{policy - 1}"]
+    assert _files(tmp_path, 3) == [
         "meta.rollout.0",
         "meta.rollout.1",
         "progress.rollout.0",
         "progress.rollout.1",
     ]
+
+
+def _files(directory: Path, shard: int) -> list[str]:
+    return sorted(p.name for p in (directory / f"shard-{shard}").iterdir())
 
 
 def test_concurrent_writers_never_lose_or_tear_each_others_keys(tmp_path: Path) -> None:
@@ -180,7 +191,9 @@ def test_concurrent_writers_never_lose_or_tear_each_others_keys(tmp_path: Path) 
     for role, rank in ranks(3, 3):
         assert json.loads(snap.meta[(role, rank)].agent)["n"] == 149  # type: ignore[index]
         assert snap.progress[(role, rank)].refits_completed == 149  # type: ignore[index]
-    leftovers = [p.name for p in (tmp_path / "shard-0").iterdir() if p.name.startswith(".")]
+    written = sorted(p.parent.name for p in tmp_path.glob("shard-*/meta.*"))
+    assert written == ["shard-1"] * 3 + ["shard-2"] * 3  # each role's map holds its keys
+    leftovers = [p.name for p in tmp_path.glob("shard-*/*") if p.name.startswith(".")]
     assert leftovers == []
 
 
@@ -266,18 +279,22 @@ def test_wait_times_out_naming_what_it_waited_for_without_spinning(tmp_path: Pat
 def test_garbage_and_tampering_name_the_key(tmp_path: Path) -> None:
     store = FileStore(tmp_path, Layout(1, 1, 1))
     me = Member("policy", 0, 0, "me")
+    # Out of its home (the rollout map) a key is not read at all, garbage or not.
     (tmp_path / "shard-0" / "progress.rollout.0").write_text("{half a val")
+    assert store.snapshot(0).progress == {}
+    home = tmp_path / f"shard-{store.layout.shard_of('progress.rollout.0')}"
+    (home / "progress.rollout.0").write_text("{half a val")
     with pytest.raises(EntryError, match=r"'progress\.rollout\.0': value is not JSON"):
         store.snapshot(0)
-    (tmp_path / "shard-0" / "progress.rollout.0").write_bytes(b"x" * 100_000)
+    (home / "progress.rollout.0").write_bytes(b"x" * 100_000)
     limit = f"over the {MAX_PROGRESS_BYTES}-byte limit"
     with pytest.raises(EntryError, match=f"value is 100000 bytes, {limit}"):
         store.snapshot(0)
     # Past what the store reads at all, the message still quotes the file's real size.
-    (tmp_path / "shard-0" / "progress.rollout.0").write_bytes(b"x" * (16 << 20))
+    (home / "progress.rollout.0").write_bytes(b"x" * (16 << 20))
     with pytest.raises(EntryError, match=f"value is 16777216 bytes, {limit}"):
         store.snapshot(0)
-    (tmp_path / "shard-0" / "progress.rollout.0").unlink()
+    (home / "progress.rollout.0").unlink()
     # Another pod wrote under this rank's key, and the coordinator recorded that pod.
     store.publish_metadata(Member("policy", 0, 0, "intruder"), "{}")
     store.publish_metadata(Member("rollout", 0, 0, "r"), "{}")
@@ -294,8 +311,12 @@ def test_garbage_and_tampering_name_the_key(tmp_path: Path) -> None:
 
 
 def test_bad_layouts_and_members_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="shards=1 is too few for 200 ranks"):
-        Layout(100, 100, 1)
+    # Too few shards for the world sizes (an older config's 1) are raised to what they
+    # need: the operator's map and each role's blocks.
+    assert Layout(100, 100, 1).shards == 3
+    assert Layout(101, 100, 9).shards == 9
+    with pytest.raises(ValueError, match=f"total ranks {MAX_RANKS + 1} is outside"):
+        Layout(MAX_RANKS, 1, 1)
     with pytest.raises(ValueError, match="world sizes must be >= 1"):
         Layout(0, 1, 1)
     config = WorkerConfig(
@@ -348,9 +369,11 @@ def test_importing_the_stores_loads_no_kubernetes_client() -> None:
 def test_patch_shard_sets_and_deletes_keys_like_a_merge_patch(tmp_path: Path) -> None:
     store = FileStore(tmp_path, Layout(1, 1, 1))
     store.publish_metadata(Member("policy", 0, 0, "p"), "{}")
-    store.patch_shard(0, {"note": "x", "meta.policy.0": None, "meta.rollout.9": None})
-    assert store.read_shard(0) == {"note": "x"}  # as a ConfigMap's data would show it
+    shard = store.layout.shard_of(meta_key("policy", 0))
+    assert store.read_shard(shard) == {meta_key("policy", 0): store.read_data()["meta.policy.0"]}
+    store.patch_shard(shard, {"note": "x", "meta.policy.0": None, "meta.rollout.9": None})
+    assert store.read_shard(shard) == {"note": "x"}  # as a ConfigMap's data would show it
     assert store.snapshot(0).meta == {}  # and readers of the protocol pass over it
     with pytest.raises(ValueError, match=r"not valid rendezvous keys: '\.\.', 'a/b'"):
-        store.patch_shard(0, {"note": None, "..": None, "a/b": "y"})
-    assert (tmp_path / "shard-0" / "note").exists()  # refused as a whole
+        store.patch_shard(shard, {"note": None, "..": None, "a/b": "y"})
+    assert (tmp_path / f"shard-{shard}" / "note").exists()  # refused as a whole

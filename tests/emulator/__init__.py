@@ -59,6 +59,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "v1/services": ("Service", True),
     "v1/configmaps": ("ConfigMap", False),
     "v1/serviceaccounts": ("ServiceAccount", False),
+    "v1/secrets": ("Secret", False),
     "v1/events": ("Event", False),
     "v1/namespaces": ("Namespace", True),
     "rbac.authorization.k8s.io/v1/roles": ("Role", False),

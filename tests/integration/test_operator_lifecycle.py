@@ -24,7 +24,9 @@ from tests.support.operator_run import (
     eventually,
     load_job,
 )
+from tests.support.rendezvous_maps import spread
 
+from refit_operator import names
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     BarrierEntry,
@@ -37,10 +39,16 @@ from refit_worker.contract.rendezvous import (
 POD_NAMES = ["demo-policy-0-e0", "demo-policy-1-e0", "demo-rollout-0-g0", "demo-rollout-1-g0"]
 CHILDREN = {
     "v1/services": ["demo-policy", "demo-rollout"],
-    "v1/configmaps": ["demo-rendezvous"],
-    "v1/serviceaccounts": ["demo-worker"],
-    "rbac.authorization.k8s.io/v1/roles": ["demo-worker"],
-    "rbac.authorization.k8s.io/v1/rolebindings": ["demo-worker"],
+    # The operator's map and each role's (the job has 2 + 2 ranks).
+    "v1/configmaps": names.rendezvous_maps("demo", 2, 2),
+    "v1/serviceaccounts": [names.worker_account_name("demo", r) for r in ("policy", "rollout")],
+    "rbac.authorization.k8s.io/v1/roles": [
+        names.worker_account_name("demo", r) for r in ("policy", "rollout")
+    ],
+    "rbac.authorization.k8s.io/v1/rolebindings": [
+        names.worker_account_name("demo", r) for r in ("policy", "rollout")
+    ],
+    "v1/secrets": [names.signing_secret_name("demo")],
     PODS: POD_NAMES,
 }
 
@@ -114,11 +122,16 @@ async def test_barrier_opens_when_every_pod_published(
         value = encode_entry(
             key, MetadataEntry(epoch=0, uid=uid, role=role, rank=rank, agent='{"a": 1}')
         )
-        kube_emulator.patch("v1/configmaps", NS, "demo-rendezvous", {"data": {key: value}})
+        # Into the map of its role (the only one its pod may patch).
+        name = names.rendezvous_name("demo", role)
+        assert spread("demo", {key: value})[name] == {key: value}
+        kube_emulator.patch("v1/configmaps", NS, name, {"data": {key: value}})
 
     def barrier() -> str | None:
-        data = kube_emulator.get("v1/configmaps", NS, "demo-rendezvous").get("data") or {}
-        return data.get(BARRIER_KEY)
+        # The operator's map, which holds the barrier and no rank's key.
+        data = kube_emulator.get("v1/configmaps", NS, names.rendezvous_name("demo")).get("data")
+        assert not any(k.startswith("meta.") for k in data or {})
+        return (data or {}).get(BARRIER_KEY)
 
     entry = decode_entry(BARRIER_KEY, await eventually(barrier, "the barrier of epoch 0"))
     assert isinstance(entry, BarrierEntry) and entry.epoch == 0

@@ -29,11 +29,12 @@ def test_bench_prints_a_row_per_store_and_size() -> None:
     lines = done.stdout.strip().splitlines()
     assert lines[0].split()[:2] == ["store", "ranks"]
     rows = [line.split() for line in lines[1:]]
+    # Three shards at these sizes: the operator's map, then one map per role.
     assert [(r[0], r[1], r[2]) for r in rows] == [
-        ("configmap", "4", "1"),
-        ("configmap", "6", "1"),
-        ("file", "4", "1"),
-        ("file", "6", "1"),
+        ("configmap", "4", "3"),
+        ("configmap", "6", "3"),
+        ("file", "4", "3"),
+        ("file", "6", "3"),
     ]
     for row in rows:
         seconds, ratio, per_rank_bytes = float(row[3]), float(row[6]), int(row[7])

@@ -28,7 +28,6 @@ from refit_worker.contract.rendezvous import (
     EntryError,
     Layout,
     aggregate_progress,
-    configmap_name,
     make_preempt_notice,
     parse_key,
     shards_needed,
@@ -75,10 +74,13 @@ async def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
         yield emulator
 
 
-def make_maps(api: ApiEmulator, shards: int, base: str = BASE) -> None:
-    """What the operator does before it creates the pods."""
-    for shard in range(shards):
-        api.create(CM, NS, {"metadata": {"name": configmap_name(base, shard)}, "data": {}})
+def make_maps(api: ApiEmulator, layout: Layout, base: str = BASE) -> list[str]:
+    """What the operator does before it creates the pods: every map of the layout (its
+    own, then each role's), empty.  Their names, in shard order."""
+    names = [layout.name(base, shard) for shard in range(layout.shards)]
+    for name in names:
+        api.create(CM, NS, {"metadata": {"name": name}, "data": {}})
+    return names
 
 
 async def spawn(order: dict[str, Any]) -> asyncio.subprocess.Process:
@@ -109,18 +111,25 @@ def ranks(policy: int, rollout: int) -> list[tuple[str, int]]:
 
 
 async def test_gang_meets_over_sharded_configmaps(api: ApiEmulator) -> None:
-    # Shards are cut by rank index in blocks of RANKS_PER_SHARD: policy rank 99 sits in
-    # shard 0, the rollout ranks in shard 1.  Policy ranks 0..98 publish from here; the
-    # ranks either side of the cut are real processes.
-    layout = (RANKS_PER_SHARD, 2, 2)
-    make_maps(api, 2)
+    # The operator's map, then each role's cut by rank in blocks of RANKS_PER_SHARD:
+    # policy rank 99 sits in <base>-policy, policy rank 100 in <base>-policy-1, the
+    # rollout ranks in <base>-rollout.  Policy ranks 0..98 publish from here; the ranks
+    # either side of each cut are real processes.
+    policy = RANKS_PER_SHARD + 1
+    layout = (policy, 2, shards_needed(policy, 2))
+    assert make_maps(api, Layout(*layout)) == [
+        BASE,
+        f"{BASE}-policy",
+        f"{BASE}-policy-1",
+        f"{BASE}-rollout",
+    ]
     coordinator = ConfigMapStore(BASE, NS, Layout(*layout))
     for rank in range(RANKS_PER_SHARD - 1):
         member = Member("policy", rank, 0, f"uid-policy-{rank}")
         await asyncio.to_thread(
             coordinator.publish_metadata, member, json.dumps({"agent": f"policy-{rank}"})
         )
-    spawned = [("policy", RANKS_PER_SHARD - 1), ("rollout", 0), ("rollout", 1)]
+    spawned = [("policy", policy - 2), ("policy", policy - 1), ("rollout", 0), ("rollout", 1)]
     procs = [
         await spawn(
             {
@@ -136,24 +145,32 @@ async def test_gang_meets_over_sharded_configmaps(api: ApiEmulator) -> None:
     ]
     try:
         barrier = await asyncio.to_thread(coordinator.open_barrier, 0, 60)
-        assert barrier.policy_uids == tuple(f"uid-policy-{r}" for r in range(RANKS_PER_SHARD))
+        assert barrier.policy_uids == tuple(f"uid-policy-{r}" for r in range(policy))
         everyone = sorted(f"{role}-{rank}" for role, rank in ranks(*layout[:2]))
         for proc in procs:
             assert (await result(proc))["peers"] == everyone
         snap = await asyncio.to_thread(coordinator.snapshot, 0)
         summary = aggregate_progress(snap, *layout[:2])
-        assert (summary.refits_completed, summary.bytes_total, summary.ranks_done) == (2, 40, 3)
+        assert (summary.refits_completed, summary.bytes_total, summary.ranks_done) == (2, 40, 4)
         assert summary.last_refit_gbps == pytest.approx(20 / 0.25 / 1e9)
     finally:
         coordinator.close()
-    # Each rank's keys sit in the ConfigMap its shard names; barrier in shard 0.
-    first = api.get(CM, NS, BASE)["data"]
-    second = api.get(CM, NS, f"{BASE}-1")["data"]
-    assert sorted(first) == sorted(
-        [BARRIER_KEY, f"progress.policy.{RANKS_PER_SHARD - 1}"]
+    _assert_keys_at_home(api)
+
+
+def _assert_keys_at_home(api: ApiEmulator) -> None:
+    """After the gang of 101 policy ranks and 2 rollout ranks: each rank's keys sit in its
+    role's map of its block; the barrier in the operator's."""
+    assert sorted(api.get(CM, NS, BASE)["data"]) == [BARRIER_KEY]
+    assert sorted(api.get(CM, NS, f"{BASE}-policy")["data"]) == sorted(
+        [f"progress.policy.{RANKS_PER_SHARD - 1}"]
         + [f"meta.policy.{r}" for r in range(RANKS_PER_SHARD)]
     )
-    assert sorted(second) == [
+    assert sorted(api.get(CM, NS, f"{BASE}-policy-1")["data"]) == [
+        f"meta.policy.{RANKS_PER_SHARD}",
+        f"progress.policy.{RANKS_PER_SHARD}",
+    ]
+    assert sorted(api.get(CM, NS, f"{BASE}-rollout")["data"]) == [
         "meta.rollout.0",
         "meta.rollout.1",
         "progress.rollout.0",
@@ -162,14 +179,16 @@ async def test_gang_meets_over_sharded_configmaps(api: ApiEmulator) -> None:
 
 
 async def test_writes_are_merge_patches_of_own_key(api: ApiEmulator) -> None:
-    make_maps(api, 1)
-    api.patch(CM, NS, BASE, {"data": {"note.by.admin": "kept"}})
     store = ConfigMapStore(BASE, NS, Layout(3, 3, 1))
+    make_maps(api, store.layout)
+    api.patch(CM, NS, f"{BASE}-policy", {"data": {"note.by.admin": "kept"}})
     members = [Member(role, rank, 0, f"u{role}{rank}") for role, rank in ranks(3, 3)]  # type: ignore[arg-type]
     await asyncio.gather(*(asyncio.to_thread(store.publish_metadata, m, "{}") for m in members))
-    data = api.get(CM, NS, BASE)["data"]
-    assert len([k for k in data if parse_key(k)]) == 6
-    assert data["note.by.admin"] == "kept"
+    for role in ("policy", "rollout"):
+        data = api.get(CM, NS, f"{BASE}-{role}")["data"]
+        assert sorted(k for k in data if parse_key(k)) == [f"meta.{role}.{r}" for r in range(3)]
+    assert api.get(CM, NS, f"{BASE}-policy")["data"]["note.by.admin"] == "kept"
+    assert api.get(CM, NS, BASE)["data"] == {}  # workers never write the operator's map
     patches = [r for r in api._handler if r.method.value == "PATCH"]
     assert len(patches) == 6
     assert {r.headers.get("Content-Type") for r in patches} == {"application/merge-patch+json"}
@@ -179,7 +198,7 @@ async def test_writes_are_merge_patches_of_own_key(api: ApiEmulator) -> None:
 
 async def test_preemption_notice_stops_both_roles(api: ApiEmulator) -> None:
     layout = (1, 1, 1)
-    make_maps(api, 1)
+    make_maps(api, Layout(*layout))
     procs = [
         await spawn(
             {
@@ -214,9 +233,9 @@ async def test_watch_resumes_after_410_gone(
 ) -> None:
     # Watches end every second and are made again from the last resourceVersion seen.
     monkeypatch.setattr(configmap_store, "WATCH_SECONDS", 1)
-    make_maps(api, 1)
-    api.create(CM, NS, {"metadata": {"name": "busy"}, "data": {}})
     store = ConfigMapStore(BASE, NS, Layout(1, 1, 1))
+    make_maps(api, store.layout)
+    api.create(CM, NS, {"metadata": {"name": "busy"}, "data": {}})
     me = Member("policy", 0, 0, "p")
     waiter = asyncio.create_task(asyncio.to_thread(store.wait_barrier, me, 30))
     await asyncio.sleep(1.0)  # the waiter is watching now
@@ -226,14 +245,15 @@ async def test_watch_resumes_after_410_gone(
     from refit_worker.contract.rendezvous import BarrierEntry, RolloutMember, encode_entry
 
     opened = BarrierEntry(epoch=0, policy_uids=("p",), rollout=(RolloutMember(uid="r"),))
-    # Catch the waiter between two watches: its next watch request is held back (served
-    # late, not refused), so no stream is open while the barrier is written.
-    held = ApiFault(delay=1.5, resource=CM, watch=True, times=1)
+    # Catch the waiter between two watches: it watches the operator's map and the policy
+    # map, and the next watch request of each is held back (served late, not refused),
+    # so no stream is open while the barrier is written.
+    held = ApiFault(delay=2.5, resource=CM, watch=True, times=2)
     api.faults.add(held)
     deadline = time.monotonic() + 10
-    while not held.used and time.monotonic() < deadline:
+    while held.used < 2 and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
-    assert held.used, "the waiter made no new watch within 10 s"
+    assert held.used == 2, "the waiter did not make a new watch of each map within 10 s"
     # Then, in one go, the barrier and enough other writes to push it out of the
     # emulator's 50-event history: the held watch resumes from a resourceVersion that is
     # too old (410 Gone), and only a list finds the barrier.
@@ -253,8 +273,8 @@ async def test_watch_renews_after_its_server_timeout(
     api: ApiEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(configmap_store, "WATCH_SECONDS", 1)
-    make_maps(api, 1)
     store = ConfigMapStore(BASE, NS, Layout(1, 1, 1))
+    make_maps(api, store.layout)
     me = Member("rollout", 0, 0, "r")
     waiter = asyncio.create_task(asyncio.to_thread(store.wait_preemption, me, 30))
     await asyncio.sleep(2.5)  # past two watch timeouts
@@ -275,13 +295,13 @@ async def test_watch_renews_after_its_server_timeout(
 
 
 async def test_timeout_names_what_and_where(api: ApiEmulator) -> None:
-    make_maps(api, 1)
     store = ConfigMapStore(BASE, NS, Layout(1, 1, 1))
+    make_maps(api, store.layout)
     with pytest.raises(
         RendezvousTimeout,
         match=r"after 0.5s waiting for the barrier of epoch "
         r"7 \(key 'barrier'\) in ConfigMap "
-        r"default/job-rendezvous",
+        r"default/job-rendezvous, job-rendezvous-policy\b",
     ):
         await asyncio.to_thread(store.wait_barrier, Member("policy", 0, 7, "p"), 0.5)
     store.close()
@@ -293,10 +313,10 @@ async def test_garbage_value_and_missing_map_are_clear_errors(api: ApiEmulator) 
     with pytest.raises(
         RendezvousError,
         match=r"could not set key 'meta\.policy\.0' of ConfigMap "
-        r"default/job-rendezvous: HTTP 404",
+        r"default/job-rendezvous-policy: HTTP 404",
     ):
         await asyncio.to_thread(store.publish_metadata, me, "{}")
-    make_maps(api, 1)
+    make_maps(api, store.layout)
     waiter = asyncio.create_task(asyncio.to_thread(store.wait_barrier, me, 30))
     await asyncio.sleep(0.5)
     api.patch(CM, NS, BASE, {"data": {"preempt": '{"v": 1, "epoch": 0, "pod": "x"'}})
@@ -321,10 +341,11 @@ async def test_garbage_value_and_missing_map_are_clear_errors(api: ApiEmulator) 
 
 async def test_a_job_over_one_shard_spreads_and_fits(api: ApiEmulator) -> None:
     policy = rollout = 100
-    shards = shards_needed(policy + rollout)
-    assert shards == 2
-    make_maps(api, shards)
+    shards = shards_needed(policy, rollout)
+    assert shards == 3
     store = ConfigMapStore(BASE, NS, Layout(policy, rollout, shards))
+    names = make_maps(api, store.layout)
+    assert names == [BASE, f"{BASE}-policy", f"{BASE}-rollout"]
     agent = json.dumps({"name": "x" * 40, "meta": "QUJD" * 200})
     members = [
         Member(role, rank, 0, f"{role[0]}{rank:035d}")  # type: ignore[arg-type]
@@ -338,18 +359,16 @@ async def test_a_job_over_one_shard_spreads_and_fits(api: ApiEmulator) -> None:
             )
         )
     await asyncio.to_thread(store.open_barrier, 0, 30)
-    sizes = [
-        len(json.dumps(api.get(CM, NS, configmap_name(BASE, s))).encode()) for s in range(shards)
-    ]
+    sizes = [len(json.dumps(api.get(CM, NS, name)).encode()) for name in names]
     assert all(size < 1 << 20 for size in sizes)
-    counts = [len(api.get(CM, NS, configmap_name(BASE, s))["data"]) for s in range(shards)]
-    assert counts == [101, 100]  # 100 ranks each, and the barrier in shard 0
+    counts = [len(api.get(CM, NS, name)["data"]) for name in names]
+    assert counts == [1, 100, 100]  # the barrier in the operator's map, 100 ranks in each role's
     store.close()
 
 
 async def test_preemption_watch_hears_the_notice_and_stops_promptly(api: ApiEmulator) -> None:
-    make_maps(api, 1)
     store = ConfigMapStore(BASE, NS, Layout(1, 1, 1))
+    make_maps(api, store.layout)
     me = Member("rollout", 0, 1, "r")
     idle = PreemptionWatch(store, me, lambda notice: None).start()
     await asyncio.sleep(0.5)

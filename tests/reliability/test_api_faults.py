@@ -26,9 +26,11 @@ from tests.support.operator_run import (
     load_job,
     set_pod_phase,
 )
+from tests.support.rendezvous_maps import spread
 from tests.support.reports import reports
 
-from refit_worker.contract.rendezvous import BARRIER_KEY, Layout, meta_key
+from refit_operator import names
+from refit_worker.contract.rendezvous import BARRIER_KEY, Layout, home_of_key, meta_key
 from refit_worker.rendezvous.configmap_store import ConfigMapStore
 from refit_worker.rendezvous.store import Member, RendezvousError
 
@@ -43,6 +45,15 @@ async def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
         yield emulator
 
 
+def _make_maps(api: ApiEmulator, layout: Layout) -> list[str]:
+    """The layout's maps (the operator's, then each role's), empty, as the operator makes
+    them before the pods; their names in shard order."""
+    maps = [layout.name(BASE, shard) for shard in range(layout.shards)]
+    for name in maps:
+        api.create(CM, NS, {"metadata": {"name": name}, "data": {}})
+    return maps
+
+
 def _members(policy: int, rollout: int) -> list[Member]:
     return [Member("policy", r, 0, f"uid-p{r}") for r in range(policy)] + [
         Member("rollout", r, 0, f"uid-r{r}") for r in range(rollout)
@@ -52,23 +63,24 @@ def _members(policy: int, rollout: int) -> list[Member]:
 async def test_store_write_backs_off_then_gives_up_naming_the_configmap(
     api: ApiEmulator,
 ) -> None:
-    api.create(CM, NS, {"metadata": {"name": BASE}, "data": {}})
     store = ConfigMapStore(BASE, NS, Layout(1, 1, 1))
+    own = _make_maps(api, store.layout)[1]  # the policy ranks' map
+    assert own == f"{BASE}-policy"
     me = Member("policy", 0, 0, "uid-p0")
     try:
         # Four 500s: the fifth attempt lands, after waits that double each time.
         api.faults.add(ApiFault(code=500, method="PATCH", resource=CM, times=4))
         await asyncio.to_thread(store.publish_metadata, me, json.dumps({"agent": "a"}))
-        assert meta_key("policy", 0) in api.get(CM, NS, BASE)["data"]
+        assert meta_key("policy", 0) in api.get(CM, NS, own)["data"]
         at = [h.at for h in api.faults.hits]
         gaps = [b - a for a, b in itertools.pairwise(at)]
         assert len(gaps) == 3 and all(b > a * 1.5 for a, b in itertools.pairwise(gaps))
         assert gaps[0] >= 0.09, gaps
         # Five: the store gives up with an error that names the map and the status.
         api.faults.add(ApiFault(code=503, method="PATCH", resource=CM, times=5))
-        with pytest.raises(RendezvousError, match=rf"{BASE}.*HTTP 503"):
+        with pytest.raises(RendezvousError, match=rf"ConfigMap {NS}/{own}: HTTP 503"):
             await asyncio.to_thread(store.write_progress, me, refits_completed=1)
-        assert "progress.policy.0" not in api.get(CM, NS, BASE)["data"]
+        assert "progress.policy.0" not in api.get(CM, NS, own)["data"]
         # A 404 is not transient: no retry.
         before = len(api.faults.hits)
         api.faults.add(ApiFault(code=404, method="PATCH", resource=CM, times=3))
@@ -82,8 +94,8 @@ async def test_store_write_backs_off_then_gives_up_naming_the_configmap(
 async def test_store_rendezvous_under_conflicts_errors_gone_watches_and_slowness(
     api: ApiEmulator,
 ) -> None:
-    api.create(CM, NS, {"metadata": {"name": BASE}, "data": {}})
     layout = Layout(2, 2, 1)
+    maps = _make_maps(api, layout)
     members = _members(2, 2)
     for fault in (
         ApiFault(code=409, method="PATCH", resource=CM, times=3),
@@ -109,11 +121,13 @@ async def test_store_rendezvous_under_conflicts_errors_gone_watches_and_slowness
         assert barrier.policy_uids == ("uid-p0", "uid-p1")
         results = await asyncio.wait_for(asyncio.gather(*waiting), timeout=60)
         assert results == [["policy0", "policy1", "rollout0", "rollout1"]] * 4
-        # Nothing lost: every rank's metadata and progress, and the barrier, are there.
-        data = api.get(CM, NS, BASE)["data"]
+        # Nothing lost: every rank's metadata and progress, and the barrier, are there,
+        # each in the map it belongs in.
         keys = {meta_key(m.role, m.rank) for m in members} | {BARRIER_KEY}
         keys |= {f"progress.{m.role}.{m.rank}" for m in members}
-        assert keys <= set(data)
+        for shard, name in enumerate(maps):
+            data = api.get(CM, NS, name)["data"]
+            assert set(data) == {k for k in keys if home_of_key(k) == layout.place(shard)}
         assert api.faults.spent(), [(f.code, f.delay, f.used) for f in api.faults.rules]
     finally:
         for store in [*stores, coordinator]:
@@ -157,7 +171,8 @@ async def test_operator_under_api_faults_creates_each_child_once_and_finishes(
         )
         # As workers would: report every refit, then exit 0.
         data = reports(uids, refits=load_job()["spec"]["transfer"]["refits"])
-        api.patch(CM, NS, "flaky-rendezvous", {"data": data})
+        for name, own in spread("flaky", data).items():  # each into its role's map
+            api.patch(CM, NS, name, {"data": own})
         for name in uids:
             set_pod_phase(api, name, "Succeeded")
         status = await eventually(
@@ -177,7 +192,7 @@ async def test_operator_under_api_faults_creates_each_child_once_and_finishes(
     ]
     assert sorted(added) == sorted(uids.items())
     for resource, want in (
-        (CM, ["flaky-rendezvous"]),
+        (CM, sorted(names.rendezvous_maps("flaky", 2, 2))),
         ("v1/services", ["flaky-policy", "flaky-rollout"]),
     ):
         assert sorted(o["metadata"]["name"] for o in api.list(resource, NS)) == want
