@@ -29,11 +29,15 @@ from pydantic import (
 
 from refit_worker.contract.roles import Role, check_role
 
+#: 4: the rendezvous is split by role (``contract/shards.py``): the operator's map holds
+#: only the barrier and the notice, each role writes only its own maps, so a worker of an
+#: older release is refused by name instead of meeting 403s; a served version may name the
+#: job key its seals passed.
 #: 3: per-role failure domains (docs/failure-domains.md): rank entries carry the rollout
 #: replica's generation, the barrier is the epoch's membership (rewritten, versioned), a
 #: rank may report ``left``, and a preemption notice may name the role it stops.
 #: (2 added recent refits and verification to progress; 1 had only the last refit.)
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 #: Ranks whose entries share one ConfigMap, cut by index (policy ranks, then rollout
 #: ranks), so a scale-up never moves an existing rank's keys.  Sized so that a full
