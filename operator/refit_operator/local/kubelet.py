@@ -443,7 +443,12 @@ def _volume_mounts(
 
 def _remap(value: str, mounts: Mapping[str, Path]) -> str:
     for path, local in mounts.items():
-        if value == path or value.startswith(path + "/"):
+        if value == path:
+            return str(local)
+        # A process node shares the host's files: a path that exists there below a mount
+        # (a checkout under /tmp, where the pods' scratch emptyDir is mounted) is the
+        # host's file the value names, not one inside the volume.
+        if value.startswith(path + "/") and not Path(value).exists():
             return str(local) + value[len(path) :]
     return value
 
