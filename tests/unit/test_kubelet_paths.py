@@ -28,3 +28,8 @@ def test_a_host_file_below_a_mount_stays_the_hosts(tmp_path: Path) -> None:
     assert _remap(str(tmp_path / "examples" / "gone.py"), mounts) == str(
         tmp_path / "pod" / "volumes" / "tmp" / "examples" / "gone.py"
     )
+    # A path list (the examples' PYTHONPATH into the checkout): entry by entry.
+    listed = f"{script.parent}:{tmp_path / 'gone'}:/usr/lib"
+    assert _remap(listed, mounts) == (
+        f"{script.parent}:{tmp_path / 'pod' / 'volumes' / 'tmp' / 'gone'}:/usr/lib"
+    )

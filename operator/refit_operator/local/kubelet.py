@@ -442,6 +442,8 @@ def _volume_mounts(
 
 
 def _remap(value: str, mounts: Mapping[str, Path]) -> str:
+    if ":" in value:  # a path list (PYTHONPATH, PATH): each entry on its own
+        return ":".join(_remap(part, mounts) for part in value.split(":"))
     for path, local in mounts.items():
         if value == path:
             return str(local)
