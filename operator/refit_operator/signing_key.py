@@ -30,14 +30,10 @@ KEY_ANNOTATION = "refit.kube-refit.io/signing-key"
 PRIVATE, PUBLIC = KEY_FIELDS["signing_key"], KEY_FIELDS["verify_key"]
 
 
-def secret_name(job: str) -> str:
-    return names.signing_secret_name(job)
-
-
 def render_secret(job: str, namespace: str) -> dict[str, Any]:
     """The job's signing Secret, without its data (see :func:`with_fresh_key`) or owner."""
     meta = {
-        "name": secret_name(job),
+        "name": names.signing_secret_name(job),
         "namespace": namespace,
         "labels": names.job_labels(job),
         "annotations": {KEY_ANNOTATION: "ed25519"},
@@ -83,4 +79,4 @@ def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
-__all__ = ["created_event", "fingerprint_of", "render_secret", "secret_name", "with_fresh_key"]
+__all__ = ["created_event", "fingerprint_of", "render_secret", "with_fresh_key"]
