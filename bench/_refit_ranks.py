@@ -219,8 +219,8 @@ async def _drain(engine: Any) -> Any:
 
 
 def _session_rank(role: str, rank: int, cfg: dict[str, Any], res: Any) -> None:
+    from refit_worker import RefitSession, RolloutSession
     from refit_worker.contract.config import RendezvousConfig, TransferConfig, WorkerConfig
-    from refit_worker.session import RefitSession, RolloutSession
 
     config = WorkerConfig(
         job="bench",

@@ -13,8 +13,8 @@ previous step's bf16 weights), is measured by the bench itself on every step.
 
 After every step each policy rank casts its own shards to bf16 (DTensors kept across
 steps, as a trainer's parameters; no gather) and both ranks send that step's weights
-through two :class:`~refit_worker.session.PolicySession` s each, every session to a
-:class:`~refit_worker.session.RolloutSession` in its own process (real NIXL over UCX, file
+through two :class:`~refit_worker.PolicySession` s each, every session to a
+:class:`~refit_worker.RolloutSession` in its own process (real NIXL over UCX, file
 rendezvous store, integrity hashes on, the sessions' defaults otherwise).  Each rank writes
 only its own blocks:
 
@@ -160,8 +160,8 @@ def policy(rank: int, job: dict[str, Any]) -> None:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
+    from refit_worker import PolicySession
     from refit_worker.checkpoint_engines.integrity import tensors_digest
-    from refit_worker.session import PolicySession
 
     _logging(f"policy-{rank}", job["verbose"])
     dist.init_process_group(
@@ -253,8 +253,8 @@ def policy(rank: int, job: dict[str, Any]) -> None:
 def rollout(name: str, job: dict[str, Any]) -> None:
     """A rollout rank of session ``name``: receives every refit; the committed state's digest
     at the end of each case."""
+    from refit_worker import RolloutSession
     from refit_worker.checkpoint_engines.integrity import tensors_digest
-    from refit_worker.session import RolloutSession
 
     _logging(f"rollout-{name}", job["verbose"])
     session = RolloutSession(_config(name, "rollout", job))

@@ -59,7 +59,7 @@ def policy(opts: dict[str, Any]) -> None:
     import tiny_llama
     import torch
 
-    from refit_worker.session import RefitSession
+    from refit_worker import RefitSession
 
     model = tiny_llama.build_model(0, **_size(opts))
     state = dict(model.state_dict())

@@ -14,9 +14,9 @@ import sys
 
 import torch
 
+from refit_worker import Preempted, RefitSession
 from refit_worker.contract.config import ConfigError
 from refit_worker.contract.exits import EXIT_BAD_CONFIG, EXIT_PREEMPTED
-from refit_worker.session import Preempted, RefitSession
 
 
 def build_model() -> torch.nn.Module:

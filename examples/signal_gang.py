@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
 
 from refit_worker.contract.exits import EXIT_PREEMPTED
-from refit_worker.signal_handler import DistributedSignalHandler, resolve_signal
+from refit_worker.signals.handler import DistributedSignalHandler, resolve_signal
 
 _SCRIPT = Path(__file__).resolve()
 #: A checkout's worker source root, so the ranks import refit_worker installed or not.

@@ -38,11 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tiny_llama
 
+from refit_worker import Preempted, RefitSession
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.exits import EXIT_FAILED, EXIT_PREEMPTED
 from refit_worker.integrations.staged import EXTRA_PREFIX, stop_flag
-from refit_worker.session import Preempted, RefitSession
-from refit_worker.termination import write_termination_message
+from refit_worker.pod.termination import write_termination_message
 
 log = logging.getLogger("rl-vllm.policy")
 SEQ_LEN = 16

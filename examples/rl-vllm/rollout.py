@@ -30,12 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tiny_llama
 
+from refit_worker import Preempted
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.exits import EXIT_PREEMPTED
 from refit_worker.contract.failures import exit_code_for
 from refit_worker.integrations.vllm import WORKER_EXTENSION, VllmRefit
-from refit_worker.session import Preempted
-from refit_worker.termination import write_termination_message
+from refit_worker.pod.termination import write_termination_message
 
 log = logging.getLogger("rl-vllm.rollout")
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import yaml
 
-from refit_worker.waits import Backoff, WaitTimeout, poll_until
+from refit_worker.contract.waits import Backoff, WaitTimeout, poll_until
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"

@@ -27,7 +27,7 @@ from tests.cluster.controlplane import ControlPlane, free_port, kubeconfig
 from tests.cluster.node import PodNetwork, ProcessNode
 from tests.cluster.rest import Rest
 
-from refit_worker.waits import Backoff, poll_until
+from refit_worker.contract.waits import Backoff, poll_until
 
 KUBECTL_TIMEOUT_S = 120.0
 OPERATOR_NAMESPACE = "refit-system"

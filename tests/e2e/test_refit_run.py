@@ -25,7 +25,7 @@ from refit_operator.local.command import _available_memory as available_memory
 from refit_operator.models import parse_spec
 from refit_worker.contract.bounds import MAX_BUCKET_BYTES
 from refit_worker.contract.shards import shard_of_key, shards_needed
-from refit_worker.weights import synthetic_state_dict
+from refit_worker.pod.weights import synthetic_state_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {
@@ -410,7 +410,7 @@ def test_the_worker_writes_its_own_reason(tmp_path: Path) -> None:
 USER_CODE = r"""
 import asyncio, sys
 import torch
-from refit_worker.session import Preempted, RefitSession
+from refit_worker import Preempted, RefitSession
 
 async def main() -> None:
     with RefitSession.from_env() as session:

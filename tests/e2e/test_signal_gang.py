@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
 
 from refit_worker.contract.exits import EXIT_PREEMPTED
-from refit_worker.signal_handler import DistributedSignalHandler, all_gather_item, get_device
+from refit_worker.signals.handler import DistributedSignalHandler, all_gather_item, get_device
 from signal_gang import DemoSettings, run_demo
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +61,7 @@ import json, sys, time
 from datetime import timedelta
 import torch, torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
-from refit_worker.signal_handler import DistributedSignalHandler, all_gather_item, get_device
+from refit_worker.signals.handler import DistributedSignalHandler, all_gather_item, get_device
 rank, world, port = map(int, sys.argv[1:4])
 limit = timedelta(seconds=60)
 store = TCPStore("127.0.0.1", port, is_master=False, timeout=limit)

@@ -23,14 +23,14 @@ from typing import Any
 import pytest
 
 from refit_worker.contract.exits import EXIT_PREEMPTED
-from refit_worker.pid_registry import read_proc_state
+from refit_worker.signals.pid_registry import read_proc_state
 
 ROOT = Path(__file__).resolve().parents[2]
 
 LISTENER = f"""
 import sys, time
 from refit_worker.contract.env import Preemption
-from refit_worker.signal_handler import DistributedSignalHandler
+from refit_worker.signals.handler import DistributedSignalHandler
 obey, sig = sys.argv[1] == "obey", sys.argv[2]
 with DistributedSignalHandler(sig, pid_dir=Preemption.from_env().pid_dir) as handler:
     print("ready", flush=True)
@@ -151,7 +151,7 @@ def test_prestop_reports_what_did_not_exit(pod: dict[str, str]) -> None:
     stubborn = _start(pod, obey=False, sig="SIGTERM")
     try:
         _wait_ready(stubborn)
-        argv = [sys.executable, "-m", "refit_worker.signal_delivery", "--timeout", "1.5"]
+        argv = [sys.executable, "-m", "refit_worker.signals.delivery", "--timeout", "1.5"]
         done, took = _deliver(argv, pod)
         assert done.returncode == 1
         assert f"still running 1.5s after the signal: pid {stubborn.pid} (SIGTERM)" in done.stderr

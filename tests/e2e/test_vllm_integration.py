@@ -19,6 +19,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from refit_worker import RefitSession, RefitStats
 from refit_worker.contract.config import RendezvousConfig, TransferConfig, WorkerConfig
 from refit_worker.integrations.staged import (
     EXTRA_PREFIX,
@@ -27,7 +28,6 @@ from refit_worker.integrations.staged import (
     split_extras,
 )
 from refit_worker.integrations.vllm import checkpoint_layout, layout_problems
-from refit_worker.session import RefitSession, RefitStats
 
 
 def test_extras_are_kept_out_of_the_weights() -> None:

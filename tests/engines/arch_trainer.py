@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "rl-vl
 import tiny_llama
 from policy import batch_for, join_gang, reference_weights, shard, train_step
 
+from refit_worker import RefitSession
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.integrations.hf_names import checkpoint_model_type, to_checkpoint_names
 from refit_worker.integrations.staged import EXTRA_PREFIX
 from refit_worker.integrations.vllm import checkpoint_layout
-from refit_worker.session import RefitSession
 
 
 def ground_truth(

@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "rl-vl
 
 import tiny_llama
 
+from refit_worker import RefitSession
 from refit_worker.checkpoint_engines.integrity import tensors_digest
 from refit_worker.integrations.staged import EXTRA_PREFIX
-from refit_worker.session import RefitSession
 
 
 def say(**fields: Any) -> None:

@@ -1,4 +1,4 @@
-"""A worker rank's optional ``/metrics`` (``refit_worker.metrics``): what a scrape shows is
+"""A worker rank's optional ``/metrics`` (``refit_worker.pod.metrics``): what a scrape shows is
 the rank's ProgressLog, read at scrape time; ``REFIT_METRICS_PORT`` is parsed strictly.
 
 Real: prometheus_client's HTTP server on a loopback port, its text parser, an HTTP GET.
@@ -18,7 +18,7 @@ from refit_worker.contract.config import RendezvousConfig, WorkerConfig
 from refit_worker.contract.env import metrics_port_from_env
 from refit_worker.contract.exits import EXIT_BAD_CONFIG
 from refit_worker.contract.progress import ProgressLog
-from refit_worker.metrics import RankLabels, serve
+from refit_worker.pod.metrics import RankLabels, serve
 
 
 def _scrape(port: int) -> dict[str, float]:

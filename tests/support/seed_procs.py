@@ -29,7 +29,7 @@ from refit_worker.checkpoint_engines.registry import MemoryRegistry
 from refit_worker.checkpoint_engines.seeding import SeedOffer
 from refit_worker.checkpoint_engines.signing import SealRecord
 from refit_worker.contract.config import SyntheticWeights
-from refit_worker.weights import advance, synthetic_state_dict
+from refit_worker.pod.weights import advance, synthetic_state_dict
 
 WEIGHTS = SyntheticWeights(layers=2, hidden=64, vocab=256)
 

@@ -125,7 +125,7 @@ def _pause_after_first_bucket(out_q: Any) -> None:
 
 def _corrupt_next_delta() -> None:
     """Flip one bit of a value in the next delta this policy rank encodes."""
-    from refit_worker import delta_source
+    from refit_worker.policy import delta_source
 
     original = delta_source.encode_delta
 
@@ -140,8 +140,8 @@ def _corrupt_next_delta() -> None:
 
 def _record_rejections(session: Any, report: dict[str, Any]) -> None:
     """Note what this rollout rank served when it rejected a delta."""
-    from refit_worker import receiving
     from refit_worker.checkpoint_engines.delta import DeltaRejectedError
+    from refit_worker.rollout import session as receiving
 
     original = receiving.apply_delta
 
@@ -181,7 +181,7 @@ def sent_digests(job: SessionJob, refit: int) -> dict[str, str]:
 def _sent(job: SessionJob, refit: int) -> dict[str, torch.Tensor]:
     """What the policy sends in ``refit`` (see ``SessionJob.layouts`` and ``changes``)."""
     if job.changes:
-        from refit_worker.weights import advance
+        from refit_worker.pod.weights import advance
 
         state = state_dict(0)
         for step in range(1, refit + 1):
@@ -226,8 +226,8 @@ def _from_pool(pool: bytearray, sent: dict[str, torch.Tensor], whole: bool) -> d
 
 def rank_main(job_json: str, role: str, out_q: Any) -> None:
     """Process entry point: run the job's refits as ``role``; report JSON."""
-    from refit_worker.session import Preempted, RefitSession
-    from refit_worker.targets import PartialRefitError
+    from refit_worker import Preempted, RefitSession
+    from refit_worker.rollout.targets import PartialRefitError
 
     job = SessionJob(**json.loads(job_json))
     faulthandler.dump_traceback_later(0.95 * PATIENCE_S, exit=True)

@@ -258,7 +258,7 @@ def policy_main(job_json: str, rank: int, out_q: Any) -> None:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from refit_worker.session import RefitSession
+    from refit_worker import RefitSession
 
     job = ShardedJob(**json.loads(job_json))
     faulthandler.dump_traceback_later(0.95 * PATIENCE_S, exit=True)
@@ -304,7 +304,7 @@ def policy_main(job_json: str, rank: int, out_q: Any) -> None:
 
 
 def rollout_main(job_json: str, rank: int, out_q: Any) -> None:
-    from refit_worker.session import RefitSession
+    from refit_worker import RefitSession
 
     job = ShardedJob(**json.loads(job_json))
     faulthandler.dump_traceback_later(0.95 * PATIENCE_S, exit=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 from refit_operator.models import parse_spec
 from refit_worker.checkpoint_engines.integrity import tensors_digest
-from refit_worker.weights import synthetic_state_dict
+from refit_worker.pod.weights import synthetic_state_dict
 
 
 def trainer_digest(spec: Mapping[str, Any], refit: int) -> str:

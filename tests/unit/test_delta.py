@@ -27,9 +27,9 @@ from refit_worker.checkpoint_engines.messages import (
     decode,
     encode,
 )
-from refit_worker.delta_source import PROBE_EVERY, DeltaSource, prefer_delta
-from refit_worker.gang import fold_verdict
-from refit_worker.weights import advance
+from refit_worker.pod.weights import advance
+from refit_worker.policy.delta_source import PROBE_EVERY, DeltaSource, prefer_delta
+from refit_worker.policy.gang_plan import fold_verdict
 
 Named = dict[str, torch.Tensor]
 

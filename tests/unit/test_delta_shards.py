@@ -30,8 +30,8 @@ from refit_worker.checkpoint_engines.delta_shards import (
 )
 from refit_worker.checkpoint_engines.integrity import tensors_digest
 from refit_worker.checkpoint_engines.messages import BlockHash, DeltaHeader
-from refit_worker.delta_gang import RankOffer, fold_offers
-from refit_worker.weights import advance
+from refit_worker.pod.weights import advance
+from refit_worker.policy.delta_agreement import RankOffer, fold_offers
 
 Named = dict[str, torch.Tensor]
 #: name -> (mesh shape, placements) over the policy ranks 0..3 of a 2x2 mesh or a 4-rank one.

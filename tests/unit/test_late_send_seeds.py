@@ -23,7 +23,8 @@ import pytest
 import torch
 from tests.support.operator_run import eventually
 
-import refit_worker.peer_seeds as peer_seeds
+import refit_worker.rollout.peer_seeds as peer_seeds
+from refit_worker import RolloutSession
 from refit_worker.checkpoint_engines.messages import NixlAgentMetadata
 from refit_worker.checkpoint_engines.planning import TensorSpec
 from refit_worker.checkpoint_engines.seeding import Seeded, SeedSource, pointer_metadata
@@ -38,8 +39,7 @@ from refit_worker.contract.entries import (
     meta_key,
     progress_key,
 )
-from refit_worker.refits import CommittedRefit
-from refit_worker.session import RolloutSession
+from refit_worker.session.refits import CommittedRefit
 
 REFITS = 6
 #: The refit the policy sent to the replaced pod, not to this one: the job's last.

@@ -56,7 +56,7 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
     ("module", "planted", "contract"),
     [
         (
-            "worker/refit_worker/weights.py",
+            "worker/refit_worker/pod/weights.py",
             "import refit_operator.models",
             "The worker never imports the operator BROKEN",
         ),
@@ -72,7 +72,7 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
         ),
         (
             "worker/refit_worker/checkpoint_engines/planning.py",
-            "from refit_worker import weights",
+            "from refit_worker.pod import weights",
             "The checkpoint engines import no other worker module but the contract and waits"
             " BROKEN",
         ),
@@ -81,8 +81,38 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
             "import torch",
             "The contract imports nothing else of the project, nor heavy packages BROKEN",
         ),
+        (
+            "worker/refit_worker/rollout/targets.py",
+            "import refit_worker.policy.owed",
+            "The worker's rooms are layered: roles over session over engine BROKEN",
+        ),
+        (
+            "worker/refit_worker/session/refits.py",
+            "import refit_worker.rollout.targets",
+            "The worker's rooms are layered: roles over session over engine BROKEN",
+        ),
+        (
+            "worker/refit_worker/signals/pid_registry.py",
+            "import nixl",
+            "The signals import neither nixl, kubernetes nor pydantic BROKEN",
+        ),
+        (
+            "worker/refit_worker/integrations/vllm/served_modules.py",
+            "import vllm",
+            "Only the vLLM integration imports vLLM, not its pure readers BROKEN",
+        ),
     ],
-    ids=["worker->operator", "operator->worker", "pure->aiohttp", "engine->worker", "contract"],
+    ids=[
+        "worker->operator",
+        "operator->worker",
+        "pure->aiohttp",
+        "engine->worker",
+        "contract",
+        "rollout->policy",
+        "session->rollout",
+        "signals->nixl",
+        "reader->vllm",
+    ],
 )
 def test_lint_imports_refuses_a_planted_violation(
     tmp_path: Path, module: str, planted: str, contract: str
@@ -229,7 +259,8 @@ def test_a_worker_that_holds_no_dtensor_never_loads_dtensor_or_sympy() -> None:
     # trainer that made DTensors has the module loaded, and only then is it asked for.
     code = (
         "import sys\n"
-        "import refit_worker.__main__, refit_worker.session, refit_worker.integrations.staged\n"
+        "import refit_worker.__main__, refit_worker.policy.session, refit_worker.rollout.session\n"
+        "import refit_worker.integrations.staged\n"
         "print(sorted(m for m in ('torch.distributed.tensor', 'sympy') if m in sys.modules))\n"
     )
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "worker")}

@@ -1,4 +1,4 @@
-"""What a policy rank owes each rollout member (``refit_worker.owed``), the one input of
+"""What a policy rank owes each rollout member (``refit_worker.policy.owed``), the one input of
 the serve loop: a refit's send, its re-send by a new plan and the linger after the last
 refit.  Pure: entries as data."""
 
@@ -10,15 +10,15 @@ from refit_worker.contract.entries import (
     ProgressState,
     RolloutMember,
 )
-from refit_worker.owed import (
+from refit_worker.policy.owed import (
     Owed,
     RankMapping,
-    all_done,
     all_have,
     lacks,
     not_serving,
     owed,
 )
+from refit_worker.session.rollout_reports import all_done
 
 ONE = RankMapping(policy_rank=0, train_world_size=1, stripe=True, sharded=False)
 

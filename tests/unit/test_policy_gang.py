@@ -1,5 +1,5 @@
-"""The policy gang's one plan per refit (``refit_worker.gang``): the plan's wire form and
-the verdict every rank folds from the gathered flags.  Pure: no process group (the
+"""The policy gang's one plan per refit (``refit_worker.policy.gang_plan``): the plan's wire
+form and the verdict every rank folds from the gathered flags.  Pure: no process group (the
 collectives themselves run in tests/e2e/test_worker_failure_domains.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 from refit_worker.contract.entries import BarrierEntry, RolloutMember
 from refit_worker.contract.failures import RefusedConfigError
-from refit_worker.gang import (
+from refit_worker.policy.gang_plan import (
     GangPlanError,
     PolicyGang,
     RefitPlan,

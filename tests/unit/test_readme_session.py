@@ -10,8 +10,8 @@ import importlib
 import inspect
 from pathlib import Path
 
-from refit_worker.session import PolicySession, RefitSession, RolloutSession
-from refit_worker.targets import RECEIVE_MODES, check_mode
+from refit_worker import PolicySession, RefitSession, RolloutSession
+from refit_worker.rollout.targets import RECEIVE_MODES, check_mode
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -1,4 +1,4 @@
-"""Receive targets (:mod:`refit_worker.targets`): in place and double-buffered bookkeeping.
+"""Receive targets (:mod:`refit_worker.rollout.targets`): in place and double-buffered bookkeeping.
 
 Pure: real modules and tensors, no NIXL (transfers: ``tests/e2e/test_nixl_receive_modes.py``).
 """
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from refit_worker.targets import DoubleBuffer, OwnState, check_mode, live_tensors
+from refit_worker.rollout.targets import DoubleBuffer, OwnState, check_mode, live_tensors
 
 
 def model() -> nn.Module:

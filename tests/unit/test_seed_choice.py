@@ -26,9 +26,9 @@ from refit_worker.contract.entries import (
     SeedReport,
     encode_entry,
 )
-from refit_worker.owed import seeding_peer
+from refit_worker.policy.owed import seeding_peer
 from refit_worker.rendezvous import Member
-from refit_worker.seeding import policy_done, predecessor, seed_sources, successor
+from refit_worker.rollout.seed_choice import policy_done, predecessor, seed_sources, successor
 
 _AGENT = NixlAgentMetadata(agent_name="a", agent_metadata=b"x").model_dump_json()
 _POINTER = SeedPointer(addr=4096, nbytes=512, metadata=base64.b64encode(b"m").decode())

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from refit_worker import PolicySession, RefitSession, RolloutSession
 from refit_worker.contract.config import RendezvousConfig, TransferConfig, WorkerConfig
 from refit_worker.contract.failures import RefusedConfigError
-from refit_worker.session import PolicySession, RefitSession, RolloutSession
 
 
 def _config(tmp_path: Path, role: str) -> WorkerConfig:

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from refit_worker import pid_registry as registry
-from refit_worker import signal_delivery as sd
 from refit_worker.contract.env import PREEMPTION_SIGNAL_ENV, SIGNAL_PID_DIR_ENV
-from refit_worker.pid_registry import ProcState, Registration
-from refit_worker.signal_delivery import plan_delivery
+from refit_worker.signals import delivery as sd
+from refit_worker.signals import pid_registry as registry
+from refit_worker.signals.delivery import plan_delivery
+from refit_worker.signals.pid_registry import ProcState, Registration
 
 TERM, USR1, USR2 = signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2
 
@@ -113,7 +113,7 @@ def test_delivery_command_loads_only_the_standard_library() -> None:
     code = (
         "import sys\n"
         "before = set(sys.modules)\n"
-        "import refit_worker.signal_delivery\n"
+        "import refit_worker.signals.delivery\n"
         "print(' '.join(sorted(m for m in set(sys.modules) - before"
         " if m.split('.')[0] not in sys.stdlib_module_names)))\n"
     )
@@ -126,9 +126,10 @@ def test_delivery_command_loads_only_the_standard_library() -> None:
         "refit_worker.contract",
         "refit_worker.contract.env",
         "refit_worker.contract.signals",
-        "refit_worker.pid_registry",
-        "refit_worker.signal_delivery",
-        "refit_worker.waits",
+        "refit_worker.signals",
+        "refit_worker.signals.pid_registry",
+        "refit_worker.signals.delivery",
+        "refit_worker.contract.waits",
     }
 
 

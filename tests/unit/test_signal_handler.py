@@ -19,8 +19,8 @@ import pytest
 import torch.distributed as dist
 
 from refit_worker.contract.env import SIGNAL_PID_DIR_ENV
-from refit_worker.pid_registry import read_proc_state
-from refit_worker.signal_handler import DistributedSignalHandler
+from refit_worker.signals.handler import DistributedSignalHandler
+from refit_worker.signals.pid_registry import read_proc_state
 
 calls: list[int] = []
 

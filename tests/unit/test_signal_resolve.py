@@ -14,7 +14,11 @@ import torch
 
 from refit_worker.contract import signals as vocabulary
 from refit_worker.contract.signals import SignalLike, parse_signal_list
-from refit_worker.signal_handler import DistributedSignalHandler, device_for_backend, resolve_signal
+from refit_worker.signals.handler import (
+    DistributedSignalHandler,
+    device_for_backend,
+    resolve_signal,
+)
 
 
 @pytest.mark.parametrize(

@@ -16,12 +16,12 @@ from typing import Any, cast
 import pytest
 import torch
 
+from refit_worker import DeltaChanges, RefitStats
 from refit_worker.contract.exits import EXIT_NOT_RETRYABLE
 from refit_worker.contract.failures import exit_code_for
 from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, StagedRefit
 from refit_worker.integrations.vllm import LandingError, LayoutRefused, RefitLanding
 from refit_worker.integrations.vllm.served import ServedReport
-from refit_worker.session import DeltaChanges, RefitStats
 
 NAMES = ("a.weight", "b.weight", "c.weight")
 

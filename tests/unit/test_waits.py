@@ -1,4 +1,4 @@
-"""``refit_worker.waits``: bounded polling, with a fake clock so nothing really sleeps."""
+"""``refit_worker.contract.waits``: bounded polling, with a fake clock so nothing really sleeps."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from refit_worker.waits import Backoff, WaitCancelled, WaitTimeout, apoll_until, poll_until
+from refit_worker.contract.waits import Backoff, WaitCancelled, WaitTimeout, apoll_until, poll_until
 
 
 class FakeClock:
@@ -176,7 +176,7 @@ async def test_async_timeout_and_sleeps_follow_the_backoff() -> None:
 async def test_precise_sleep_sleeps_the_thread_below_asyncios_tick(monkeypatch) -> None:
     """asyncio.sleep(50e-6) takes >= 1 ms (its selector rounds up): a short delay must go
     to time.sleep (precise) and then yield once; a long one stays an asyncio sleep."""
-    from refit_worker import waits
+    from refit_worker.contract import waits
 
     calls: list[tuple[str, float]] = []
     real_asleep = asyncio.sleep

@@ -13,7 +13,7 @@ from refit_worker.checkpoint_engines.base import dtype_from_name
 from refit_worker.contract.config import SafetensorsWeights, SyntheticWeights
 from refit_worker.contract.dtypes import ITEMSIZE, SYNTHETIC_DTYPE_NAMES, WIRE_DTYPE_NAMES
 from refit_worker.contract.synthetic import synthetic_nbytes, synthetic_shapes
-from refit_worker.weights import advance, load_safetensors, synthetic_state_dict
+from refit_worker.pod.weights import advance, load_safetensors, synthetic_state_dict
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import refit_worker as session
 import refit_worker.rendezvous as rendezvous
-import refit_worker.session as session
 from refit_worker.contract.config import SafetensorsWeights
 from refit_worker.contract.exits import EXIT_FAILED, EXIT_NOT_RETRYABLE, NOT_RETRYABLE
 from refit_worker.contract.failures import (
@@ -24,8 +24,8 @@ from refit_worker.contract.failures import (
     one_line,
 )
 from refit_worker.contract.rendezvous import Layout, make_preempt_notice
+from refit_worker.pod.weights import load_safetensors
 from refit_worker.rendezvous import FileStore, Member
-from refit_worker.weights import load_safetensors
 
 
 def _caused_by(outer: Exception, cause: BaseException) -> Exception:

@@ -1,4 +1,4 @@
-"""What a rank decides from the membership (``refit_worker.following``): its standing and
+"""What a rank decides from the membership (``refit_worker.session.following``): its standing and
 the peer list for the engine (what a policy rank owes whom: ``test_owed.py``).  Pure:
 entries as data."""
 
@@ -9,8 +9,8 @@ from refit_worker.contract.entries import (
     MetadataEntry,
     RolloutMember,
 )
-from refit_worker.following import members, peer_metadata, standing
 from refit_worker.rendezvous import Member
+from refit_worker.session.following import members, peer_metadata, standing
 
 
 def _barrier(*slots: tuple[str, int] | None, version: int = 1) -> BarrierEntry:

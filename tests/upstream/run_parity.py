@@ -1,9 +1,9 @@
-"""Run upstream's own tests of the signal handler against ``refit_worker.signal_handler``.
+"""Run upstream's own tests of the signal handler against ``refit_worker.signals.handler``.
 
 NVIDIA-NeMo/Automodel tests its handler in
 ``tests/unit_tests/components/training/test_signal_handler.py``, which imports
 ``nemo_automodel.components.training.signal_handler``.  This script makes that name (and its
-parent packages, as empty modules) point at ``refit_worker.signal_handler`` and runs pytest
+parent packages, as empty modules) point at ``refit_worker.signals.handler`` and runs pytest
 on the file given, so the drop-in claim is checked by upstream's tests, not by ours.
 
 The upstream file is not part of this project: fetch it from the upstream repository and
@@ -22,7 +22,7 @@ from pathlib import Path
 
 #: The module upstream's tests import, and what stands in for it.
 UPSTREAM = "nemo_automodel.components.training.signal_handler"
-OURS = "refit_worker.signal_handler"
+OURS = "refit_worker.signals.handler"
 
 
 def install_alias(upstream: str = UPSTREAM, ours: str = OURS) -> types.ModuleType:

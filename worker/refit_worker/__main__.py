@@ -23,8 +23,6 @@ its rank) exits :data:`EXIT_PREEMPTED` and reports nothing.
 A failure, at start-up too, is stated in one line in the termination message; the exit
 code says whether a restart could cure it (:mod:`refit_worker.contract.failures`):
 :data:`EXIT_NOT_RETRYABLE` if not, else :data:`EXIT_FAILED`.
-
-Must not import: the operator.
 """
 
 from __future__ import annotations
@@ -42,6 +40,15 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from refit_worker import (
+    PolicySession,
+    Preempted,
+    RefitSession,
+    RefitStats,
+    RolloutSession,
+    StateDict,
+    Verifier,
+)
 from refit_worker.contract.config import ConfigError, SyntheticWeights, WorkerConfig
 from refit_worker.contract.entries import Verification
 from refit_worker.contract.env import metrics_port_from_env
@@ -53,22 +60,13 @@ from refit_worker.contract.exits import (
 )
 from refit_worker.contract.failures import exit_code_for, is_retryable, one_line
 from refit_worker.contract.progress import ProgressLog
-from refit_worker.gang import join_policy_group
-from refit_worker.metrics import RankLabels, RankMetrics, serve
-from refit_worker.refits import HandedOver, Removed, Superseded
-from refit_worker.session import (
-    PolicySession,
-    Preempted,
-    RefitSession,
-    RefitStats,
-    RolloutSession,
-    StateDict,
-    Verifier,
-)
-from refit_worker.signal_handler import DistributedSignalHandler
-from refit_worker.termination import write_termination_message
-from refit_worker.waits import Backoff, WaitTimeout, poll_until
-from refit_worker.weights import advance, load_weights
+from refit_worker.contract.waits import Backoff, WaitTimeout, poll_until
+from refit_worker.pod.metrics import RankLabels, RankMetrics, serve
+from refit_worker.pod.termination import write_termination_message
+from refit_worker.pod.weights import advance, load_weights
+from refit_worker.policy.gang_plan import join_policy_group
+from refit_worker.session.refits import HandedOver, Removed, Superseded
+from refit_worker.signals.handler import DistributedSignalHandler
 
 log = logging.getLogger("refit_worker")
 

@@ -12,9 +12,6 @@ take (an older one, or one its sources planned from different memberships).
 
 DTensor weights (FSDP2, tensor parallel) are sent shard by shard: :mod:`.boxes` and
 :mod:`.shard_plan` plan it (pure), :mod:`.shards` reads the DTensors.
-
-Must not import: the operator, torch.distributed's collectives (DTensor types only, in
-:mod:`.shards`).
 """
 
 from .admission import RefitDeclinedError

@@ -7,8 +7,6 @@ their senders wait.  It then collects the manifests of the same refit from every
 decline reaches the present senders before their own wait for ``ready`` runs out), and
 declines the refit when one is missing or they disagree (:func:`~.peers.disagreement`).
 Nothing lands before a refit is admitted.
-
-Must not import: torch, the engine module (``nixl.py``), the receiver, the operator.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping
 
-from refit_worker.waits import apoll_until, precise_sleep
+from refit_worker.contract.waits import apoll_until, precise_sleep
 
 from .agent import IDLE_BACKOFF, REFIT_BACKOFF, NixlAgent, PeerError, RefitTimeoutError
 from .messages import Decline, Manifest

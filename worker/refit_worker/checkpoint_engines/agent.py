@@ -1,22 +1,20 @@
 """The NIXL transport boundary: :class:`NixlAgent` and backend set-up helpers.
 
-``NixlAgent`` wraps one ``nixl_agent``: memory registration, WRITE transfers described by
-plain ``(addr, length, dev_id)`` tuples (or prepared descriptor lists whose transfer handles
-are reposted refit after refit, see :meth:`NixlAgent.prepare_writes`), and an inbox of
-notifications keyed by peer.  Every wait goes through :func:`refit_worker.waits.apoll_until`
-with a description of what it waits for and raises :class:`RefitTimeoutError` naming the
-peer and the awaited thing.  Waits inside a refit (:data:`REFIT_BACKOFF`) re-check for
-0.1 ms, then back off from 50 µs to 1 ms with :func:`~refit_worker.waits.precise_sleep`, so
-a message that arrives within microseconds is seen within microseconds, not after the 1 ms
-that asyncio rounds short sleeps up to; a peer that is slow costs ~1 kHz of polling, never a
-hot spin.  Waits between refits (:data:`IDLE_BACKOFF`) grow to 2 ms.  The agent runs without
-NIXL's progress thread by default: on a 2-core host that thread competes with the copy
-itself (measured ~3x slower); progress is made by our own polls.
+``NixlAgent`` wraps one ``nixl_agent``: memory registration, WRITE transfers described by plain
+``(addr, length, dev_id)`` tuples (or prepared descriptor lists whose transfer handles are
+reposted refit after refit, see :meth:`NixlAgent.prepare_writes`), and an inbox of
+notifications keyed by peer.  Every wait goes through
+:func:`refit_worker.contract.waits.apoll_until` with a description of what it waits for and
+raises :class:`RefitTimeoutError` naming the peer and the awaited thing.  Waits inside a refit
+(:data:`REFIT_BACKOFF`) re-check for 0.1 ms, then back off from 50 µs to 1 ms with
+:func:`~refit_worker.contract.waits.precise_sleep`, so a message that arrives within
+microseconds is seen within microseconds, not after the 1 ms that asyncio rounds short sleeps
+up to; a peer that is slow costs ~1 kHz of polling, never a hot spin.  Waits between refits
+(:data:`IDLE_BACKOFF`) grow to 2 ms.  The agent runs without NIXL's progress thread by default:
+on a 2-core host that thread competes with the copy itself (measured ~3x slower); progress is
+made by our own polls.
 
 nixl is imported lazily so that planning, mapping and messages work without it.
-
-Must not import: torch, torch.distributed, the engine module (``nixl.py``), the operator;
-of the worker only :mod:`refit_worker.waits` and :mod:`refit_worker.contract`.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from refit_worker.contract.failures import UnknownBackendError
-from refit_worker.waits import Backoff, apoll_until, precise_sleep
+from refit_worker.contract.waits import Backoff, apoll_until, precise_sleep
 
 from .backend import NIXL_DEFAULT_BACKEND_NAME, backend_params, resolve_nixl_backend_kwargs
 from .messages import (

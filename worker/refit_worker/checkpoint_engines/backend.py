@@ -2,8 +2,6 @@
 
 Pure: turns the user's ``{"backend_name": ..., "backend_init_params": {...}}`` into what
 ``nixl_agent.create_backend`` takes (string values only), naming any bad value.
-
-Must not import: nixl, torch, the transport modules of this package.
 """
 
 from __future__ import annotations

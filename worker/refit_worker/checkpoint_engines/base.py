@@ -4,9 +4,6 @@ A checkpoint engine moves a model's named tensors from policy ranks to rollout r
 ``TensorMeta`` describes one piece of one tensor inside a transfer bucket (a whole tensor,
 or a chunk of one larger than a bucket).  Dtypes travel by name; only the names in
 :data:`WIRE_DTYPES` are accepted, so a message cannot make the receiver build anything else.
-
-Must not import: nixl, the transport modules of this package, the operator; of the rest of
-the worker only ``refit_worker.contract``.
 """
 
 from __future__ import annotations

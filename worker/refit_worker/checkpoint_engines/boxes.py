@@ -15,8 +15,6 @@ source and a destination box is a list of *runs*: byte ranges contiguous on both
 
 Placements travel as plain tuples: ``("shard", dim)`` or ``("replicate",)``; anything else
 (``_StridedShard``, ``Partial``) is the caller's to refuse.
-
-Must not import: torch, nixl, the transport modules of this package.
 """
 
 from __future__ import annotations

@@ -4,8 +4,6 @@ A target whose transfer goes to ERR, that times out, aborts or declines, or that
 caller drops (:meth:`Delivery.drop`, e.g. it left the membership) is taken out of the refit
 with its reason; the other targets complete.  Errors of this rank itself (a bad layout, a
 local registration) are not caught here and fail the whole send.
-
-Must not import: torch, nixl, the engine module (``nixl.py``), the operator.
 """
 
 from __future__ import annotations

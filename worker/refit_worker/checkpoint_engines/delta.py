@@ -23,8 +23,6 @@ that does not reproduce the trainer's state raises :class:`DeltaRejectedError` a
 served weights are untouched.  A sharded trainer's delta (:mod:`.delta_shards`) has one
 entry per changed block, indices flat within the block, and its whole-state check is by
 block: the header lists every block's hash.
-
-Must not import: nixl, torch.distributed, the transport modules of this package.
 """
 
 from __future__ import annotations

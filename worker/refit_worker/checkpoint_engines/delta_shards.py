@@ -14,8 +14,6 @@ hashes its own blocks, the ranks exchange the hashes (a few bytes per block), an
 receiver hashes the same blocks of its result.  :func:`check_blocks` makes the blocks
 cover every element of every tensor exactly once, so the check is as strict as the
 whole tensors' digest: any byte that differs changes its block's hash.
-
-Must not import: nixl, torch.distributed, the transport modules of this package.
 """
 
 from __future__ import annotations

@@ -4,9 +4,6 @@ The settings a refit runs with (bucket size, device, timeout, integrity, stripin
 agent and its memory registry once ``prepare()`` made them, the hash pool, the peers of the
 other role (:class:`~.peers.Peers`) and the refit-id counter.  The per-role parts
 (:mod:`.policy_side`, :mod:`.rollout_side`) hold one each and keep only their own state.
-
-Must not import: torch.distributed, the engine module (``nixl.py``), the role parts, the
-operator.
 """
 
 from __future__ import annotations

@@ -13,8 +13,6 @@ they overlap the transfer instead of adding a pass to it:
 * CUDA memory: ``wsum64``, a position-weighted sum of 32-bit words reduced on the device
   (on a side stream, after the event that says the bytes are ready), so no byte crosses to
   the host; any single flipped, dropped or swapped word changes it.
-
-Must not import: nixl, torch.distributed, the transport modules of this package.
 """
 
 from __future__ import annotations

@@ -8,8 +8,6 @@ Names are matched by configurable regular expressions, so nothing is tied to one
   only when that expert id is in ``expert_ids`` (``None`` means every expert);
 * ``tp_dims`` maps a name pattern to the dimension that tensor parallelism splits; a match
   is cut into ``tp_size`` equal parts along that dimension and part ``tp_rank`` is sent.
-
-Must not import: torch, nixl, the transport modules of this package.
 """
 
 from __future__ import annotations

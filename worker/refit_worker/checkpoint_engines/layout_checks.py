@@ -1,7 +1,4 @@
-"""Whether the tensors a caller receives into match the refit's (:func:`layout_problems`).
-
-Must not import: nixl, the transport modules of this package, the operator.
-"""
+"""Whether the tensors a caller receives into match the refit's (:func:`layout_problems`)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,6 @@ With ``T`` policy and ``R`` rollout ranks:
   ``sources[k % len(sources)]``.  With ``stripe=False`` only ``p == r`` sends (upstream);
 * ``T < R`` (fan-out): rollout ``r`` <- policy ``r % T``; each policy rank serves several
   rollout ranks, writing every bucket once per receiver from the same source memory.
-
-Must not import: torch, nixl, the transport modules of this package.
 """
 
 from __future__ import annotations

@@ -37,8 +37,6 @@ tensor of changed elements (:mod:`.delta`) to apply onto the version ``base_refi
 A manifest carries the sender's membership ``version`` and rollout world size, so that a
 receiver with several sources takes a refit only when they all planned it from the same
 membership (:mod:`.peers`).
-
-Must not import: torch, nixl, the transport modules of this package.
 """
 
 from __future__ import annotations

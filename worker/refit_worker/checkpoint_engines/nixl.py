@@ -48,9 +48,6 @@ The engine is a front: what both roles use is an :class:`~.engine_common.EngineC
 ``init_rollout_process_group`` a :class:`~.rollout_side.RolloutSide`, and the role's
 methods delegate to it until the peers are disconnected.  The engine's role is which part
 it has.
-
-Must not import: torch.distributed's collectives (only DTensor types, through
-:mod:`.shards`), the operator.
 """
 
 from __future__ import annotations

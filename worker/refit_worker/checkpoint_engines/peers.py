@@ -19,9 +19,6 @@ peers that changed (:func:`plan_peer_update`) and tells the engine which agents 
 so that their prepared WRITEs and landing sets are released.  It also holds the world sizes
 and membership version the next refits are mapped and stamped with, and builds a refit's
 :class:`~.routes.Target` list from them.
-
-Must not import: torch, nixl (the agent loads it when one is created), the engine module
-(``nixl.py``), the operator.
 """
 
 from __future__ import annotations

@@ -13,8 +13,6 @@
 * duplicate names are an error before anything is sent.
 
 An empty input plans one empty bucket, so a receiver always gets a message.
-
-Must not import: nixl, torch.distributed, the transport modules of this package.
 """
 
 from __future__ import annotations

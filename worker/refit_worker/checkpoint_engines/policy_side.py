@@ -4,9 +4,6 @@ It lives from ``init_policy_process_group()`` until the peers are disconnected, 
 what only a sender needs: the :class:`~.routes.Routes` kept per target agent on this
 connection (landing sets, prepared WRITEs, the manifest) and the send in progress, which
 :meth:`PolicySide.drop_target` reaches.  Each refit is one :class:`~.sender.RefitSender`.
-
-Must not import: torch.distributed's collectives (only DTensor types, through
-:mod:`.shards`), the engine module (``nixl.py``), the operator.
 """
 
 from __future__ import annotations

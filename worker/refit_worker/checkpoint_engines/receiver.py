@@ -38,8 +38,6 @@ is not the trainer's is declined with ``whole`` too: the served weights stay as 
 Completeness and integrity are checked *before the last batch is yielded* (and before
 :meth:`~RefitReceiver.into` returns): a refit that would end incomplete or corrupted raises
 instead, so a caller that commits after the loop never commits a partial refit.
-
-Must not import: torch.distributed, the engine module (``nixl.py``), the operator.
 """
 
 from __future__ import annotations

@@ -11,8 +11,6 @@ refit), 2 on a receiver (double buffering alternates two copies).
 A :class:`~.messages.LandingSet` (named tensors a sender may WRITE straight into) is built
 once per distinct set of tensors and carries NIXL's partial metadata of the storages behind
 it, so peers connected before the memory was registered can still address it.
-
-Must not import: torch.distributed, the engine module (``nixl.py``), the operator.
 """
 
 from __future__ import annotations

@@ -11,8 +11,6 @@ registers and offers in the metadata before the role is known (a policy rank fre
 at its ``init``), the reassembly memory kept across refits (:mod:`.staging`), the declines
 sent (at most one per source agent and refit), and whether the last ``receive_into`` let
 senders write into its targets.
-
-Must not import: torch.distributed, the engine module (``nixl.py``), the operator.
 """
 
 from __future__ import annotations

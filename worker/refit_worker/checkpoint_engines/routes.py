@@ -1,8 +1,6 @@
 """What a policy rank keeps per target across refits: the :class:`Target` and its
 :class:`Routes` (landing sets received on the connection, prepared WRITE handles by route,
 the manifest built for the plan).
-
-Must not import: torch, torch.distributed, the engine module (``nixl.py``), the operator.
 """
 
 from __future__ import annotations

@@ -20,8 +20,6 @@ that began overwriting that copy with a newer refit while it was read (double bu
 keeps a committed copy intact only until the refit after next starts), a peer that went
 away, or a manifest that does not match raises :class:`SeedError`; the caller then takes
 the policy's send as before.  A JSON body validated by pydantic, no code-executing format.
-
-Must not import: torch.distributed, the engine module (``nixl.py``), the operator.
 """
 
 from __future__ import annotations

@@ -22,8 +22,6 @@ others complete, and the refit reports which targets confirmed and why the other
 
 With integrity on, a pool thread hashes each bucket's source bytes while the transfer runs
 (:mod:`.integrity`); digests follow the buckets as they are ready.
-
-Must not import: torch.distributed, the engine module (``nixl.py``), the operator.
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ from typing import Any
 
 import torch
 
-from refit_worker.waits import apoll_until, precise_sleep
+from refit_worker.contract.waits import apoll_until, precise_sleep
 
 from .agent import (
     IDLE_BACKOFF,

@@ -17,8 +17,6 @@ still gets a zero-byte piece, so it arrives.
 
 Every rank computes the same plan from the same manifest: the senders each pick their own
 buckets out of it, the receiver checks it against the sender's digest.
-
-Must not import: torch, nixl, the transport modules of this package.
 """
 
 from __future__ import annotations

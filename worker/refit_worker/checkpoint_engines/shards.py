@@ -17,8 +17,6 @@ reduction: reduce it first).
 
 The mesh's ranks are taken as policy ranks: the trainer's ``torch.distributed`` ranks must
 be the RefitJob's policy ranks (checked for this rank's own coordinate).
-
-Must not import: nixl, the transport modules of this package.
 """
 
 from __future__ import annotations

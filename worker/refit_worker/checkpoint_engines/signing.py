@@ -13,8 +13,6 @@ sends in a policy rank's place, not for a seed it offers, not for a delta.
 The payload is plain bytes built here (no pickle): a domain tag, the manifest's JSON and
 one line per bucket.  Sealing and verifying cost well under a millisecond per refit
 (``bench/signed_refit.py``).
-
-Must not import: torch, nixl, the transport modules of this package.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """A policy rank's source tensors for one refit: materialised, sliced per target, and the
 moment the NIC may read them.
-
-Must not import: torch.distributed, nixl, the engine module (``nixl.py``), the operator.
 """
 
 from __future__ import annotations

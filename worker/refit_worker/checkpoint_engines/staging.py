@@ -10,8 +10,6 @@ landing memory in its ``ready``, and they WRITE the chunks straight into it.
 
 A kept tensor is valid until the next refit starts (it is then overwritten); memory of names
 that a refit no longer reassembles is deregistered and freed at the end of that refit.
-
-Must not import: torch.distributed, the engine module (``nixl.py``), the operator.
 """
 
 from __future__ import annotations

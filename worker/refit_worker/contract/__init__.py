@@ -24,7 +24,4 @@ checks it, see ``pyproject.toml``); the worker's own modules build on it.
 This ``__init__`` imports nothing, so ``signals``, ``env``, ``exits``, ``failures``,
 ``roles`` and ``dtypes`` load with the standard library alone (``refit-signal`` runs as a
 preStop hook).
-
-Must not import: anything but the standard library and pydantic; no other worker module,
-never the operator.
 """

@@ -7,8 +7,6 @@ the generator, ``bucketSize: 1Ti`` had every rank fail to allocate its buffers a
 ``bucketSize: 1`` failed only once the first refit was planned.  The spec's models (and so
 the generated CRD) and the worker's config take them from here, so a value the API stores
 is one the worker accepts.
-
-Must not import: anything but the standard library and ``refit_worker.contract``.
 """
 
 from __future__ import annotations

@@ -13,9 +13,6 @@ Kubernetes downward API; :data:`DOWNWARD_API_FIELDS` names them so the renderer 
 
 :class:`TransferKnobs` are the transfer settings a RefitJob spec and the worker share; the
 spec's ``TransferSpec`` and this module's :class:`TransferConfig` both extend it.
-
-Must not import: anything but the standard library, pydantic and ``refit_worker.contract``
-(the operator imports this module).
 """
 
 from __future__ import annotations

@@ -5,8 +5,6 @@ torch dtypes lives in the checkpoint engine (``checkpoint_engines.base``), which
 registry.  Here they are plain ``Literal`` types, so the RefitJob models and the generated
 CRD refuse a dtype the worker cannot use before any pod starts, and each one's width in
 bytes (:data:`ITEMSIZE`), which sizes a model and bounds the smallest bucket.
-
-Must not import: anything outside the standard library (torch in particular).
 """
 
 from __future__ import annotations

@@ -6,9 +6,6 @@ entries also with the writer's pod uid and generation; the barrier as the epoch'
 membership), the size limits, and :func:`encode_entry` /
 :func:`decode_entry`, whose every error is an :class:`EntryError` naming the key.
 :mod:`refit_worker.contract.rendezvous` builds the coordinator's decisions on these.
-
-Must not import: anything but the standard library, pydantic and ``refit_worker.contract``;
-nothing that does I/O.
 """
 
 from __future__ import annotations

@@ -7,8 +7,6 @@ standard library only) and a user's own training loop, which wants the signal(s)
 for and the pid directory to register in, and nothing else.  A third, optional one is set
 by users, not the operator: the port of a rank's metrics endpoint.  :meth:`Preemption.from_env`
 reads those two with the same parser :mod:`.config` uses.
-
-Must not import: anything outside the standard library.
 """
 
 from __future__ import annotations

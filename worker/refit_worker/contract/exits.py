@@ -2,8 +2,6 @@
 
 The operator (``observe.py``) and the local runner count :data:`EXIT_PREEMPTED` as a
 preemption, not a failure; the rest are what ``refit-worker --help`` lists.
-
-Must not import: anything outside the standard library.
 """
 
 from __future__ import annotations

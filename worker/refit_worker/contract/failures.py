@@ -8,8 +8,6 @@ the job's restarts (a lost peer, a timeout, a full disk may not happen twice).
 
 Each type also derives from the builtin error callers already catch (``ValueError``,
 ``FileNotFoundError``), so raising it changes no caller's ``except``.
-
-Must not import: anything outside the standard library.
 """
 
 from __future__ import annotations

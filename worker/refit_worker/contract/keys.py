@@ -1,7 +1,4 @@
-"""How a job's signing key is named where people read it (status, events, logs).
-
-Must not import: anything but the standard library.
-"""
+"""How a job's signing key is named where people read it (status, events, logs)."""
 
 from __future__ import annotations
 

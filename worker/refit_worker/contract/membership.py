@@ -5,9 +5,6 @@ epoch, by the reading rules of :mod:`refit_worker.contract.rendezvous`), the
 coordinator's view of the live pods (:class:`LivePod`) and its pure decision
 :func:`membership`: which rollout ranks are members of the epoch, written as the
 ``barrier`` entry (docs/failure-domains.md, "Rendezvous protocol v3").
-
-Must not import: anything but the standard library, pydantic and ``refit_worker.contract``;
-nothing that does I/O.
 """
 
 from __future__ import annotations

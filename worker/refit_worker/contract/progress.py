@@ -1,11 +1,9 @@
 """A rank's running account of its refits, turned into its progress report.
 
-The demo worker and :class:`~refit_worker.session.RefitSession` keep one
+The demo worker and :class:`~refit_worker.RefitSession` keep one
 :class:`ProgressLog` per rank and publish :meth:`ProgressLog.fields` under the rank's
 ``progress.<role>.<rank>`` key after every refit, so the operator's status, ``refit run``'s
 table and the metrics read the same figures whoever wrote the rank's code.
-
-Must not import: anything but the standard library, pydantic and ``refit_worker.contract``.
 """
 
 from __future__ import annotations

@@ -24,9 +24,6 @@ Reading rules, so every reader acts alike:
 Keys (valid ConfigMap data keys): ``meta.<role>.<rank>``, ``progress.<role>.<rank>``
 (in their role's maps), ``barrier`` and ``preempt`` (the operator's map, shard 0, which
 workers only read).  A key is read only from the map it belongs in.
-
-Must not import: anything but the standard library, pydantic and ``refit_worker.contract``;
-nothing that does I/O.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """The two roles of a RefitJob's ranks: ``policy`` (training, sends) and ``rollout``
 (inference, receives).  Names, labels, rendezvous keys and the worker config all use these.
-
-Must not import: anything outside the standard library.
 """
 
 from __future__ import annotations

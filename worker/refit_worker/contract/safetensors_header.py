@@ -5,8 +5,6 @@ naming every tensor's dtype, shape and byte range.  Reading it costs a few kilob
 ``refit run`` (which must not import torch) can refuse a checkpoint whose dtypes the worker
 cannot move before any process starts, instead of the worker failing after its gang has
 connected.
-
-Must not import: anything outside the standard library (torch in particular).
 """
 
 from __future__ import annotations

@@ -13,9 +13,6 @@ A map's name says which keys it may hold, whatever the world sizes (a rank's blo
 (:func:`at_home`), so an entry a pod writes into a map of its own names no one else.
 Shard indices (the stores' numbering) put the policy blocks first, so scaling the
 rollout role moves no existing key.
-
-Must not import: anything but the standard library, pydantic and ``refit_worker.contract``;
-nothing that does I/O.
 """
 
 from __future__ import annotations

@@ -12,9 +12,6 @@ the renderer puts it into the pod (``lifecycle.stopSignal`` and ``REFIT_PREEMPTI
 - :func:`parse_signal_list` / :func:`signal_list_text` — the comma-separated env form;
 - :func:`canonical_name` — the name as Kubernetes writes it (``usr1`` → ``SIGUSR1``);
 - :data:`SIGNAL_PATTERN`, :data:`KUBELET_STOP_SIGNALS` — the same table as the CRD sees it.
-
-Must not import: anything outside the standard library (``refit-signal`` runs as a preStop
-hook in any container).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The synthetic model's layout: names, shapes and size, computed without building it.
 
-The worker generates the tensors (``refit_worker.weights``); the operator's local runner
+The worker generates the tensors (``refit_worker.pod.weights``); the operator's local runner
 sizes a job from the same layout before it starts a process, so both read it here.
-
-Must not import: anything but the standard library and ``refit_worker.contract`` (torch in
-particular).
 """
 
 from __future__ import annotations

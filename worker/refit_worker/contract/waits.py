@@ -5,8 +5,6 @@ or :func:`apoll_until` (asyncio).  Both call ``check`` until it returns a value 
 ``None``/``False``, sleep between calls along a :class:`Backoff`, and raise ``error(text)``
 naming ``what`` once ``timeout`` seconds are spent, or :class:`WaitCancelled` when
 ``cancel.is_set()``.
-
-Must not import: anything else of the worker (the checkpoint engines use this module).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Receive refits beside a serving engine, hand each one over only once it is whole.
 
 An inference engine must keep generating while a refit streams in, and must never see a
-partial one.  :class:`StagedReceiver` runs a :class:`~refit_worker.session.RolloutSession` on
+partial one.  :class:`StagedReceiver` runs a :class:`~refit_worker.RolloutSession` on
 a background thread with its own event loop: :meth:`~StagedReceiver.begin` starts
 receiving refit ``k`` into the session's own double-buffered, NIXL-registered staging
 memory (the trainer's names, dtypes and shapes) while the engine's thread goes on serving;
@@ -20,8 +20,6 @@ keeps them out of the landing.
 The per-refit figures are published through the session's progress reporter: the
 session's own report (bytes, transfer seconds, ``verified_as``), then the same report's
 message naming the split into transfer, landing and verification seconds.
-
-Must not import: the operator, any inference engine.
 """
 
 from __future__ import annotations
@@ -39,8 +37,10 @@ import torch
 
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import ServedVersion, Verification
-from refit_worker.session import DeltaChanges, Preempted, RefitStats, RolloutSession
-from refit_worker.waits import WaitTimeout
+from refit_worker.contract.waits import WaitTimeout
+from refit_worker.rendezvous import Preempted
+from refit_worker.rollout.session import RolloutSession
+from refit_worker.session.refits import DeltaChanges, RefitStats
 
 #: Names under this prefix ride along with a refit but are not weights to land.
 EXTRA_PREFIX = "refit.extra."

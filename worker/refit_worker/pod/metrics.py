@@ -7,8 +7,6 @@ a user's own loop calls :func:`serve` with its
 The figures are read from that log at scrape time, so they are exactly what the rank
 reports under its ``progress.<role>.<rank>`` key.  The operator's own metrics cover the
 whole job; these are per rank, for a look inside a slow or stuck gang.
-
-Must not import: the operator, torch, nixl.
 """
 
 from __future__ import annotations

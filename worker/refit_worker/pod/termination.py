@@ -3,9 +3,6 @@
 The kubelet copies the file at ``terminationMessagePath`` into the pod's status
 (``state.terminated.message``); the operator copies that into the RefitJob's status and a
 Warning Event, so ``kubectl get rj`` says why a rank failed after its logs are gone.
-
-Must not import: the operator, torch, nixl (a worker that cannot even read its config
-still reports through this).
 """
 
 from __future__ import annotations

@@ -9,8 +9,6 @@ Two sources, chosen by ``WorkerConfig.weights``:
 
 Between refits the policy "trains": :func:`advance` changes every tensor in place in a
 deterministic way, so each refit carries new values and a stale refit cannot pass as fresh.
-
-Must not import: the operator, nixl, kubernetes.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """A sharded refit's delta, agreed by the policy gang: each rank's offer, and their fold.
 
 Each policy rank of a DTensor trainer encodes the changes of its own blocks
-(:mod:`refit_worker.checkpoint_engines.delta_shards`) and offers them as a
-:class:`RankOffer`: whether it can send a delta at all (it holds the base, and ``auto``
-says deltas pay), its piece's entries and size, and the hashes of its blocks.  The ranks
-exchange their offers over the policy group (JSON, :meth:`~refit_worker.gang.PolicyGang.exchange`)
-and every rank folds the same list the same way (:func:`fold_offers`): one delta, sent by
-all of them, each writing its own piece, or a whole refit, sent by all of them.
-
-Must not import: nixl, torch.distributed, the operator.
+(:mod:`refit_worker.checkpoint_engines.delta_shards`) and offers them as a :class:`RankOffer`:
+whether it can send a delta at all (it holds the base, and ``auto`` says deltas pay), its
+piece's entries and size, and the hashes of its blocks.  The ranks exchange their offers over
+the policy group (JSON, :meth:`~refit_worker.policy.gang_plan.PolicyGang.exchange`) and every
+rank folds the same list the same way (:func:`fold_offers`): one delta, sent by all of them,
+each writing its own piece, or a whole refit, sent by all of them.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ first round sends that, every later round (a replica that lacked the base, a res
 failed the check, a late member) the whole weights.  Once a refit reached its members the
 copy is brought up to it.  A DTensor trainer's rank keeps a copy of its own blocks only,
 and its offer is agreed with the other ranks (:meth:`DeltaSource.offer_sharded`,
-:mod:`refit_worker.delta_gang`).
+:mod:`refit_worker.policy.delta_agreement`).
 
 ``on`` sends a delta whenever it is at most half the bytes.  ``auto`` also asks whether
 deltas pay here (:func:`prefer_delta`): on a fast link (shared memory, a fast NIC) the
@@ -15,8 +15,6 @@ passes over the weights that find and apply the changes can cost more than the b
 they save (``bench/delta_refit.py`` measured that on a 2-core host), so it keeps the
 seconds of the last whole and the last delta refit and sends whichever was faster,
 trying a delta again every :data:`PROBE_EVERY` refits.
-
-Must not import: the operator, kubernetes, torch.distributed.
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ from refit_worker.checkpoint_engines.delta_shards import block_ref, encoded_here
 from refit_worker.checkpoint_engines.integrity import Algorithm, tensors_digest
 from refit_worker.checkpoint_engines.messages import BlockHash, BlockRef, DeltaHeader
 from refit_worker.checkpoint_engines.shards import ShardedSource
-from refit_worker.delta_gang import RankOffer, fold_offers
+from refit_worker.policy.delta_agreement import RankOffer, fold_offers
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +137,7 @@ class DeltaSource:
         """The first round's payload for refit ``refit`` of a DTensor trainer's weights
         (``local``: this rank's blocks), agreed with the other policy ranks through
         ``exchange`` (every rank's bytes, in rank order): all send a delta, each its own
-        piece, or all send whole (:mod:`refit_worker.delta_gang`)."""
+        piece, or all send whole (:mod:`refit_worker.policy.delta_agreement`)."""
         started = time.perf_counter()
         current = {s.held.name: s.local for s in local}
         refs = {s.held.name: block_ref(s.held.shape, _own_box(s, self.rank)) for s in local}

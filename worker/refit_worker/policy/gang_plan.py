@@ -9,12 +9,10 @@ it.  Here policy rank 0 alone reads the barrier and hands it to the others over 
 policy role's torch.distributed group (the group the entrypoint joins, or the caller's):
 a length, then the plan's JSON bytes as a uint8 tensor (never pickle).  After the send
 the ranks gather one small int each, so that they all retry a refit, or none does.  A
-sharded delta's offers (:mod:`refit_worker.delta_source`) are exchanged the same way.
+sharded delta's offers (:mod:`refit_worker.policy.delta_source`) are exchanged the same way.
 
 :func:`encode_plan`, :func:`decode_plan` and :func:`fold_verdict` are pure; :class:`PolicyGang`
 runs the collectives (blocking: the session calls them in a worker thread).
-
-Must not import: the operator, nixl, kubernetes, pickle.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry
 from refit_worker.contract.failures import RefusedConfigError
-from refit_worker.signal_handler import all_gather_item, get_device
+from refit_worker.signals.handler import all_gather_item, get_device
 
 #: The length rank 0 broadcasts when it has no plan (its read failed): the others stop too.
 _NO_PLAN = -1

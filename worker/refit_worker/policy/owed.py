@@ -1,7 +1,7 @@
 """What a policy rank owes each rollout member, decided from the membership and the ranks'
 progress reports: pure functions, no I/O.
 
-The one serve loop of :class:`~refit_worker.sending.PolicySession` (a refit's send, its
+The one serve loop of :class:`~refit_worker.policy.session.PolicySession` (a refit's send, its
 re-send by a new plan, the linger after the last refit) asks :func:`owed` each round and
 sends to what it names; these functions are the whole of what it decides from.
 
@@ -10,12 +10,8 @@ sends to what it names; these functions are the whole of what it decides from.
   membership version it is owed by;
 - :func:`all_have`: whether those members' pods reported the refit committed (then a send
   that reached no one still settled it);
-- :func:`all_done`: whether every rollout slot's pod reported ``done`` (a lingering rank
-  may stop);
 - :func:`not_serving`: the rollout slots whose pod has not committed a refit yet (a
   lockstep trainer waits for none before its next step).
-
-Must not import: the operator, kubernetes; nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -24,11 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from refit_worker.checkpoint_engines.peers import targets_for_policy
-from refit_worker.contract.entries import BarrierEntry, ProgressEntry
-from refit_worker.contract.roles import Role
-from refit_worker.following import members
-
-Progress = Mapping[tuple[Role, int], ProgressEntry]
+from refit_worker.contract.entries import BarrierEntry
+from refit_worker.session.following import members
+from refit_worker.session.rollout_reports import Progress, report_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,18 +46,13 @@ class RankMapping:
     sharded: bool
 
 
-def _report(progress: Progress, rank: int, uid: str) -> ProgressEntry | None:
-    entry = progress.get(("rollout", rank))
-    return entry if entry is not None and entry.uid == uid else None
-
-
 def lacks(progress: Progress | None, rank: int, uid: str, refit: int) -> bool:
     """Whether pod ``uid`` in rollout slot ``rank`` still needs ``refit``: no report of its
     own, or a running rank that has not committed it.  ``progress=None`` (not read, e.g. a
     refit's first round) counts every member as lacking it."""
     if progress is None:
         return True
-    report = _report(progress, rank, uid)
+    report = report_for(progress, rank, uid)
     return report is None or (report.refits_completed <= refit and report.state == "running")
 
 
@@ -100,7 +89,8 @@ def owed(
 def all_have(due: Mapping[int, Owed], progress: Progress) -> bool:
     """Whether the pod of each due member reported its refit committed; False for none."""
     return bool(due) and all(
-        (report := _report(progress, rank, o.uid)) is not None and report.refits_completed > o.refit
+        (report := report_for(progress, rank, o.uid)) is not None
+        and report.refits_completed > o.refit
         for rank, o in due.items()
     )
 
@@ -114,7 +104,7 @@ def not_serving(barrier: BarrierEntry, progress: Progress, refit: int) -> list[i
         rank
         for rank in range(len(barrier.rollout))
         if rank not in slots
-        or (report := _report(progress, rank, slots[rank][0])) is None
+        or (report := report_for(progress, rank, slots[rank][0])) is None
         or report.refits_completed <= refit
     ]
 
@@ -124,37 +114,16 @@ def seeding_peer(barrier: BarrierEntry, progress: Progress, last: int) -> int | 
     with it (its report says ``seeding``), by rank; None if there is none.  While one
     stays, a late member is seeded by it, so a policy rank need not linger."""
     for rank, (uid, _generation) in sorted(members(barrier).items()):
-        report = _report(progress, rank, uid)
+        report = report_for(progress, rank, uid)
         if report is not None and report.seeding and report.refits_completed > last:
             return rank
     return None
-
-
-def all_done(barrier: BarrierEntry, progress: Progress) -> bool:
-    """Every rollout slot is done: its member's pod reported ``done``, or (an empty slot)
-    the rank's last report, by the pod that held it, says ``done`` (a coordinator may
-    drop a pod that finished and exited from the membership), unless the slot is held
-    for a later generation than that pod's."""
-    for rank, slot in enumerate(barrier.rollout):
-        if slot is None:
-            report = progress.get(("rollout", rank))
-            # A pod of an older generation than the slot is held for was replaced: a
-            # replacement is on its way and owed the last refit (a drain during the final
-            # commit), whatever the pod it replaces reported.
-            if report is not None and report.generation < barrier.generation_of(rank):
-                return False
-        else:
-            report = _report(progress, rank, slot.uid)
-        if report is None or report.state != "done":
-            return False
-    return True
 
 
 __all__ = [
     "Owed",
     "Progress",
     "RankMapping",
-    "all_done",
     "all_have",
     "lacks",
     "owed",

@@ -2,7 +2,7 @@
 members of the moment, and after the last one serves the members that joined late.
 
 All of it is one serve loop (:meth:`PolicySession._serve`).  Each round it looks at the
-membership, asks :func:`refit_worker.owed.owed` what this rank owes whom, sends that,
+membership, asks :func:`refit_worker.policy.owed.owed` what this rank owes whom, sends that,
 and lets the round's *case* say whether to go on.  There are two cases:
 
 - :class:`_RefitRounds`, a refit's send.  Policy rank 0 plans each round's membership for
@@ -16,8 +16,6 @@ With ``transfer.delta`` on (or auto, while deltas pay) a refit's first round sen
 elements that changed since the last refit (:mod:`.delta_source`); a member that could not
 use them declines for the whole refit, and the next round (on every rank: the gang's
 verdict waits for it) sends it whole.  Lingering always sends whole.
-
-Must not import: the operator, kubernetes (the store does that lazily).
 """
 
 from __future__ import annotations
@@ -39,23 +37,22 @@ from refit_worker.checkpoint_engines.shards import is_sharded, local_sources
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry
 from refit_worker.contract.roles import Role
-from refit_worker.delta_source import DeltaSource, Offer
-from refit_worker.following import PeerSet
-from refit_worker.gang import PolicyGang, join_policy_group
-from refit_worker.owed import (
+from refit_worker.contract.waits import Backoff
+from refit_worker.policy.delta_source import DeltaSource, Offer
+from refit_worker.policy.gang_plan import PolicyGang, join_policy_group
+from refit_worker.policy.owed import (
     Owed,
-    Progress,
     RankMapping,
-    all_done,
     all_have,
     not_serving,
     owed,
     seeding_peer,
 )
-from refit_worker.refits import RefitStats, RefitUndelivered
 from refit_worker.rendezvous import Preempted, RendezvousStore
-from refit_worker.session_base import RefitSession
-from refit_worker.waits import Backoff
+from refit_worker.session.base import RefitSession
+from refit_worker.session.following import PeerSet
+from refit_worker.session.refits import RefitStats, RefitUndelivered
+from refit_worker.session.rollout_reports import Progress, all_done
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +109,7 @@ class PolicySession(RefitSession):
     ) -> None:
         super().__init__(config, store=store, stop_requested=stop_requested)
         #: The policy ranks' group (None: the default one), where rank 0 hands out each
-        #: refit's membership (:mod:`refit_worker.gang`).
+        #: refit's membership (:mod:`refit_worker.policy.gang_plan`).
         self._group = group
         self._gang: PolicyGang | None = None
         #: The last refit this rank sent, and who confirmed it.
@@ -159,7 +156,7 @@ class PolicySession(RefitSession):
         lost during the send (gone from a newer barrier, a NIXL error, a timeout, a
         decline) is dropped from it and the others get it; a refit that reached no member
         of any rank is sent again by a new plan, to the members that still lack it, on
-        every rank at once (:class:`~refit_worker.refits.RefitUndelivered` after
+        every rank at once (:class:`~refit_worker.session.refits.RefitUndelivered` after
         ``timeout_seconds`` without one).  ``stats.delivered`` names who confirmed to this
         rank.
 
@@ -287,7 +284,7 @@ class PolicySession(RefitSession):
         offer: Offer | None = None,
     ) -> Served:
         """Serve ``served.refit`` round by round until ``rounds`` says it ended: each round
-        sends what :func:`~refit_worker.owed.owed` names (by ``mapping``), to those
+        sends what :func:`~refit_worker.policy.owed.owed` names (by ``mapping``), to those
         members only.  ``offer``: the first round's delta, if any; later rounds are whole."""
         first = offer if offer is not None and offer.header is not None else None
         while True:

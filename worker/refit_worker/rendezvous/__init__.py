@@ -6,14 +6,13 @@ in the contract, :mod:`refit_worker.contract.rendezvous`; here is the I/O.  :mod
 is the interface with the worker's and coordinator's operations, which :mod:`.file_store`
 and :mod:`.configmap_store` implement (:func:`open_store` picks one from the worker
 config); :mod:`.watch` watches for the preemption notice in the background.
-
-Must not import: the operator; torch or nixl (the payload is opaque JSON text).
 """
 
 from __future__ import annotations
 
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.rendezvous import Layout
+from refit_worker.contract.waits import CancelFlag, WaitCancelled
 from refit_worker.rendezvous.configmap_store import ConfigMapStore
 from refit_worker.rendezvous.file_store import FileStore
 from refit_worker.rendezvous.store import (
@@ -25,7 +24,6 @@ from refit_worker.rendezvous.store import (
     RendezvousTimeout,
 )
 from refit_worker.rendezvous.watch import PreemptionWatch
-from refit_worker.waits import CancelFlag, WaitCancelled
 
 __all__ = [
     "CancelFlag",

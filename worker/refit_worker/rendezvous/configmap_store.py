@@ -9,13 +9,11 @@ that belong there.
 A wait lists each watched shard, then watches it from that resourceVersion (one thread
 per shard, each watch bounded in time); after ``410 Gone`` it lists again.  The waiting
 thread sleeps on a condition the watch threads notify, through
-``refit_worker.waits.poll_until``, so its deadline and cancel flag work as everywhere else.
+``refit_worker.contract.waits.poll_until``, so its deadline and cancel flag work as everywhere else.
 
 The API client is built at first use — in-cluster config inside a pod, else
 ``KUBECONFIG`` / ``~/.kube/config`` — never at import, and ``kubernetes`` itself is
 imported only then.
-
-Must not import: torch, nixl, the operator; kubernetes only inside functions.
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from refit_worker.contract.rendezvous import Layout, merge_patch
+from refit_worker.contract.waits import Backoff, CancelFlag, poll_until
 from refit_worker.rendezvous.store import (
     Check,
     RendezvousError,
@@ -36,7 +35,6 @@ from refit_worker.rendezvous.store import (
     RendezvousTimeout,
     T,
 )
-from refit_worker.waits import Backoff, CancelFlag, poll_until
 
 R = TypeVar("R")
 

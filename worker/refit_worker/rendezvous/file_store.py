@@ -3,10 +3,8 @@
 Layout: ``<directory>/shard-<i>/<key>``, one file per key, so writers of different keys
 never touch the same file.  A write goes to a temporary file in the same directory and is
 renamed over the key (atomic on POSIX): a reader sees the old value or the new one,
-never a torn one.  Waits poll (``refit_worker.waits.poll_until``) with a bounded back-off,
+never a torn one.  Waits poll (``refit_worker.contract.waits.poll_until``) with a bounded back-off,
 5 ms growing to 200 ms.
-
-Must not import: kubernetes, torch, nixl, the operator.
 """
 
 from __future__ import annotations
@@ -18,8 +16,8 @@ from pathlib import Path
 
 from refit_worker.contract.entries import TruncatedValue
 from refit_worker.contract.rendezvous import Layout, is_valid_data_key, max_value_bytes
+from refit_worker.contract.waits import Backoff, CancelFlag, poll_until
 from refit_worker.rendezvous.store import Check, RendezvousStore, RendezvousTimeout, T
-from refit_worker.waits import Backoff, CancelFlag, poll_until
 
 _TMP_PREFIX = ".tmp-"
 _BACKOFF = Backoff(first=0.005, cap=0.2)

@@ -13,9 +13,6 @@ data passes — and builds on them, the same for every implementation:
 
 Every write sets the writer's own key alone; every wait has a timeout whose error says
 what it waited for.
-
-Must not import: kubernetes (only :mod:`.configmap_store` talks to the API), torch,
-nixl, the operator.
 """
 
 from __future__ import annotations
@@ -60,7 +57,7 @@ from refit_worker.contract.rendezvous import (
     shards_needed,
 )
 from refit_worker.contract.roles import Role, check_role
-from refit_worker.waits import CancelFlag, WaitTimeout
+from refit_worker.contract.waits import CancelFlag, WaitTimeout
 
 T = TypeVar("T")
 
@@ -81,7 +78,7 @@ class Preempted(Exception):
 
     One exception for every way a worker hears of it: a store's wait raises it when the
     job-wide notice of this epoch arrives (``notice`` is that notice), and
-    ``RefitSession`` (``refit_worker.session.Preempted``, the same class) at a bucket or
+    ``RefitSession`` (``refit_worker.Preempted``, the same class) at a bucket or
     refit boundary after a signal or a notice.  ``weights_partial``: the stop came in the
     middle of an in-place refit, so the live weights hold a mix of two refits and must not
     be served.

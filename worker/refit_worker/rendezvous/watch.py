@@ -7,8 +7,6 @@ or for a rollout member of that or a later epoch; a notice for the policy gang a
 typically answers by signalling itself with its preemption signal, so that
 ``DistributedSignalHandler`` stops every rank at the next bucket boundary, exactly as for
 a pod termination.
-
-Must not import: kubernetes, torch, nixl, the operator.
 """
 
 from __future__ import annotations
@@ -18,8 +16,8 @@ from collections.abc import Callable
 from types import TracebackType
 
 from refit_worker.contract.rendezvous import PreemptNotice
+from refit_worker.contract.waits import WaitCancelled
 from refit_worker.rendezvous.store import Member, RendezvousStore, RendezvousTimeout
-from refit_worker.waits import WaitCancelled
 
 #: Seconds of one wait; the watch renews it until stopped.
 WAIT_SECONDS = 60.0

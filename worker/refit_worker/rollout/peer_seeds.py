@@ -7,8 +7,6 @@ has committed nothing yet tries, before it waits for the policy's send, to seed 
 committed refit from live rollout peers (:func:`~.checkpoint_engines.seeding.pull`,
 striped over the peers that agree, every tensor verified); when no peer qualifies or the
 seed fails, it takes the policy's send as before.
-
-Must not import: the operator, kubernetes (the store does that lazily).
 """
 
 from __future__ import annotations
@@ -30,9 +28,9 @@ from refit_worker.checkpoint_engines.seeding import (
     pull,
 )
 from refit_worker.checkpoint_engines.signing import SealRecord
-from refit_worker.connection import Connection
 from refit_worker.contract.entries import BarrierEntry, SeedPointer
-from refit_worker.seeding import policy_done, predecessor, seed_sources
+from refit_worker.rollout.seed_choice import policy_done, predecessor, seed_sources
+from refit_worker.session.connection import Connection
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,6 @@ running or done (not failed, preempted or left).  The best offers come first: th
 committed refit, then the lowest rank.  Whether a peer's copy is still intact is not
 decided here: the seed's READ is verified tensor by tensor
 (:mod:`refit_worker.checkpoint_engines.seeding`).
-
-Must not import: the operator, kubernetes; nothing here talks to NIXL or the store.
 """
 
 from __future__ import annotations
@@ -31,8 +29,8 @@ from refit_worker.contract.entries import (
     progress_key,
 )
 from refit_worker.contract.roles import Role
-from refit_worker.following import members
 from refit_worker.rendezvous.store import Member
+from refit_worker.session.following import members
 
 _IMPORTED_AT = time.time()
 

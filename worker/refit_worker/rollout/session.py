@@ -1,8 +1,6 @@
 """:class:`RolloutSession`: a rollout rank's session.  It receives each refit into the
 session's state or the caller's target, verifies and commits it, and follows the
 membership (a new policy epoch, a scale-down, a stale pod).
-
-Must not import: the operator, kubernetes (the store does that lazily).
 """
 
 from __future__ import annotations
@@ -38,10 +36,26 @@ from refit_worker.contract.entries import (
     decode_entry,
 )
 from refit_worker.contract.roles import Role
-from refit_worker.following import PeerSet, standing
-from refit_worker.owed import all_done
-from refit_worker.peer_seeds import PeerSeeds
-from refit_worker.refits import (
+from refit_worker.contract.waits import Backoff, poll_until
+from refit_worker.rendezvous import (
+    Preempted,
+    RendezvousTimeout,
+    WaitCancelled,
+)
+from refit_worker.rollout.peer_seeds import PeerSeeds
+from refit_worker.rollout.seed_choice import process_started_at, successor
+from refit_worker.rollout.targets import (
+    DoubleBuffer,
+    OwnState,
+    PartialRefitError,
+    ReceiveMode,
+    Target,
+    check_mode,
+    live_tensors,
+)
+from refit_worker.session.base import RefitSession
+from refit_worker.session.following import PeerSet, standing
+from refit_worker.session.refits import (
     CommittedRefit,
     DeltaChanges,
     RefitStats,
@@ -51,24 +65,8 @@ from refit_worker.refits import (
     Verifier,
     _Flag,
 )
-from refit_worker.rendezvous import (
-    Preempted,
-    RendezvousTimeout,
-    WaitCancelled,
-)
-from refit_worker.reporting import checked_level
-from refit_worker.seeding import process_started_at, successor
-from refit_worker.session_base import RefitSession
-from refit_worker.targets import (
-    DoubleBuffer,
-    OwnState,
-    PartialRefitError,
-    ReceiveMode,
-    Target,
-    check_mode,
-    live_tensors,
-)
-from refit_worker.waits import Backoff, poll_until
+from refit_worker.session.reporting import checked_level
+from refit_worker.session.rollout_reports import all_done
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +159,8 @@ class RolloutSession(RefitSession):
         refit the policy sends with an id >= that, skipping those it missed, so the
         returned ``stats.refit_id`` (and the id ``verify`` gets) may be higher.  A new
         policy epoch during the wait is joined and the refit taken from it; a scale-down
-        raises :class:`~refit_worker.refits.Removed`, a replacement of this pod
-        :class:`~refit_worker.refits.Superseded`.
+        raises :class:`~refit_worker.session.refits.Removed`, a replacement of this pod
+        :class:`~refit_worker.session.refits.Superseded`.
 
         Double-buffered: the refit lands in a spare copy (allocated when the first refit's
         manifest arrives, the second right after that refit's commit, again when the

@@ -13,8 +13,6 @@ cloned:
 A target is an ``nn.Module`` (its parameters, plus any buffer whose name was sent) or a
 mutable mapping of names to tensors (a state dict).  Pure bookkeeping: nothing here talks to
 NIXL.
-
-Must not import: the operator, nixl, the checkpoint engines' transport modules.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """:class:`RefitSession`: what a policy-side and a rollout-side session have in common.
 
-A session is one role's: :class:`~refit_worker.sending.PolicySession` sends refits,
-:class:`~refit_worker.receiving.RolloutSession` receives them.  Both are built on one
-:class:`~refit_worker.connection.Connection` (the engine, the store, the peers, the
+A session is one role's: :class:`~refit_worker.policy.session.PolicySession` sends refits,
+:class:`~refit_worker.rollout.session.RolloutSession` receives them.  Both are built on one
+:class:`~refit_worker.session.connection.Connection` (the engine, the store, the peers, the
 reports) and keep their role's state to themselves.  ``RefitSession(config)`` and
 :meth:`RefitSession.from_env` return the session of the rank's role, so code that serves
 both roles needs one entry point; ``PolicySession(config)`` (or ``.from_env()``) says
 which role the caller expects and refuses the other.
-
-Must not import: the operator, kubernetes (the store does that lazily).
 """
 
 from __future__ import annotations
@@ -17,13 +15,13 @@ import logging
 from collections.abc import Callable
 from typing import Any, ClassVar, Self
 
-from refit_worker.connection import Connection
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.failures import RefusedConfigError
 from refit_worker.contract.roles import Role
-from refit_worker.following import PeerSet
 from refit_worker.rendezvous import Member, RendezvousStore
-from refit_worker.reporting import ProgressReporter
+from refit_worker.session.connection import Connection
+from refit_worker.session.following import PeerSet
+from refit_worker.session.reporting import ProgressReporter
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +30,7 @@ _BY_ROLE: dict[str, type[RefitSession]] = {}
 
 class RefitSession:
     """One rank's side of a RefitJob: connect once, then send (policy) or receive
-    (rollout) refits; see :mod:`refit_worker.session`."""
+    (rollout) refits; see :mod:`refit_worker`."""
 
     #: The role this class serves (None: pick by the config's role).
     role: ClassVar[Role | None] = None

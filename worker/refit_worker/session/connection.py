@@ -4,10 +4,8 @@
 the progress reporter and the preemption watch, and does the work every rank does the
 same way: publish this rank's NIXL metadata, wait for its place in the membership (stopped
 soon after a stop request), run a transfer beside a watcher, say how the rank ended, and
-close.  It holds no state of either role: :class:`~refit_worker.sending.PolicySession`
-and :class:`~refit_worker.receiving.RolloutSession` each own one and keep their own.
-
-Must not import: the operator, kubernetes (the store does that lazily).
+close.  It holds no state of either role: :class:`~refit_worker.policy.session.PolicySession`
+and :class:`~refit_worker.rollout.session.RolloutSession` each own one and keep their own.
 """
 
 from __future__ import annotations
@@ -23,9 +21,6 @@ from refit_worker.checkpoint_engines import NIXLCheckpointEngine
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry, SeedPointer
 from refit_worker.contract.failures import RefusedConfigError
-from refit_worker.following import PeerSet
-from refit_worker.job_keys import signer_of, verifier_of
-from refit_worker.refits import Removed, Superseded, _Flag
 from refit_worker.rendezvous import (
     Member,
     Preempted,
@@ -34,7 +29,10 @@ from refit_worker.rendezvous import (
     open_store,
 )
 from refit_worker.rendezvous.watch import PreemptionWatch
-from refit_worker.reporting import ProgressReporter
+from refit_worker.session.following import PeerSet
+from refit_worker.session.job_keys import signer_of, verifier_of
+from refit_worker.session.refits import Removed, Superseded, _Flag
+from refit_worker.session.reporting import ProgressReporter
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

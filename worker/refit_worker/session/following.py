@@ -13,15 +13,13 @@ where no pod is a member now), the entries of a snapshot and the ranks' progress
   absent);
 
 What a policy rank still owes each member, by the ranks' progress reports, is
-:mod:`refit_worker.owed`'s.
+:mod:`refit_worker.policy.owed`'s.
 
 :class:`PeerSet` keeps the barrier a rank last acted on and turns a newer one into engine
 calls: a policy rank hands the members to ``update_peers`` before each refit and, during
 a send, drops the targets a newer barrier no longer lists (``drop_target``); a rollout
 rank connects to the policy ranks of the epoch it joined.  Only it does I/O (the store's
 reads, the engine's calls); the functions above do none.
-
-Must not import: torch, nixl, the operator, kubernetes (the store does that lazily).
 """
 
 from __future__ import annotations
@@ -35,8 +33,8 @@ from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry, MetadataEntry
 from refit_worker.contract.rendezvous import read_snapshot
 from refit_worker.contract.roles import Role
+from refit_worker.contract.waits import Backoff, CancelFlag, poll_until
 from refit_worker.rendezvous import Member, RendezvousStore, RendezvousTimeout
-from refit_worker.waits import Backoff, CancelFlag, poll_until
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,5 @@
 """The job's key halves from a worker's config: what seals (policy) and what checks
 (rollout) every refit (:mod:`refit_worker.checkpoint_engines.signing`).
-
-Must not import: the operator, kubernetes.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
-"""What :class:`~refit_worker.session.RefitSession` hands back and raises.
+"""What :class:`~refit_worker.RefitSession` hands back and raises.
 
 :class:`RefitStats` (one refit as this rank saw it), :class:`CommittedRefit`,
 :class:`DeltaChanges` (what a delta refit changed), and the ways
 a rank's membership ends besides a preemption: :class:`Removed` (a scale-down took its
 rank away; it leaves cleanly) and :class:`Superseded` (another pod holds its rank: this
 one is stale and must write nothing more).
-
-Must not import: the operator, kubernetes, nixl.
 """
 
 from __future__ import annotations
@@ -85,7 +83,7 @@ class Superseded(Preempted):
 
 class HandedOver(Superseded):
     """This pod was stopped (a drain, an eviction) and stayed until its replacement served
-    (:meth:`~refit_worker.receiving.RolloutSession.hand_over`): a preemption, reported as
+    (:meth:`~refit_worker.rollout.session.RolloutSession.hand_over`): a preemption, reported as
     nothing more under the rank's progress key, which is the replacement's now."""
 
 

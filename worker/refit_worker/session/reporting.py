@@ -1,10 +1,8 @@
 """A rank's progress reports, published for every refit it sends or commits.
 
-:class:`~refit_worker.session.RefitSession` owns one :class:`ProgressReporter`, so a user's
+:class:`~refit_worker.RefitSession` owns one :class:`ProgressReporter`, so a user's
 own trainer and server fill the job's ``status``, ``refit run``'s table and the metrics the
 same way the demo worker does: figures come only from refits that really moved.
-
-Must not import: the operator, kubernetes (the store does that lazily).
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """``refit-signal``: the preStop delivery command.
 
 A pod's preStop hook runs ``refit-signal --timeout N``; the command reads the pid registry
-(:mod:`refit_worker.pid_registry`), sends every registered process the signal it listens
+(:mod:`refit_worker.signals.pid_registry`), sends every registered process the signal it listens
 for and waits, at most N seconds, for them all to exit.  That lets the gang see a pod's
 termination even where the container runtime cannot be told which signal to send (no
 ``lifecycle.stopSignal``).  :func:`plan_delivery` decides (pure), :func:`deliver` does.
-
-Must not import anything outside the standard library and ``refit_worker.contract``'s
-stdlib-only modules (``signals``, ``env``; not ``config``, which imports pydantic): this
-module runs as a preStop exec in any container.
 """
 
 from __future__ import annotations
@@ -26,14 +22,14 @@ from typing import TextIO
 
 from refit_worker.contract.env import PREEMPTION_SIGNAL_ENV, SIGNAL_PID_DIR_ENV
 from refit_worker.contract.signals import parse_signal_list
-from refit_worker.pid_registry import (
+from refit_worker.contract.waits import Backoff, WaitTimeout, poll_until
+from refit_worker.signals.pid_registry import (
     ProcState,
     Registration,
     is_same_live_process,
     read_proc_state,
     read_registrations,
 )
-from refit_worker.waits import Backoff, WaitTimeout, poll_until
 
 DEFAULT_TIMEOUT_SECONDS = 25.0
 #: Quick for fast exits, at most 5 wake-ups a second after that.
@@ -196,7 +192,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``refit-signal`` and ``python -m refit_worker.signal_delivery``."""
+    """Entry point of ``refit-signal`` and ``python -m refit_worker.signals.delivery``."""
     parser = _parser()
     args = parser.parse_args(argv)
     if not args.dir:

@@ -16,8 +16,6 @@ Same public names and signatures as ``nemo_automodel.components.training.signal_
 
 Signals are parsed by ``refit_worker.contract.signals``, the one parser the operator, the
 CRD and ``refit-signal`` use too.
-
-Must not import: the operator, nixl, kubernetes.
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from refit_worker.contract.signals import SignalLike, parse_signals, resolve_signal
-from refit_worker.pid_registry import register
+from refit_worker.signals.pid_registry import register
 
 __all__ = [
     "DistributedSignalHandler",

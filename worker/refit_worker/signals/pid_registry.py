@@ -2,7 +2,7 @@
 
 A process that enters ``DistributedSignalHandler(..., pid_dir=DIR)`` (in a pod: ``DIR`` is
 ``REFIT_SIGNAL_PID_DIR``, a shared emptyDir) writes one registration file there and removes
-it when it leaves.  The preStop command ``refit-signal`` (:mod:`refit_worker.signal_delivery`)
+it when it leaves.  The preStop command ``refit-signal`` (:mod:`refit_worker.signals.delivery`)
 reads them and sends each process its signal.
 
 Registration format: a file ``<pid>-<token>.json`` (written to a dot-named temp file, then
@@ -14,9 +14,6 @@ renamed, so readers never see half a file) holding a JSON object::
 taken for the registered one only while that still matches, so a recycled pid is never hit.
 Both ``start_time`` and ``signals`` may be left out by other writers: then no reuse check
 is possible, and the command's ``--signal`` is sent.
-
-Must not import anything outside the standard library and ``refit_worker.contract``'s
-stdlib-only modules (``signals``): ``refit-signal`` runs as a preStop exec in any container.
 """
 
 from __future__ import annotations

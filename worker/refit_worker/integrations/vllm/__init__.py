@@ -29,8 +29,8 @@ checked by the caller (e.g. greedy tokens against the trainer's), then committed
 reported with the split into transfer, landing and verification seconds.  A refit that
 fails or is preempted before landing never touches the engine.
 
-No private attribute of vLLM is read or written.  Must not import: the operator; vLLM at
-module import time (only inside functions that run in a vLLM process).
+No private attribute of vLLM is read or written.  vLLM is imported only inside the functions
+that run in a vLLM process, so this package loads where vLLM is absent.
 """
 
 from __future__ import annotations

@@ -12,8 +12,6 @@ committed refit and its digest (``refit-<k>@<digest>``).
 - :class:`VllmRefit` drives kube-refit's worker extension (``refit_*`` methods);
 - :class:`VllmBackendRefit` drives vLLM's own weight-transfer calls with the
   ``kube-refit`` backend.
-
-Must not import: the operator; vLLM at module import time.
 """
 
 from __future__ import annotations

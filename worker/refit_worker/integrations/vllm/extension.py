@@ -9,8 +9,6 @@ is a rollout rank of its own and receives the full HF tensors, which vLLM's load
 
 What of vLLM this touches: ``Worker.reload_weights(weights_iterator=...)``,
 ``Worker.model_runner.get_model()``, ``Worker.vllm_config``.  No private attribute.
-
-Must not import: the operator; vLLM at module import time.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
 from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, stop_flag
 from refit_worker.integrations.vllm.landing import RefitLanding, served_checkpoint, vllm_landing
-from refit_worker.session import RolloutSession
+from refit_worker.rollout.session import RolloutSession
 
 
 def figures_plain(figures: CommittedFigures) -> dict[str, Any]:

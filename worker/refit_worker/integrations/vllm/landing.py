@@ -14,9 +14,6 @@ What a landing does not reach: the engine's caches computed from the previous we
 scheduler, not in the worker, so the driver clears them (:mod:`.driver`) and says so
 (:meth:`RefitLanding.caches_cleared`); a refit committed while such a cache may still
 answer claims only what the session itself checked, never what the engine serves.
-
-Must not import: the operator; vLLM at module import time (only inside functions that run
-in a vLLM process).
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from refit_worker.contract.failures import NotRetryableError
 from refit_worker.integrations.hf_names import checkpoint_model_type, to_checkpoint_names
 from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, StagedRefit
 from refit_worker.integrations.vllm.served import ServedReport, describe
-from refit_worker.reporting import default_verification
+from refit_worker.session.reporting import default_verification
 
 Layout = dict[str, tuple[int, ...]]
 log = logging.getLogger(__name__)

@@ -10,9 +10,6 @@ pause, labelled ``refit-<k>@<digest>``.  One JSON line per landing on stdout
 (``{"landed": ...}``).  Exits as a rollout rank does: 0 when every refit is served, 83
 on the job's preemption signal, 84 when no replacement could take the refit, 2 for bad
 arguments, 1 otherwise; the server is stopped first.
-
-Must not import: the operator; vLLM (it runs in the child process; this one needs only
-the package's torch, as the vLLM environment has it).
 """
 
 from __future__ import annotations
@@ -38,7 +35,7 @@ from refit_worker.integrations.vllm.server import (
     VllmServer,
     serve_refits,
 )
-from refit_worker.termination import write_termination_message
+from refit_worker.pod.termination import write_termination_message
 
 log = logging.getLogger("refit-vllm-serve")
 

@@ -34,7 +34,7 @@ and
 Tensor-parallel ranks hold slices: the check covers ``tp_size == 1`` only (callers pass
 the size; above 1 every layer is ``unprobed``).
 
-Runs inside a vLLM process.  Must not import: the operator; vLLM at module import time.
+Runs inside a vLLM process; vLLM is imported inside its functions, not at module import.
 """
 
 from __future__ import annotations

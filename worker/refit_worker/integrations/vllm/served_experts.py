@@ -14,7 +14,7 @@ compares block by block, so a difference names the expert's own tensors.
 per-expert names (``<layer>.<e>.gate_proj.weight`` ...), or from transformers 5's fused
 ``<layer>.gate_up_proj`` / ``<layer>.down_proj`` where those were sent instead.
 
-Pure: torch only.  Must not import: vLLM, the operator.
+Pure: torch only (a contract in pyproject.toml keeps vLLM out).
 """
 
 from __future__ import annotations

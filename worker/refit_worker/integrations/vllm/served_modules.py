@@ -15,7 +15,7 @@ mapping that renames less than it should only makes the group coarser, never fin
 widening errs towards reloading more.  The landing reads every served layer back
 afterwards either way.
 
-Pure: names only.  Must not import: vLLM, torch, the operator.
+Pure: names only (a contract in pyproject.toml keeps vLLM and torch out).
 """
 
 from __future__ import annotations
