@@ -141,9 +141,9 @@ def _corrupt_next_delta() -> None:
 def _record_rejections(session: Any, report: dict[str, Any]) -> None:
     """Note what this rollout rank served when it rejected a delta."""
     from refit_worker.checkpoint_engines.delta import DeltaRejectedError
-    from refit_worker.rollout import session as receiving
+    from refit_worker.rollout import delta_base
 
-    original = receiving.apply_delta
+    original = delta_base.apply_delta
 
     def apply_and_note(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -160,7 +160,7 @@ def _record_rejections(session: Any, report: dict[str, Any]) -> None:
             )
             raise
 
-    receiving.apply_delta = apply_and_note  # type: ignore[assignment]
+    delta_base.apply_delta = apply_and_note  # type: ignore[assignment]
 
 
 def _live(refit: int, wrong_shape: str, device: str) -> dict[str, torch.Tensor]:

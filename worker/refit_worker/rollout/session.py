@@ -20,13 +20,6 @@ from refit_worker.checkpoint_engines import (
     RefitTiming,
 )
 from refit_worker.checkpoint_engines.base import dtype_from_name
-from refit_worker.checkpoint_engines.delta import apply_delta, blocks_algorithm
-from refit_worker.checkpoint_engines.delta_shards import (
-    BlocksKey,
-    blocks_key,
-    state_blocks_digest,
-)
-from refit_worker.checkpoint_engines.messages import DeltaHeader
 from refit_worker.checkpoint_engines.planning import TensorSpec
 from refit_worker.checkpoint_engines.receiver import DeltaTarget
 from refit_worker.contract.entries import (
@@ -42,6 +35,7 @@ from refit_worker.rendezvous import (
     RendezvousTimeout,
     WaitCancelled,
 )
+from refit_worker.rollout.delta_base import DeltaBase
 from refit_worker.rollout.peer_seeds import PeerSeeds
 from refit_worker.rollout.seed_choice import process_started_at, successor
 from refit_worker.rollout.targets import (
@@ -94,15 +88,11 @@ class RolloutSession(RefitSession):
         self._doubles: dict[int, DoubleBuffer] = {}  # by id() of the caller's target
         self._released: Any = None  # CUDA event: readers of the spare copy are done
         self._partial = False
-        #: A sharded delta's blocks and verified digest: of the refit being committed, and
-        #: of the committed one (so its next delta's base is not hashed again).
-        self._blocks_pending: tuple[BlocksKey, str] | None = None
-        self._blocks_digest: tuple[int, BlocksKey, str] | None = None
+        self._delta = DeltaBase(self.config.rank, lambda: self._committed)
         self._seeds = PeerSeeds(self.connection)
         self._started_at = process_started_at()
         #: The peers the refit being committed was seeded from (empty: the policy's send).
         self._seeded_from: tuple[str, ...] = ()
-        self._arrived: DeltaChanges | None = None
 
     @property
     def committed(self) -> CommittedRefit | None:
@@ -122,7 +112,7 @@ class RolloutSession(RefitSession):
         """What the refit being received changed, when it came as a delta (None: it came
         whole, or was seeded): readable from ``verify`` on, until the next receive starts.
         An engine that serves exactly its ``base_refit`` need land only its ``changed``."""
-        return self._arrived
+        return self._delta.arrived
 
     @property
     def live_weights_partial(self) -> bool:
@@ -180,10 +170,12 @@ class RolloutSession(RefitSession):
             shapes = {s.name: (s.shape, dtype_from_name(s.dtype)) for s in specs}
             return self._own.spare(shapes, device)
 
-        delta = self._delta_target(lambda: self._own.spare(self._own.layout(), device))
+        delta = self._delta.target(
+            self.served_version, lambda: self._own.spare(self._own.layout(), device)
+        )
         landed = await self._arrive(engine, resolve, self._first(refit_id), refit_id is None, delta)
         arrived = landed.timing.refit_id
-        self._arrived = _changes(landed.delta)
+        self._delta.landed(landed.delta)
         if verify is not None:
             # A verifier may say it reached less (or more) than was named at the start.
             verified_as = verify(arrived, dict(landed.tensors)) or verified_as
@@ -228,13 +220,12 @@ class RolloutSession(RefitSession):
             def in_place(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
                 return live_tensors(target, [s.name for s in specs])
 
-            self._arrived = None  # in place: never a delta
+            self._delta.whole()  # in place: never a delta
             landed = await self._land(engine, in_place, self._first(refit_id), partial=True)
             arrived = landed.timing.refit_id
             self._check(verify, arrived, landed.tensors, partial=True)
             started = time.perf_counter()
             self._partial = False
-            self._blocks_pending = None  # in place: never a delta
             self._commit(arrived, dict(landed.tensors))
             return self._stats(landed.timing, time.perf_counter() - started, verified_as)
         double = self._doubles.get(id(target))
@@ -247,10 +238,12 @@ class RolloutSession(RefitSession):
         def spare(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
             return double.spare([s.name for s in specs])
 
-        delta = self._delta_target(lambda: double.spare(list(self._base_state())))
+        delta = self._delta.target(
+            self.served_version, lambda: double.spare(list(self._base_state()))
+        )
         landed = await self._arrive(engine, spare, self._first(refit_id), refit_id is None, delta)
         arrived = landed.timing.refit_id
-        self._arrived = _changes(landed.delta)
+        self._delta.landed(landed.delta)
         self._check(verify, arrived, landed.tensors, partial=False)
         started = time.perf_counter()
         self._commit(arrived, double.swap())
@@ -317,43 +310,6 @@ class RolloutSession(RefitSession):
     def _base_state(self) -> Mapping[str, torch.Tensor]:
         committed = self._committed
         return {} if committed is None else committed.state
-
-    def _delta_target(self, spare: Callable[[], Mapping[str, torch.Tensor]]) -> DeltaTarget:
-        """How this receive takes a delta: onto the version it serves (none yet: it
-        declines deltas), applied into ``spare()`` and checked whole before it commits."""
-        self._blocks_pending = None  # only a delta applied in this receive sets it
-        self._arrived = None
-
-        def apply(header: DeltaHeader, data: torch.Tensor) -> Mapping[str, torch.Tensor]:
-            filled = spare()
-            apply_delta(header, data, self._base_state(), filled)
-            if header.blocks is not None:  # the next sharded delta's base: no hash again
-                self._blocks_pending = (blocks_key(header.blocks), header.digest)
-            log.info(
-                "rollout rank %d: refit applied as a delta onto refit %d (%d tensors "
-                "changed, %d bytes); whole-state digest %s matches the trainer's",
-                self.config.rank,
-                header.base_refit,
-                len(header.entries),
-                header.nbytes,
-                header.digest,
-            )
-            return filled
-
-        return DeltaTarget(self.served_version, apply, self._base_blocks_digest)
-
-    def _base_blocks_digest(self, header: DeltaHeader) -> str:
-        """The served version's digest in a sharded delta's blocks: known when that version
-        came as a sharded delta in the same blocks, else hashed here."""
-        blocks = header.blocks or ()
-        known = self._blocks_digest
-        committed = self._committed
-        if committed is None:
-            raise ValueError("no version is served")
-        if known is not None and known[:2] == (committed.refit_id, blocks_key(blocks)):
-            return known[2]
-        algorithm = blocks_algorithm(header)
-        return state_blocks_digest(committed.state, blocks, algorithm)[0]
 
     def _first(self, refit_id: int | None) -> int:
         return self.reporter.log.refits_completed if refit_id is None else refit_id
@@ -532,8 +488,7 @@ class RolloutSession(RefitSession):
 
     def _commit(self, refit_id: int, state: StateDict) -> None:
         self._committed = CommittedRefit(refit_id, state)  # one assignment: atomic to readers
-        pending, self._blocks_pending = self._blocks_pending, None
-        self._blocks_digest = None if pending is None else (refit_id, *pending)
+        self._delta.committed(refit_id)
         engine = self.connection.engine if self.connection.connected else None
         if engine is not None and engine.device.type == "cuda":
             # Readers queued on the old copy must finish before a refit refills it.
@@ -655,9 +610,3 @@ class RolloutSession(RefitSession):
         """Withdraw the seed offer, then disconnect (see :meth:`RefitSession.close`)."""
         self._seeds.close()
         super().close()
-
-
-def _changes(header: DeltaHeader | None) -> DeltaChanges | None:
-    if header is None:
-        return None
-    return DeltaChanges(header.base_refit, frozenset(e.name for e in header.entries))
