@@ -39,7 +39,7 @@ Runs inside a vLLM process; vLLM is imported inside its functions, not at module
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,11 +145,34 @@ def _shard_key(hf_name: str, stacked: Mapping[str, tuple[str, Any]]) -> int:
     return _SHARD_ORDER.get(str(shard), 0)
 
 
-def expected_params(
-    model: torch.nn.Module, weights: Mapping[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """vLLM parameter name -> the tensor it should hold (full, unpadded), built from the
-    HF tensors with the model's own mapping; stacked parts concatenated in shard order."""
+class ExpectedParams(Mapping[str, torch.Tensor]):
+    """vLLM parameter name -> the tensor it should hold (full, unpadded).  A stacked
+    parameter's parts (:attr:`parts`, in shard order) are joined only when the whole is
+    asked for: the linear check reads them one by one, so no copy of a stacked weight is
+    made (the read-back's cost is the passes it makes over the weights)."""
+
+    def __init__(self, parts: dict[str, list[torch.Tensor]]) -> None:
+        self.parts = parts
+        self._joined: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        got = self.parts[name]
+        if len(got) == 1:
+            return got[0]
+        if name not in self._joined:
+            self._joined[name] = torch.cat(got, dim=0)
+        return self._joined[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.parts)
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+
+def expected_params(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> ExpectedParams:
+    """What each vLLM parameter should hold, built from the HF tensors with the model's
+    own mapping; stacked parts in shard order."""
     mapper = getattr(model, "hf_to_vllm_mapper", None)
     stacked: Mapping[str, tuple[str, Any]] = getattr(mapper, "orig_to_new_stacked", {})
     to_served = served_name(model)
@@ -158,10 +181,9 @@ def expected_params(
         name = to_served(hf_name)
         if name is not None:
             parts.setdefault(name, []).append((_shard_key(hf_name, stacked), tensor))
-    return {
-        name: torch.cat([t for _, t in sorted(got, key=lambda kt: kt[0])], dim=0)
-        for name, got in parts.items()
-    }
+    return ExpectedParams(
+        {name: [t for _, t in sorted(got, key=lambda kt: kt[0])] for name, got in parts.items()}
+    )
 
 
 def _relative_error(live: torch.Tensor, expected: torch.Tensor) -> float:
@@ -174,6 +196,8 @@ def differs(live: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> s
     """Why ``live`` is not ``expected`` within :data:`TOLERANCE` for ``dtype`` (None: it is)."""
     if tuple(live.shape) != tuple(expected.shape):
         return f"shape {tuple(live.shape)}, expected {tuple(expected.shape)}"
+    if live.dtype == expected.dtype and torch.equal(live, expected):
+        return None  # one pass, no float copies: what an unquantized layer serves
     error = _relative_error(live, expected)
     limit = TOLERANCE.get(dtype, 5e-2)
     return None if error <= limit else f"relative error {error:.3g} > {limit:g}"
@@ -187,43 +211,63 @@ def _probe(rows: int, columns: int, dtype: torch.dtype, device: torch.device) ->
 def _own_expected(
     module_name: str,
     module: torch.nn.Module,
-    expected: Mapping[str, torch.Tensor],
+    expected: ExpectedParams,
     owner: Mapping[int, str],
-) -> dict[str, torch.Tensor | None]:
-    """Each direct parameter's expected tensor (tied ones through their owner's name)."""
-    out: dict[str, torch.Tensor | None] = {}
+) -> dict[str, list[torch.Tensor] | None]:
+    """Each direct parameter's expected parts (tied ones through their owner's name)."""
+    out: dict[str, list[torch.Tensor] | None] = {}
     for attr, param in module.named_parameters(recurse=False):
         full = f"{module_name}.{attr}" if module_name else attr
-        out[attr] = expected.get(full, expected.get(owner.get(id(param), full)))
+        name = full if full in expected.parts else owner.get(id(param), full)
+        out[attr] = expected.parts.get(name)
     return out
 
 
-def _check_linear(module: Any, want: Mapping[str, torch.Tensor | None]) -> str | None:
+def _whole(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+
+def _check_linear(module: Any, want: Mapping[str, list[torch.Tensor] | None]) -> str | None:
     weight, bias = want.get("weight"), want.get("bias")
     if weight is None or ("bias" in want and bias is None):
         return "no tensor was sent for it"
-    dtype = weight.dtype
-    x = _probe(PROBE_ROWS, weight.shape[1], dtype, weight.device)
+    dtype = weight[0].dtype
+    x = _probe(PROBE_ROWS, weight[0].shape[1], dtype, weight[0].device)
     live = module.quant_method.apply(module, x, getattr(module, "bias", None))
-    reference = torch.nn.functional.linear(
-        x.float(), weight.float(), None if bias is None else bias.float()
-    )
-    return differs(live[:, : weight.shape[0]], reference, dtype)
+    # Each sent part read once, in its own dtype: no joined or float copy of the weight.
+    reference = torch.cat([torch.nn.functional.linear(x, part) for part in weight], dim=1)
+    reference = reference.float()
+    if bias is not None:
+        reference += _whole(bias).float()
+    return differs(live[:, : reference.shape[1]], reference, dtype)
 
 
-def _check_embedding(module: Any, want: Mapping[str, torch.Tensor | None]) -> str | None:
-    weight = want.get("weight")
-    if weight is None:
+#: Bytes of embedding rows gathered through the kernel at a time: the compare reads them
+#: while they are in cache, so the table is read once, not copied whole first.
+EMBEDDING_CHUNK_BYTES = 1 << 20
+
+
+def _check_embedding(module: Any, want: Mapping[str, list[torch.Tensor] | None]) -> str | None:
+    parts = want.get("weight")
+    if parts is None:
         return "no tensor was sent for it"
-    ids = torch.arange(weight.shape[0], device=weight.device)
-    live = module.quant_method.embedding(module, ids)
-    return differs(live, weight, weight.dtype)
+    weight = _whole(parts)
+    rows = weight.shape[0]
+    step = max(1, EMBEDDING_CHUNK_BYTES // max(1, weight[0].numel() * weight.element_size()))
+    for start in range(0, rows, step):
+        ids = torch.arange(start, min(start + step, rows), device=weight.device)
+        live = module.quant_method.embedding(module, ids)
+        problem = differs(live, weight[start : start + step], weight.dtype)
+        if problem is not None:
+            return f"rows {start}..{start + len(ids) - 1}: {problem}"
+    return None
 
 
-def _check_plain(module: Any, want: Mapping[str, torch.Tensor | None]) -> str | None:
-    for attr, tensor in want.items():
-        if tensor is None:
+def _check_plain(module: Any, want: Mapping[str, list[torch.Tensor] | None]) -> str | None:
+    for attr, parts in want.items():
+        if parts is None:
             return f"no tensor was sent for {attr!r}"
+        tensor = _whole(parts)
         problem = differs(getattr(module, attr), tensor, tensor.dtype)
         if problem is not None:
             return f"{attr}: {problem}"
