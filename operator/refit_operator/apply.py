@@ -24,6 +24,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
+from refit_operator.api.models import RefitJobStatus
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import (
     Action,
@@ -38,7 +39,6 @@ from refit_operator.core.decision import (
 from refit_operator.core.observe import Observed
 from refit_operator.core.write_refusals import after_writes
 from refit_operator.core.writes import WriteError
-from refit_operator.models import RefitJobStatus
 
 #: Concurrent writes of one reconcile round (a 128-pod gang is created in 8 waves).
 PARALLEL_CALLS = 16

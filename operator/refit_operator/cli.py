@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
-    from refit_operator.crd import crd_yaml
+    from refit_operator.api.crd import crd_yaml
 
     sys.stdout.write(crd_yaml())
     return 0

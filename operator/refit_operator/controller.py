@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from refit_operator import kube, names
+from refit_operator import kube
+from refit_operator.api import names
+from refit_operator.api.models import API_VERSION, KIND, RefitJobStatus, parse_status
 from refit_operator.apply import Applier
 from refit_operator.core.backoff import doubling
 from refit_operator.core.decision import JobView
@@ -25,7 +27,6 @@ from refit_operator.core.observe import Observed, observe
 from refit_operator.core.reconcile import reconcile
 from refit_operator.kube_writes import KubeWrites
 from refit_operator.metrics import OperatorMetrics
-from refit_operator.models import API_VERSION, KIND, RefitJobStatus, parse_status
 from refit_operator.render import JobRef, RenderOptions
 
 log = logging.getLogger(__name__)

@@ -27,10 +27,11 @@ from typing import Any
 import aiohttp
 import kopf
 
-from refit_operator import credentials, kube, names
+from refit_operator import credentials, kube
+from refit_operator.api import names
+from refit_operator.api.models import GROUP, PLURAL, VERSION, managed_elsewhere
 from refit_operator.controller import Controller
 from refit_operator.metrics import OperatorMetrics
-from refit_operator.models import GROUP, PLURAL, VERSION, managed_elsewhere
 from refit_operator.render import RenderOptions
 from refit_operator.settings import OperatorConfig, make_settings
 

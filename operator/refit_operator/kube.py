@@ -20,7 +20,8 @@ from urllib.parse import quote
 
 import aiohttp
 
-from refit_operator import events, models, names
+from refit_operator import events
+from refit_operator.api import models, names
 from refit_operator.credentials import load_credentials
 
 #: (apiVersion, kind) -> plural of every kind the operator touches.

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from refit_operator import kube, signing_key
+from refit_operator.api.models import API_VERSION, KIND, RefitJobStatus
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Delete, Emit, LiftGate
 from refit_operator.core.writes import WriteError
-from refit_operator.models import API_VERSION, KIND, RefitJobStatus
 
 log = logging.getLogger(__name__)
 

@@ -42,9 +42,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from refit_operator.api.models import Phase, RefitJobStatus
+from refit_operator.api.status import seed_kind
 from refit_operator.core.coordinate import Decoded
-from refit_operator.models import Phase, RefitJobStatus
-from refit_operator.status import seed_kind
 from refit_worker.contract.rendezvous import ProgressEntry, RefitReport
 
 #: Refit durations: from a small model on one host (~0.1 s) to a large one over a slow
@@ -203,7 +203,7 @@ def _seeds_counter(registry: CollectorRegistry) -> Counter:
     )
 
 
-#: Where a rollout pod's first committed refit came from (``refit_operator.status.seed_kind``).
+#: Where a rollout pod's first committed refit came from (``refit_operator.api.status.seed_kind``).
 SEED_SOURCES = ("peer", "policy")
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from refit_operator import names
+from refit_operator.api import names
 from refit_operator.core.decision import Emit
 from refit_worker.contract.config import KEY_FIELDS
 from refit_worker.contract.keys import fingerprint

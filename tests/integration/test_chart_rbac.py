@@ -22,7 +22,8 @@ import pytest
 from tests.binaries import ensure_tools
 from tests.chart_tools import NAMESPACE, RELEASE, Helm, by_kind
 
-from refit_operator import kube, models, names
+from refit_operator import kube
+from refit_operator.api import models, names
 from refit_operator.children import render_rbac
 from refit_operator.render import JobRef
 from refit_worker.contract.roles import ROLES, Role

@@ -14,12 +14,12 @@ from typing import Any
 
 from tests.support.reconcile_harness import NOW, REF, Harness
 
+from refit_operator.api.models import RefitJobStatus
 from refit_operator.apply import Applier
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Decision, Delete, Emit, JobView, LiftGate
 from refit_operator.core.observe import observe
 from refit_operator.core.writes import WriteError
-from refit_operator.models import RefitJobStatus
 
 SPEC: dict[str, Any] = {"image": "img", "policy": {"replicas": 1}, "rollout": {"replicas": 1}}
 JOB = Harness(SPEC)

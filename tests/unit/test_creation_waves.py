@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from tests.support.operator_run import load_job
 
+from refit_operator.api.models import parse_spec
 from refit_operator.apply import creation_waves
 from refit_operator.children import render_static
-from refit_operator.models import parse_spec
 from refit_operator.render import JobRef, RenderOptions, render_gang
 
 

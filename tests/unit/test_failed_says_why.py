@@ -24,6 +24,7 @@ from tests.support.reconcile_harness import (
     of,
 )
 
+from refit_operator.api.models import Condition, Phase, RefitJobStatus, RolloutReplica
 from refit_operator.core import conditions as cond
 from refit_operator.core.decision import Create, Decision, Emit, JobView
 from refit_operator.core.failure import Failure
@@ -32,7 +33,6 @@ from refit_operator.core.refusal import failed_status
 from refit_operator.core.steps import deadlines
 from refit_operator.core.write_refusals import after_writes
 from refit_operator.core.writes import WriteError
-from refit_operator.models import Condition, Phase, RefitJobStatus, RolloutReplica
 
 SPEC: dict[str, Any] = {
     "image": "img",

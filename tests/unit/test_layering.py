@@ -57,7 +57,7 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
     [
         (
             "worker/refit_worker/weights.py",
-            "import refit_operator.models",
+            "import refit_operator.api.models",
             "The worker never imports the operator BROKEN",
         ),
         (
@@ -178,8 +178,8 @@ def test_pure_modules_import_neither_kopf_nor_kubernetes() -> None:
     """Loading the pure core, the renderers and the CLI pulls in no kopf nor kubernetes."""
     code = (
         "import sys\n"
-        "import refit_operator.models, refit_operator.crd, refit_operator.names\n"
-        "import refit_operator.render, refit_operator.quantity, refit_operator.apply\n"
+        "import refit_operator.api.models, refit_operator.api.crd, refit_operator.api.names\n"
+        "import refit_operator.render, refit_operator.api.quantity, refit_operator.apply\n"
         "import refit_operator.core.reconcile, refit_operator.local.runner\n"
         "import refit_operator.cli\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('kopf', 'kubernetes'))\n"

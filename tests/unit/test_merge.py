@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from refit_operator.api.models import parse_spec
 from refit_operator.merge import TemplateConflict
-from refit_operator.models import parse_spec
 from refit_operator.render import JobRef, RenderOptions, render_pod, template_conflicts
 
 JOB = JobRef(name="job", namespace="ns", uid="u-1", pod_labels={"kueue.x-k8s.io/queue-name": "q"})

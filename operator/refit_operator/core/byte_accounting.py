@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from refit_operator.models import PodBytes, RefitJobStatus
+from refit_operator.api.models import PodBytes, RefitJobStatus
 from refit_worker.contract.rendezvous import ProgressEntry
 
 

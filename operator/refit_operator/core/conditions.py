@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
 
-from refit_operator.models import Condition
+from refit_operator.api.models import Condition
 
 READY = "Ready"
 COMPLETE = "Complete"

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from refit_operator import names
+from refit_operator.api import names
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     PREEMPT_KEY,

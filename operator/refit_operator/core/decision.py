@@ -11,8 +11,8 @@ from functools import cached_property
 from typing import Any, Literal, TypeAlias
 
 from refit_operator import render
+from refit_operator.api.models import RefitJobStatus, SpecBasics
 from refit_operator.core.coordinate import PatchData
-from refit_operator.models import RefitJobStatus, SpecBasics
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from refit_operator.api.models import RefitJobStatus
 from refit_operator.core import conditions as cond
 from refit_operator.core.decision import Action, Decision, Delete
 from refit_operator.core.failure import Failure
 from refit_operator.core.observe import ObservedPod
-from refit_operator.models import RefitJobStatus
 
 
 @dataclass

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from refit_operator.api.models import Phase, RefitJobStatus
 from refit_operator.core import conditions as cond
 from refit_operator.core.round_input import RoundInput
-from refit_operator.models import Phase, RefitJobStatus
 
 if TYPE_CHECKING:  # the draft holds a Failure: only its type is needed here
     from refit_operator.core.draft import Draft

@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from refit_operator.api.models import RefitJobStatus, RolloutReplica
 from refit_operator.core.backoff import doubling
-from refit_operator.models import RefitJobStatus, RolloutReplica
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from refit_operator import names
-from refit_operator.roles import GangSpec
+from refit_operator.api import names
+from refit_operator.api.roles import GangSpec
 
 #: The scheduling gate the operator holds a gang's pods with.
 GATE = "refit.dev/gang"

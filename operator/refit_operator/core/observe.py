@@ -19,7 +19,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
-from refit_operator import names
+from refit_operator.api import names
 from refit_operator.core.coordinate import Decoded, decode
 from refit_operator.core.nodes import DEFAULT_NODE_LOST_SECONDS, NodeFacts, holds_place, node_lost
 from refit_worker.contract.exits import EXIT_PREEMPTED

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from refit_operator.models import Phase
+from refit_operator.api.models import Phase
 
 #: Legal moves.  Succeeded is final; Failed is left only when a user fixes an invalid spec
 #: (a new generation: ``retry_invalid``).

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
+from refit_operator.api.models import RefitJobSpec, RefitJobStatus
 from refit_operator.core import conditions as cond
 from refit_operator.core.byte_accounting import bytes_received, count_bytes
 from refit_operator.core.coordinate import Coordination, progress_of
 from refit_operator.core.observe import Observed, ObservedPod
-from refit_operator.models import RefitJobSpec, RefitJobStatus
 from refit_worker.contract.rendezvous import ProgressSummary
 from refit_worker.contract.roles import Role
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from refit_operator.api.models import managed_elsewhere
 from refit_operator.core import lost_nodes, stages, ttl
 from refit_operator.core.decision import Decision, JobView
 from refit_operator.core.draft import Draft
@@ -28,7 +29,6 @@ from refit_operator.core.phases import Outcome, phase_of
 from refit_operator.core.refusal import refuse
 from refit_operator.core.round_input import RoundInput, read_round
 from refit_operator.core.steps import closing, validity
-from refit_operator.models import managed_elsewhere
 from refit_operator.render import RenderOptions
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from refit_operator.api.models import Phase, RefitJobStatus
 from refit_operator.core import conditions as cond
 from refit_operator.core import ttl
 from refit_operator.core.decision import Decision, Emit, JobView
@@ -17,7 +18,6 @@ from refit_operator.core.draft import Draft
 from refit_operator.core.failure import Failure, mark_failed
 from refit_operator.core.observe import Observed
 from refit_operator.core.phases import PhaseFacts, checked_next_phase
-from refit_operator.models import Phase, RefitJobStatus
 
 
 def refuse(

@@ -6,10 +6,10 @@ Must not import: kopf, kubernetes, aiohttp.
 
 from __future__ import annotations
 
+from refit_operator.api.models import Phase
 from refit_operator.core import lifecycle
 from refit_operator.core.decision import DeleteJob
 from refit_operator.core.draft import Draft
-from refit_operator.models import Phase
 
 
 def expire(draft: Draft, ttl: int | None, phase: Phase) -> None:

@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 
+from refit_operator.api.models import Phase
 from refit_operator.core import conditions as cond
 from refit_operator.core.decision import Action, Create, Decision, Emit, JobView
 from refit_operator.core.draft import Draft
 from refit_operator.core.observe import Observed
 from refit_operator.core.refusal import refuse
 from refit_operator.core.writes import WriteError
-from refit_operator.models import Phase
 
 #: How soon to try again after the apiserver refused a write for a reason that may pass.
 RETRY_WRITE_S = 5.0

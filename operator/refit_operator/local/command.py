@@ -26,7 +26,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from refit_operator import names
+from refit_operator.api import names
+from refit_operator.api.models import RefitJobSpec, parse_spec
 from refit_operator.core.decision import Emit
 from refit_operator.local import (
     faults,
@@ -41,7 +42,6 @@ from refit_operator.local import (
 )
 from refit_operator.local.manifest import ManifestError, load_manifest
 from refit_operator.local.runner import LocalCluster, RunOptions, RunResult, run_job
-from refit_operator.models import RefitJobSpec, parse_spec
 from refit_worker.contract.synthetic import synthetic_nbytes
 
 EXIT_FAILED, EXIT_BAD_MANIFEST = 1, 2

@@ -13,7 +13,7 @@ import signal
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from refit_operator import names
+from refit_operator.api import names
 from refit_operator.core.coordinate import merged
 from refit_operator.core.decision import Emit, JobView
 from refit_operator.local import faults as fault_plan

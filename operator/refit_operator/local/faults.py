@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from refit_operator.models import RefitJobSpec
+from refit_operator.api.models import RefitJobSpec
 from refit_worker.contract.rendezvous import (
     MAX_RANKS,
     EntryError,

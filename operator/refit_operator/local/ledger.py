@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from refit_operator.api.models import PodBytes
 from refit_operator.core.byte_accounting import bytes_received, count_bytes
-from refit_operator.models import PodBytes
 from refit_worker.contract.rendezvous import (
     EntryError,
     ProgressEntry,

@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from refit_operator import names
-from refit_operator.models import API_VERSION, InvalidSpecError, RefitJobSpec, parse_spec
+from refit_operator.api import names
+from refit_operator.api.models import API_VERSION, InvalidSpecError, RefitJobSpec, parse_spec
 
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 

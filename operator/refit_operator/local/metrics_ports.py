@@ -16,8 +16,8 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from refit_operator import names
-from refit_operator.models import RefitJobSpec
+from refit_operator.api import names
+from refit_operator.api.models import RefitJobSpec
 
 #: (role, rank) -> port.
 Plan = dict[tuple[str, int], int]

@@ -28,7 +28,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from refit_operator import names, signing_key
+from refit_operator import signing_key
+from refit_operator.api import names
+from refit_operator.api.models import Phase, RefitJobSpec, RefitJobStatus
 from refit_operator.apply import Applier
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Delete, Emit, JobView, LiftGate
@@ -43,7 +45,6 @@ from refit_operator.local.faults import Fault, Fired
 from refit_operator.local.kubelet import KubeletError, ProcessKubelet
 from refit_operator.local.ledger import RefitLedger
 from refit_operator.local.workdir import create_own
-from refit_operator.models import Phase, RefitJobSpec, RefitJobStatus
 from refit_operator.render import WEIGHTS_DIR, JobRef, RenderOptions
 from refit_worker.contract.config import RendezvousConfig, SafetensorsWeights, WorkerConfig
 from refit_worker.contract.env import METRICS_PORT_ENV

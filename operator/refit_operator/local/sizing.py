@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from refit_operator.models import RefitJobSpec, RoleSpec
+from refit_operator.api.models import RefitJobSpec, RoleSpec
 
 #: RSS of an idle ``refit-worker`` (torch, gloo, NIXL and UCX loaded): ~550 MiB measured
 #: with `ps -o rss` during `refit run examples/local.yaml`.

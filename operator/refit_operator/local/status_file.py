@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from refit_operator.api.models import API_VERSION, KIND, RefitJobStatus
 from refit_operator.core.decision import JobView
-from refit_operator.models import API_VERSION, KIND, RefitJobStatus
 
 
 def problem(path: Path) -> str | None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Literal
 
+from refit_operator.api.models import Phase, RoleStatus
 from refit_operator.core import conditions as cond
 from refit_operator.core.decision import Emit
 from refit_operator.core.draft import Draft
 from refit_operator.core.failure import mark_failed, why_failed
 from refit_operator.core.round_input import RoundInput
-from refit_operator.models import Phase, RoleStatus
 
 
 def close_round(inp: RoundInput, draft: Draft, *, old: Phase, new: Phase) -> None:

@@ -13,15 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from refit_operator import names, render
-from refit_operator.core import failure_domain
-from refit_operator.core.decision import Create, Emit
-from refit_operator.core.draft import Draft
-from refit_operator.core.phases import Outcome
-from refit_operator.core.round_input import RoundInput, Slot
-from refit_operator.core.steps.restart import POLL_DELETING_S, stop_gang
-from refit_operator.models import RolloutReplica
-from refit_operator.status import (
+from refit_operator import render
+from refit_operator.api import names
+from refit_operator.api.models import RolloutReplica
+from refit_operator.api.status import (
     UNSEEDED,
     Served,
     seed_words,
@@ -29,6 +24,12 @@ from refit_operator.status import (
     version_ledger,
     version_words,
 )
+from refit_operator.core import failure_domain
+from refit_operator.core.decision import Create, Emit
+from refit_operator.core.draft import Draft
+from refit_operator.core.phases import Outcome
+from refit_operator.core.round_input import RoundInput, Slot
+from refit_operator.core.steps.restart import POLL_DELETING_S, stop_gang
 from refit_worker.contract.rendezvous import ProgressEntry, SeedReport
 
 

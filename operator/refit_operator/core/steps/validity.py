@@ -9,10 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from refit_operator import names, render
+from refit_operator import render
+from refit_operator.api import names
+from refit_operator.api.models import (
+    InvalidSpecError,
+    Phase,
+    RefitJobSpec,
+    RefitJobStatus,
+    parse_spec,
+)
 from refit_operator.core import conditions as cond
 from refit_operator.core.decision import JobView
-from refit_operator.models import InvalidSpecError, Phase, RefitJobSpec, RefitJobStatus, parse_spec
 
 #: Reasons of the Failed condition that a new generation of the spec may fix.
 SPEC_REASONS = frozenset({"InvalidSpec", "TemplateConflict", "ChildRejected"})

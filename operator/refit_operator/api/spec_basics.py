@@ -3,7 +3,7 @@ the job (``managedBy``), how long a finished job stays (``ttlSecondsAfterFinishe
 how long a node may be NotReady before its pods are lost (``failurePolicy.
 nodeLostSeconds``).
 
-These are read before (or without) the strict :class:`~refit_operator.models.RefitJobSpec`:
+These are read before (or without) the strict :class:`~refit_operator.api.models.RefitJobSpec`:
 a job another controller manages is left alone whatever its spec says, a finished job is
 deleted on time even when its spec is invalid, and the controller decides which pods are
 lost before the round validates the spec.  So :class:`SpecBasics` is a model of its own,

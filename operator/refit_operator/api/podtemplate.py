@@ -46,7 +46,7 @@ MAX_PROBLEMS = 8
 
 @cache
 def _file() -> dict[str, Any]:
-    text = resources.files("refit_operator").joinpath("schemas", SCHEMA_FILE).read_text()
+    text = resources.files("refit_operator.api").joinpath("schemas", SCHEMA_FILE).read_text()
     content: dict[str, Any] = json.loads(text)
     return content
 

@@ -20,15 +20,15 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from refit_operator.names import MASTER_PORT
-from refit_operator.podtemplate import summarise
-from refit_operator.quantity import (
+from refit_operator.api.names import MASTER_PORT
+from refit_operator.api.podtemplate import summarise
+from refit_operator.api.quantity import (
     BUCKET_SIZE_PATTERN,
     BUCKET_SIZE_RANGE,
     BucketSize,
     parse_quantity,
 )
-from refit_operator.roles import (
+from refit_operator.api.roles import (
     ENV_NAME_PATTERN,
     POLICY_FAILURE_POLICY_REFUSED,
     RESOURCE_QUANTITY_PATTERN,
@@ -36,8 +36,8 @@ from refit_operator.roles import (
     RoleSpec,
     RolloutFailurePolicy,
 )
-from refit_operator.spec_basics import NODE_LOST_SECONDS, SpecBasics
-from refit_operator.status import (
+from refit_operator.api.spec_basics import NODE_LOST_SECONDS, SpecBasics
+from refit_operator.api.status import (
     Condition,
     Phase,
     PodBytes,
@@ -46,7 +46,7 @@ from refit_operator.status import (
     RolloutReplica,
     parse_status,
 )
-from refit_operator.wire import WIRE, Wire
+from refit_operator.api.wire import WIRE, Wire
 from refit_worker.contract.bounds import (
     MAX_BACKOFF_SECONDS,
     MAX_LIFE_SECONDS,

@@ -23,8 +23,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from refit_operator.podtemplate import pod_template_schema, template_problems
-from refit_operator.wire import Wire
+from refit_operator.api.podtemplate import pod_template_schema, template_problems
+from refit_operator.api.wire import Wire
 from refit_worker.contract.bounds import MAX_BACKOFF_SECONDS, MAX_RESTARTS, MAX_START_SECONDS
 from refit_worker.contract.env import ENV_PREFIX
 
