@@ -27,7 +27,7 @@ from refit_operator.core.observe import Observed, observe
 from refit_operator.core.reconcile import reconcile
 from refit_operator.kube_writes import KubeWrites
 from refit_operator.metrics import OperatorMetrics
-from refit_operator.render import JobRef, RenderOptions
+from refit_operator.render.pods import JobRef, RenderOptions
 
 log = logging.getLogger(__name__)
 

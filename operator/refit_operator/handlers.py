@@ -32,7 +32,7 @@ from refit_operator.api import names
 from refit_operator.api.models import GROUP, PLURAL, VERSION, managed_elsewhere
 from refit_operator.controller import Controller
 from refit_operator.metrics import OperatorMetrics
-from refit_operator.render import RenderOptions
+from refit_operator.render.pods import RenderOptions
 from refit_operator.settings import OperatorConfig, make_settings
 
 log = logging.getLogger(__name__)

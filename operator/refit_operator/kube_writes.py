@@ -11,11 +11,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from refit_operator import kube, signing_key
+from refit_operator import kube
 from refit_operator.api.models import API_VERSION, KIND, RefitJobStatus
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Delete, Emit, LiftGate
 from refit_operator.core.writes import WriteError
+from refit_operator.render import signing_key
 
 log = logging.getLogger(__name__)
 

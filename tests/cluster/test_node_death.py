@@ -37,7 +37,7 @@ from refit_operator.core.decision import Delete
 from refit_operator.core.nodes import OUT_OF_SERVICE
 from refit_operator.core.observe import observe
 from refit_operator.kube_writes import KubeWrites
-from refit_operator.render import RenderOptions
+from refit_operator.render.pods import RenderOptions
 
 T = TypeVar("T")
 NS = "node-death"

@@ -61,7 +61,7 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
             "The worker never imports the operator BROKEN",
         ),
         (
-            "operator/refit_operator/render.py",
+            "operator/refit_operator/render/pods.py",
             "import refit_worker.session",
             "The operator imports only refit_worker.contract of the worker BROKEN",
         ),
@@ -179,7 +179,7 @@ def test_pure_modules_import_neither_kopf_nor_kubernetes() -> None:
     code = (
         "import sys\n"
         "import refit_operator.api.models, refit_operator.api.crd, refit_operator.api.names\n"
-        "import refit_operator.render, refit_operator.api.quantity, refit_operator.apply\n"
+        "import refit_operator.render.pods, refit_operator.api.quantity, refit_operator.apply\n"
         "import refit_operator.core.reconcile, refit_operator.local.runner\n"
         "import refit_operator.cli\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('kopf', 'kubernetes'))\n"

@@ -27,7 +27,7 @@ from refit_operator.core.observe import observe, observe_pod
 from refit_operator.core.phases import PhaseFacts, next_phase
 from refit_operator.core.reconcile import reconcile
 from refit_operator.core.steps.restart import POLL_DELETING_S
-from refit_operator.render import JobRef, RenderOptions
+from refit_operator.render.pods import JobRef, RenderOptions
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     PREEMPT_KEY,

@@ -28,7 +28,7 @@ from refit_operator.core.observe import observe, observe_pod
 from refit_operator.core.reconcile import reconcile
 from refit_operator.core.write_refusals import RETRY_WRITE_S, after_writes
 from refit_operator.core.writes import WriteError
-from refit_operator.render import RenderOptions
+from refit_operator.render.pods import RenderOptions
 
 SPEC: dict[str, Any] = {
     "image": "img",

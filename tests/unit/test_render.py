@@ -5,10 +5,15 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from refit_operator import signing_key
 from refit_operator.api.models import parse_spec
-from refit_operator.children import render_rbac, render_rendezvous, render_service, render_static
-from refit_operator.render import JobRef, RenderOptions, render_gang, render_pod, spec_hash
+from refit_operator.render import signing_key
+from refit_operator.render.children import (
+    render_rbac,
+    render_rendezvous,
+    render_service,
+    render_static,
+)
+from refit_operator.render.pods import JobRef, RenderOptions, render_gang, render_pod, spec_hash
 from refit_worker.checkpoint_engines.signing import RefitSigner
 from refit_worker.contract.config import WorkerConfig
 

@@ -25,8 +25,8 @@ from refit_operator.api.names import (
     role_rendezvous_maps,
     worker_account_name,
 )
-from refit_operator.children import render_rbac
-from refit_operator.render import JobRef, RenderOptions, render_gang
+from refit_operator.render.children import render_rbac
+from refit_operator.render.pods import JobRef, RenderOptions, render_gang
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE_SOURCE = ROOT / "worker" / "refit_worker" / "rendezvous" / "configmap_store.py"

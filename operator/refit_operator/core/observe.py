@@ -36,7 +36,7 @@ class ObservedPod:
     rank: int
     epoch: int
     phase: str
-    #: The spec digest the pod was rendered from (``render.spec_hash``).
+    #: The spec digest the pod was rendered from (``render.pods.spec_hash``).
     spec_hash: str
     ready: bool
     deleting: bool

@@ -29,7 +29,7 @@ from refit_operator.core.phases import Outcome, phase_of
 from refit_operator.core.refusal import refuse
 from refit_operator.core.round_input import RoundInput, read_round
 from refit_operator.core.steps import closing, validity
-from refit_operator.render import RenderOptions
+from refit_operator.render.pods import RenderOptions
 
 
 def reconcile(job: JobView, observed: Observed, now: datetime, options: RenderOptions) -> Decision:

@@ -23,7 +23,7 @@ from refit_operator.core import claims, progress
 from refit_operator.core.coordinate import Coordination, coordinate
 from refit_operator.core.decision import Emit, JobView
 from refit_operator.core.observe import Observed, ObservedPod
-from refit_operator.render import RenderOptions
+from refit_operator.render.pods import RenderOptions
 from refit_worker.contract.rendezvous import PREEMPT_KEY, LivePod, PreemptNotice, ProgressSummary
 from refit_worker.contract.roles import ROLES, Role
 

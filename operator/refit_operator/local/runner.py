@@ -28,7 +28,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from refit_operator import signing_key
 from refit_operator.api import names
 from refit_operator.api.models import Phase, RefitJobSpec, RefitJobStatus
 from refit_operator.apply import Applier
@@ -45,7 +44,8 @@ from refit_operator.local.faults import Fault, Fired
 from refit_operator.local.kubelet import KubeletError, ProcessKubelet
 from refit_operator.local.ledger import RefitLedger
 from refit_operator.local.workdir import create_own
-from refit_operator.render import WEIGHTS_DIR, JobRef, RenderOptions
+from refit_operator.render import signing_key
+from refit_operator.render.pods import WEIGHTS_DIR, JobRef, RenderOptions
 from refit_worker.contract.config import RendezvousConfig, SafetensorsWeights, WorkerConfig
 from refit_worker.contract.env import METRICS_PORT_ENV
 from refit_worker.contract.rendezvous import Layout

@@ -7,12 +7,12 @@ Must not import: kopf, kubernetes, aiohttp.
 
 from __future__ import annotations
 
-from refit_operator.core import gang
 from refit_operator.core.decision import LiftGate
 from refit_operator.core.draft import Draft
 from refit_operator.core.observe import ObservedPod
 from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
+from refit_operator.render import gang
 
 
 def open_barrier(inp: RoundInput, draft: Draft) -> None:

@@ -18,13 +18,14 @@ from typing import Literal
 from refit_operator.api.models import RolloutReplica
 from refit_operator.api.status import UNSEEDED
 from refit_operator.core import conditions as cond
-from refit_operator.core import failure_domain, gang
+from refit_operator.core import failure_domain
 from refit_operator.core.coordinate import preempt_notice
 from refit_operator.core.decision import Delete, Emit
 from refit_operator.core.draft import Draft
 from refit_operator.core.observe import ObservedPod
 from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
+from refit_operator.render import gang
 
 #: How soon to look again while old pods are still going away.
 POLL_DELETING_S = 1.0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from refit_operator import render
 from refit_operator.api import names
 from refit_operator.api.models import RolloutReplica
 from refit_operator.api.status import (
@@ -30,6 +29,7 @@ from refit_operator.core.draft import Draft
 from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput, Slot
 from refit_operator.core.steps.restart import POLL_DELETING_S, stop_gang
+from refit_operator.render import pods
 from refit_worker.contract.rendezvous import ProgressEntry, SeedReport
 
 
@@ -235,7 +235,7 @@ def rollout_pods(
     created in the status."""
     status = draft.status
     leader = next((r.generation for r in status.rollout_replicas if r.rank == 0), 0)
-    objs = render.render_gang(
+    objs = pods.render_gang(
         inp.job.ref,
         inp.spec,
         status.epoch,

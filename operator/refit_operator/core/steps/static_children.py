@@ -6,10 +6,10 @@ Must not import: kopf, kubernetes, aiohttp.
 
 from __future__ import annotations
 
-from refit_operator import children
 from refit_operator.core.decision import Create
 from refit_operator.core.draft import Draft
 from refit_operator.core.round_input import RoundInput
+from refit_operator.render import children
 
 
 def create_missing(inp: RoundInput, draft: Draft) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from refit_operator import render
 from refit_operator.api import names
 from refit_operator.api.models import (
     InvalidSpecError,
@@ -20,6 +19,7 @@ from refit_operator.api.models import (
 )
 from refit_operator.core import conditions as cond
 from refit_operator.core.decision import JobView
+from refit_operator.render import pods
 
 #: Reasons of the Failed condition that a new generation of the spec may fix.
 SPEC_REASONS = frozenset({"InvalidSpec", "TemplateConflict", "ChildRejected"})
@@ -33,7 +33,7 @@ class Invalid:
     message: str
 
 
-def check_spec(job: JobView, options: render.RenderOptions) -> RefitJobSpec | Invalid:
+def check_spec(job: JobView, options: pods.RenderOptions) -> RefitJobSpec | Invalid:
     try:
         spec = parse_spec(job.raw_spec)
     except InvalidSpecError as exc:
@@ -41,7 +41,7 @@ def check_spec(job: JobView, options: render.RenderOptions) -> RefitJobSpec | In
     problems = names.name_problems(job.ref.name, spec.policy.replicas, spec.rollout.replicas)
     if problems:
         return Invalid("InvalidSpec", "; ".join(problems))
-    conflicts = render.template_conflicts(job.ref, spec, options)
+    conflicts = pods.template_conflicts(job.ref, spec, options)
     if conflicts:
         return Invalid("TemplateConflict", "; ".join(conflicts))
     return spec

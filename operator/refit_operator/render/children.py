@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from refit_operator import signing_key
 from refit_operator.api import names
 from refit_operator.api.models import RefitJobSpec
-from refit_operator.render import JobRef, owned, pod_account
+from refit_operator.render import signing_key
+from refit_operator.render.pods import JobRef, owned, pod_account
 from refit_worker.contract.roles import ROLES, Role
 
 

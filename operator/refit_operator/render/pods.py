@@ -19,8 +19,8 @@ from typing import Any
 
 from refit_operator.api import names
 from refit_operator.api.models import API_VERSION, KIND, RefitJobSpec
-from refit_operator.core import gang
-from refit_operator.merge import WORKER, PodParts, TemplateConflict, WorkerParts, merge_pod
+from refit_operator.render import gang
+from refit_operator.render.merge import WORKER, PodParts, TemplateConflict, WorkerParts, merge_pod
 from refit_worker.contract.config import (
     DOWNWARD_API_FIELDS,
     KEY_FIELDS,
