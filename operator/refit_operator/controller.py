@@ -19,7 +19,7 @@ from typing import Any
 from refit_operator import kube
 from refit_operator.api import names
 from refit_operator.api.models import API_VERSION, KIND, RefitJobStatus, parse_status
-from refit_operator.apply import Applier
+from refit_operator.apply.applier import Applier
 from refit_operator.core.backoff import doubling
 from refit_operator.core.decision import JobView
 from refit_operator.core.nodes import NodeFacts, gone_node, node_facts

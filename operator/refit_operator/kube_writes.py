@@ -1,4 +1,4 @@
-"""The controller's :class:`~refit_operator.apply.Writes`: one RefitJob's writes against
+"""The controller's :class:`~refit_operator.apply.applier.Writes`: one RefitJob's writes against
 the API server, with the tolerance each one needs (a PodGroup API that is not installed,
 a pod gone or changed before its gate is lifted, an Event that cannot be posted).
 
@@ -13,10 +13,10 @@ from typing import Any
 
 from refit_operator import kube
 from refit_operator.api.models import API_VERSION, KIND, RefitJobStatus
+from refit_operator.apply import fresh_key
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Delete, Emit, LiftGate
 from refit_operator.core.writes import WriteError
-from refit_operator.render import signing_key
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +39,14 @@ class KubeWrites:
         self._on_status = on_status
 
     async def create(self, obj: dict[str, Any]) -> WriteError | None:
-        filled = signing_key.with_fresh_key(obj)
+        filled = fresh_key.with_fresh_key(obj)
         try:
             await self._api.create(filled)
         except kube.ConflictError:
             raise
         except kube.ApiError as exc:
             return _refused("create", obj["kind"], obj["metadata"]["name"], exc)
-        if (event := signing_key.created_event(filled)) is not None:
+        if (event := fresh_key.created_event(filled)) is not None:
             await self.emit(event)  # which key the job's refits are sealed with
         return None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tests.support.operator_run import load_job
 
 from refit_operator.api.models import parse_spec
-from refit_operator.apply import creation_waves
+from refit_operator.apply.applier import creation_waves
 from refit_operator.render.children import render_static
 from refit_operator.render.pods import JobRef, RenderOptions, render_gang
 

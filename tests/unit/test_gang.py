@@ -16,7 +16,7 @@ import pytest
 
 from refit_operator import kube
 from refit_operator.api.models import Phase, RefitJobStatus, parse_spec
-from refit_operator.apply import creation_waves
+from refit_operator.apply.applier import creation_waves
 from refit_operator.core.decision import Delete, JobView
 from refit_operator.core.observe import observe
 from refit_operator.core.reconcile import reconcile

@@ -5,7 +5,7 @@ was observed of its children (``observe.py``) and returns the actions and the ne
 status (``decision.py``), in named stages (``stages.py``) of policy steps (``steps/``); the shells
 (``refit_operator.controller`` against the API, ``refit_operator.local.runner`` for
 ``refit run``) turn the actions into writes through one applier
-(``refit_operator.apply``).
+(``refit_operator.apply.applier``).
 
 Must not import: kopf, kubernetes, aiohttp (one import-linter contract holds the whole
 package to it).

@@ -30,7 +30,8 @@ from typing import Any
 
 from refit_operator.api import names
 from refit_operator.api.models import Phase, RefitJobSpec, RefitJobStatus
-from refit_operator.apply import Applier
+from refit_operator.apply import fresh_key
+from refit_operator.apply.applier import Applier
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Delete, Emit, JobView, LiftGate
 from refit_operator.core.failure import Failure
@@ -44,7 +45,6 @@ from refit_operator.local.faults import Fault, Fired
 from refit_operator.local.kubelet import KubeletError, ProcessKubelet
 from refit_operator.local.ledger import RefitLedger
 from refit_operator.local.workdir import create_own
-from refit_operator.render import signing_key
 from refit_operator.render.pods import WEIGHTS_DIR, JobRef, RenderOptions
 from refit_worker.contract.config import RendezvousConfig, SafetensorsWeights, WorkerConfig
 from refit_worker.contract.env import METRICS_PORT_ENV
@@ -174,15 +174,15 @@ class LocalCluster:
             for shard in range(self.layout.shards)
         }
 
-    # -- the applier's Writes (``refit_operator.apply``) ------------------------------
+    # -- the applier's Writes (``refit_operator.apply.applier``) ------------------------------
 
     async def create(self, obj: dict[str, Any]) -> WriteError | None:
         if obj.get("kind") == "Pod":
             self.kubelet.create(obj)  # raises KubeletError: the run cannot go on
         else:
-            obj = signing_key.with_fresh_key(obj)  # `refit run` makes its own key
+            obj = fresh_key.with_fresh_key(obj)  # `refit run` makes its own key
             self.others[(str(obj["kind"]), str(obj["metadata"]["name"]))] = obj
-            if (event := signing_key.created_event(obj)) is not None:
+            if (event := fresh_key.created_event(obj)) is not None:
                 self.on_event(event)
         return None
 
