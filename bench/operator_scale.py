@@ -25,9 +25,9 @@ from tests.emulator import ApiEmulator  # noqa: E402
 from tests.support.operator_run import JOBS, NS, PODS, OperatorRun, load_job  # noqa: E402
 
 from refit_operator.api.models import parse_spec  # noqa: E402
-from refit_operator.kube import Kube  # noqa: E402
 from refit_operator.render.children import render_static  # noqa: E402
 from refit_operator.render.pods import JobRef, RenderOptions, render_gang  # noqa: E402
+from refit_operator.shell.kube import Kube  # noqa: E402
 
 RANKS = 64
 TIMEOUT_S = 300.0

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from refit_operator import kube
 from refit_operator.api.models import Phase, RefitJobStatus, parse_spec
 from refit_operator.apply.applier import creation_waves
 from refit_operator.core.decision import Delete, JobView
@@ -22,6 +21,7 @@ from refit_operator.core.observe import observe
 from refit_operator.core.reconcile import reconcile
 from refit_operator.render import gang
 from refit_operator.render.pods import JobRef, RenderOptions, render_gang
+from refit_operator.shell import kube
 
 JOB = JobRef(name="job", namespace="ns", uid="u-1")
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -20,7 +20,7 @@ from refit_operator.core.coordinate import decode
 from refit_operator.core.decision import Decision, Emit
 from refit_operator.local import faults, view
 from refit_operator.local.faults import Fault, Fired
-from refit_operator.metrics import OperatorMetrics, new_seeds
+from refit_operator.shell.metrics import OperatorMetrics, new_seeds
 from refit_worker.contract.rendezvous import ProgressEntry, SeedReport, encode_entry, progress_key
 
 SPEC: dict[str, Any] = {

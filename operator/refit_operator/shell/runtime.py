@@ -29,12 +29,12 @@ from dataclasses import dataclass
 
 import kopf
 
-from refit_operator import kube
-from refit_operator.endpoints import Address, Endpoints
-from refit_operator.handlers import ProcessContext, operator_kwargs
-from refit_operator.leader import Elector, LeaseLost
-from refit_operator.metrics import OperatorMetrics
-from refit_operator.settings import OperatorConfig
+from refit_operator.shell import kube
+from refit_operator.shell.endpoints import Address, Endpoints
+from refit_operator.shell.handlers import ProcessContext, operator_kwargs
+from refit_operator.shell.leader import Elector, LeaseLost
+from refit_operator.shell.metrics import OperatorMetrics
+from refit_operator.shell.settings import OperatorConfig
 
 log = logging.getLogger(__name__)
 

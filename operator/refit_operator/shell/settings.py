@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import kopf
 
-from refit_operator.lease import Timing
+from refit_operator.shell.lease import Timing
 
 #: The finalizer operators before 0.2 put on every RefitJob.  No handler needs one now
 #: (children go by ownerReference), so kopf removes it from each job it meets; it stays

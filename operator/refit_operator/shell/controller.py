@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from refit_operator import kube
 from refit_operator.api import names
 from refit_operator.api.models import API_VERSION, KIND, RefitJobStatus, parse_status
 from refit_operator.apply.applier import Applier
@@ -25,9 +24,10 @@ from refit_operator.core.decision import JobView
 from refit_operator.core.nodes import NodeFacts, gone_node, node_facts
 from refit_operator.core.observe import Observed, observe
 from refit_operator.core.reconcile import reconcile
-from refit_operator.kube_writes import KubeWrites
-from refit_operator.metrics import OperatorMetrics
 from refit_operator.render.pods import JobRef, RenderOptions
+from refit_operator.shell import kube
+from refit_operator.shell.kube_writes import KubeWrites
+from refit_operator.shell.metrics import OperatorMetrics
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from urllib.parse import quote
 
 import aiohttp
 
-from refit_operator import events
 from refit_operator.api import models, names
-from refit_operator.credentials import load_credentials
+from refit_operator.shell import events
+from refit_operator.shell.credentials import load_credentials
 
 #: (apiVersion, kind) -> plural of every kind the operator touches.
 PLURALS: dict[tuple[str, str], str] = {

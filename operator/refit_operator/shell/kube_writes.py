@@ -11,12 +11,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from refit_operator import kube
 from refit_operator.api.models import API_VERSION, KIND, RefitJobStatus
 from refit_operator.apply import fresh_key
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Delete, Emit, LiftGate
 from refit_operator.core.writes import WriteError
+from refit_operator.shell import kube
 
 log = logging.getLogger(__name__)
 

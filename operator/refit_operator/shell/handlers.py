@@ -27,13 +27,13 @@ from typing import Any
 import aiohttp
 import kopf
 
-from refit_operator import credentials, kube
 from refit_operator.api import names
 from refit_operator.api.models import GROUP, PLURAL, VERSION, managed_elsewhere
-from refit_operator.controller import Controller
-from refit_operator.metrics import OperatorMetrics
 from refit_operator.render.pods import RenderOptions
-from refit_operator.settings import OperatorConfig, make_settings
+from refit_operator.shell import credentials, kube
+from refit_operator.shell.controller import Controller
+from refit_operator.shell.metrics import OperatorMetrics
+from refit_operator.shell.settings import OperatorConfig, make_settings
 
 log = logging.getLogger(__name__)
 #: Retry delay of a failed resync listing (the first one decides readiness).

@@ -23,8 +23,8 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from refit_operator import kube
-from refit_operator.lease import (
+from refit_operator.shell import kube
+from refit_operator.shell.lease import (
     API_VERSION,
     KIND,
     Move,

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from refit_operator.events import micro_time
+from refit_operator.shell.events import micro_time
 
 API_VERSION = "coordination.k8s.io/v1"
 KIND = "Lease"
