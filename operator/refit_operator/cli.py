@@ -2,8 +2,6 @@
 
 Subcommands are small functions registered in :func:`build_parser`; ``refit run`` lives in
 ``refit_operator.local.command``.  kopf is imported only by the ``operator`` subcommand.
-
-Must not import at module level: kopf, kubernetes, the handlers (``refit crd`` needs none).
 """
 
 from __future__ import annotations

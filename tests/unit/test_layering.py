@@ -2,7 +2,8 @@
 
 - ``lint-imports`` (import-linter, contracts in ``pyproject.toml``) is run on a copy of the
   source with one violation planted per case, and must refuse it naming the contract; the
-  clean copy passes, so the refusal is the planted line's doing.
+  clean copy passes, so the refusal is the planted line's doing.  The operator's cases
+  cover each of its folder contracts, a new module at its top level included.
 - ``refit_worker.contract`` imports only the standard library and pydantic (an AST scan of
   each module, and a fresh interpreter that loads them all); its stdlib-only modules load
   without pydantic (``refit-signal`` runs them as a preStop hook).
@@ -28,6 +29,8 @@ LINT = (
     "import sys; from importlinter.cli import lint_imports_command;"
     " sys.exit(lint_imports_command())"
 )
+#: The operator's folders as layers (``pyproject.toml``), as lint-imports names it refused.
+LAYERS = "The operator's layers: cli, shell | local, apply, core, render, api BROKEN"
 
 
 def _copy_tree(dest: Path) -> Path:
@@ -68,7 +71,32 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
         (
             "operator/refit_operator/core/steps/failure_policy.py",
             "import aiohttp",
-            "The pure core imports neither kopf, kubernetes nor aiohttp BROKEN",
+            "api, render, core, apply and local import no kopf, kubernetes nor aiohttp BROKEN",
+        ),
+        (
+            "operator/refit_operator/render/pods.py",
+            "from refit_operator.core import decision",
+            LAYERS,
+        ),
+        (
+            "operator/refit_operator/local/runner.py",
+            "import refit_operator.shell.kube",
+            LAYERS,
+        ),
+        (
+            "operator/refit_operator/stray.py",
+            "import refit_operator.api.names",
+            LAYERS,
+        ),
+        (
+            "operator/refit_operator/shell/controller.py",
+            "import kopf",
+            "In shell, only handlers, runtime and settings import kopf BROKEN",
+        ),
+        (
+            "operator/refit_operator/local/preflight.py",
+            "import torch",
+            "The operator imports neither torch nor nixl BROKEN",
         ),
         (
             "worker/refit_worker/checkpoint_engines/planning.py",
@@ -82,7 +110,18 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
             "The contract imports nothing else of the project, nor heavy packages BROKEN",
         ),
     ],
-    ids=["worker->operator", "operator->worker", "pure->aiohttp", "engine->worker", "contract"],
+    ids=[
+        "worker->operator",
+        "operator->worker",
+        "pure->aiohttp",
+        "render->core",
+        "local->shell",
+        "top-level-module",
+        "controller->kopf",
+        "operator->torch",
+        "engine->worker",
+        "contract",
+    ],
 )
 def test_lint_imports_refuses_a_planted_violation(
     tmp_path: Path, module: str, planted: str, contract: str
@@ -91,7 +130,8 @@ def test_lint_imports_refuses_a_planted_violation(
     clean = _lint(tree)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     target = tree / module
-    target.write_text(target.read_text() + f"\n{planted}  # planted by the test\n")
+    before = target.read_text() if target.exists() else ""  # or a new module, planted whole
+    target.write_text(before + f"\n{planted}  # planted by the test\n")
     broken = _lint(tree)
     assert broken.returncode != 0
     assert contract in broken.stdout, broken.stdout + broken.stderr

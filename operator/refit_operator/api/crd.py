@@ -7,8 +7,6 @@ PodTemplateSpec (``podtemplate.py``: list-map keys, map types) pass through as t
 An unexpected JSON Schema construct is an error here rather than a CRD the
 apiserver would refuse.  The output is deterministic (sorted keys), so a test can compare the
 checked-in ``crds/refitjob.yaml`` with it.
-
-Must not import: kopf, kubernetes.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ What the worker must agree with comes from ``refit_worker.contract``: the signal
 ``TransferKnobs``), the synthetic weights model with its dtype names, the env prefix and the
 rendezvous size limit.
 
-Must not import: kopf, kubernetes, aiohttp (pure; the local runner and the CRD generator use
-it); of the worker only ``refit_worker.contract``.
+Pure: the local runner and the CRD generator use it.
 """
 
 from __future__ import annotations

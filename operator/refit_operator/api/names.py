@@ -1,6 +1,6 @@
 """Deterministic names and labels of a RefitJob's children.
 
-Pure; must not import kopf or kubernetes.
+Pure.
 """
 
 from __future__ import annotations

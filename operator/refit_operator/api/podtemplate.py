@@ -9,7 +9,7 @@ check a template against it with :func:`schema_problems`, the way the apiserver'
 structural validation does: types (int-or-string included), enums, patterns, required
 fields, unknown fields (as ``kubectl``'s strict field validation), list-map keys unique.
 
-Pure; must not import kopf, kubernetes or aiohttp.
+Pure.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ and the ``bucketSize`` field type built on them (an integer or a quantity string
 ``MIN_BUCKET_BYTES`` to ``MAX_BUCKET_BYTES``; a string's bounds are in its pattern, built
 by :func:`whole_number_pattern`).
 
-Pure; must not import kopf or kubernetes; of the worker only ``refit_worker.contract``.
+Pure.
 """
 
 from __future__ import annotations

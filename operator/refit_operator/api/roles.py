@@ -4,8 +4,7 @@ env, command), a standard pod template, and how the gang reaches the scheduler.
 The template's schema is the upstream PodTemplateSpec (``podtemplate.py``); what the
 operator merges into it, and which templates conflict with that, is ``merge.py``'s.
 
-Pure; must not import kopf, kubernetes or aiohttp; of the worker only
-``refit_worker.contract``.
+Pure.
 """
 
 from __future__ import annotations

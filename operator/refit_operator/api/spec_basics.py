@@ -11,8 +11,7 @@ lenient field by field: a field that is missing or malformed reads as its defaul
 strict model is the one that refuses it, in words), the rest of the spec is ignored.
 For a valid spec it reads what the strict model reads.
 
-Pure; must not import kopf, kubernetes or aiohttp, nor any other module of the operator
-(``models.py`` builds on it); of the worker only ``refit_worker.contract`` (the bounds).
+Pure (``models.py`` builds on it).
 """
 
 from __future__ import annotations

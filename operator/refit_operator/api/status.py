@@ -4,7 +4,7 @@ Written only by the operator; the CRD's status schema is generated from these mo
 (``crd.py``), so the apiserver refuses a status that breaks them.  ``models.py``
 re-exports every name here.
 
-Pure; must not import kopf, kubernetes or aiohttp.
+Pure.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The base of every RefitJob spec model: camelCase on the wire, strict, frozen.
 
-Pure; must not import kopf, kubernetes or aiohttp, nor any other module of the operator.
+Pure.
 """
 
 from __future__ import annotations

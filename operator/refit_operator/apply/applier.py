@@ -12,8 +12,6 @@ then say so).
 
 The writes themselves are the shell's (:class:`Writes`): the controller's go to the API
 (``kube_writes.py``), ``refit run``'s to processes and files (``local/runner.py``).
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Status conditions as ``metav1.Condition``: set one, keeping its transition time when its
 status is unchanged; every condition carries a reason and the generation it was set for.
 
-Pure; must not import kopf or kubernetes.
+Pure.
 """
 
 from __future__ import annotations

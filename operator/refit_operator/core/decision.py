@@ -1,7 +1,5 @@
 """What a reconcile round decides, as data: the actions, the job it looked at, and the
 decision (the actions and the status to write).
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

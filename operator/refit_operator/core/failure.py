@@ -9,8 +9,6 @@ whose message was lost or written empty), :func:`why_failed` takes what the stat
 recorded, else builds the words from what the round sees: the pods' own failures and
 disruptions, and each limit with what is used of it.  A message left over from an
 earlier round (a restart's, a preemption's) is never taken for the cause.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

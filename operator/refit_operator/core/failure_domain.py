@@ -12,8 +12,7 @@ stays as it is): :func:`policy_gang` and :func:`rollout_slot` read one, and
 slot's preemptions have no field of their own (they show in ``rollout.replacements``):
 its view reads 0 and its write leaves them out.
 
-Pure; must not import kopf, kubernetes, aiohttp, nor any module of ``core`` but
-``backoff``.
+Pure.
 """
 
 from __future__ import annotations

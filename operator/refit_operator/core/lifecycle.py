@@ -7,8 +7,6 @@
   (a suspend resets the start, as for a Job).
 - ``ttlSecondsAfterFinished``: a finished job is deleted this long after it ended; its
   children go with it (ownerReferences).
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

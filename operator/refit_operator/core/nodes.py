@@ -8,8 +8,7 @@ is shut down, as Kubernetes documents for a non-graceful node shutdown), or when
 object is gone.  The bound is counted from the condition's ``lastTransitionTime``, the
 node-lifecycle controller's own clock, so an operator restart does not start it again.
 
-Pure; must not import kopf, kubernetes, aiohttp, nor any other module of ``core``
-(``refit_operator.api.spec_basics`` reads the bound of a spec).
+Pure (``refit_operator.api.spec_basics`` reads the bound of a spec).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ SIGKILL (exit code 137)" and an OOM kill "OOMKilled", never a log line (the cont
 log tail is what a signal death leaves as its termination message, and it says nothing
 about the kill); an exit of its own quotes its termination message.
 
-Pure; must not import kopf, kubernetes or aiohttp.
+Pure.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the phase through the :class:`PhaseFacts` it stands for (:func:`facts_of`, built
 round), and every phase comes from :func:`next_phase`: an invalid spec (``invalid``) and
 the retry once a Failed job's spec is fixed (``retry_invalid``) included.
 
-Pure; must not import kopf, kubernetes or aiohttp.
+Pure.
 """
 
 from __future__ import annotations

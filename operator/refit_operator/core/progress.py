@@ -6,8 +6,6 @@ counted in ``byte_accounting.py``; :func:`count_bytes` and :func:`bytes_received
 re-exported here for the callers that know them by this module.
 
 Pure functions from a status to the next status; the reconcile's steps call them.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ its old pods are gone; failures use up ``maxRestarts``, preemptions are counted 
 A spec change (other than ``rollout.replicas``), a late start and a suspend stop every
 pod; a failure the worker marks as not retryable fails the job at once.
 
-Must not import: kopf, kubernetes, aiohttp (the local runner drives this without an API).
+The local runner drives this without an API.
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 the operator, or a child the apiserver refused for good (``write_refusals.py``).  Phase
 Failed with the words that say why, a Warning Event, the pods stopped; a new generation of
 the spec starts over (``steps/validity.py``).
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

@@ -7,8 +7,6 @@ desired replica count, each at its generation), pods of older incarnations, roll
 of ranks a scale-down removed, whether the epoch's policy gang exists (recorded, or found
 after a lost status write), the rendezvous read for that epoch, which ranks reported
 done, and which pods are missing.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

@@ -17,8 +17,6 @@ them.  Each calls its policy steps (``steps/``) in the order that decides priori
 
 A step that always runs is a statement returning None; a policy returns an
 :class:`~refit_operator.core.phases.Outcome` when it ends the round.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """``ttlSecondsAfterFinished``: a finished job (Succeeded or Failed, an invalid one too)
 is deleted once the TTL has run out; its children go with it by their ownerReferences.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

@@ -6,8 +6,6 @@ A permanent refusal of a create fails the job (reason ``ChildRejected``) until t
 changes; any other is retried after :data:`RETRY_WRITE_S`.  A gang whose pods were not
 all created is not recorded as created (nor a rollout slot whose pod was refused), so the
 next round creates the rest.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

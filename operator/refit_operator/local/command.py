@@ -8,8 +8,6 @@ next run removes what such a run left.
 
 Exit codes: 0 success, 1 the job failed or timed out, 2 bad manifest or flags, 128+N
 stopped by signal N (130 Ctrl-C, 143 SIGTERM, 141 when the output pipe closed).
-
-Must not import: kopf, kubernetes.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """``refit run`` doing its failure-domain flags: the SIGKILL of a rank-0 pod's process
 group, the scale that ``kubectl scale`` would make, and the timing of what followed a
 kill (the replacement's first committed refit).  What is due is decided in ``faults.py``.
-
-Must not import: kopf, kubernetes; the runner only for types (it calls this).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ therefore always add up to the status's ``bytesTransferred``: a refit any pod it
 gets a row (with how many pods' bytes it holds); whatever a sampler missed goes into one
 row per epoch that says it is not itemised.
 
-Pure: fed the rendezvous data the runner reads anyway.  Must not import: kopf, kubernetes.
+Pure: fed the rendezvous data the runner reads anyway.
 """
 
 from __future__ import annotations

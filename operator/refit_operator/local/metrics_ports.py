@@ -7,7 +7,6 @@ counted up from ``metrics.port`` (skipping ports in use), fixed before anything 
 that ``refit run`` can say where each serves and a restarted rank serves where it did.
 
 Pure apart from the ``is_free`` probe the caller passes.
-Must not import: kopf, kubernetes.
 """
 
 from __future__ import annotations

@@ -7,10 +7,9 @@ final.  Pods are rendered by the operator's renderers; the only local difference
 what one host needs (see :func:`local_env`): Service names resolve to loopback, each
 role's rendezvous port is a free local port, and the rendezvous store is a directory.
 
-Must not import: kopf, kubernetes, aiohttp.  Of the worker: ``refit_worker.contract`` and,
-as the one named exception (see the import-linter contracts in ``pyproject.toml``), the
-file-backed rendezvous store ``refit_worker.rendezvous.file_store``, which plays the
-job's ConfigMaps on one machine.
+Of the worker, besides ``refit_worker.contract``, it uses the file-backed rendezvous store
+``refit_worker.rendezvous.file_store`` to play the job's ConfigMaps on one machine (the one
+exception the import-linter contracts in ``pyproject.toml`` name).
 """
 
 from __future__ import annotations

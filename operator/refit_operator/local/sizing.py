@@ -8,7 +8,6 @@ two transfer buffers of a whole bucket each) and a per-process floor measured on
 project's workers.
 
 Pure: the caller reads the machine (``/proc/meminfo``, core count) and passes it in.
-Must not import: kopf, kubernetes.
 """
 
 from __future__ import annotations

@@ -4,8 +4,6 @@ would print it (apiVersion, kind, metadata, spec and status), for scripts and CI
 The path is checked before the run starts (:func:`problem`: nothing is created or
 changed by the check), and the file is written once at the end, whatever the outcome,
 by a rename so a reader never sees half of it.
-
-Must not import: kopf, kubernetes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """What ``refit run`` shows a person: a live view on a terminal, log lines otherwise, and a
 final summary.  Pure formatting of statuses and events into text; no I/O here.
-
-Must not import: kopf, kubernetes.
 """
 
 from __future__ import annotations

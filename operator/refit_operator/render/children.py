@@ -2,8 +2,6 @@
 per role (the ranks' DNS names), the rendezvous ConfigMaps (created empty: the
 operator's, then each role's), and per role a ServiceAccount, Role and RoleBinding that
 may read the job's rendezvous and patch only that role's maps (docs/security.md).
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

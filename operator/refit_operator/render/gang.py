@@ -13,7 +13,7 @@ Three ways, chosen per job by ``spec.gang.admission``:
   way each scheduler reads it and get its ``schedulerName``.
 - ``None``: pods go to the scheduler as they are created.
 
-Pure; must not import kopf, kubernetes or aiohttp.
+Pure.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ refused, every such field named with its path; everything else in the template r
 the pods as written.  Security settings are defaults, not owned: the template's values
 win key by key (``capabilities.add: [IPC_LOCK]`` keeps the default ``drop: [ALL]``).
 
-Pure; must not import kopf, kubernetes or aiohttp, nor the models (``render.py`` turns the
-spec into :class:`PodParts`).
+Pure: ``pods.py`` turns the spec into :class:`PodParts` for it.
 """
 
 from __future__ import annotations

@@ -5,8 +5,6 @@ conflicts it finds), the gang of an epoch.  The children that live as long as th
 
 Every function maps the typed spec to a plain manifest dict; :func:`owned` attaches the
 controller ownerReference in one place.  Nothing here reads or writes the API.
-
-Must not import: kopf, kubernetes, aiohttp; of the worker only ``refit_worker.contract``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 apply its actions through the one applier (``apply.py``, with the API writes of
 ``kube_writes.py``).  One coalescing loop per job serialises the work, retries a round
 the apiserver refused with back-off, and says so in an Event.
-
-Must not import: kopf (the handlers wrap this; a local runner could drive it too).
 """
 
 from __future__ import annotations

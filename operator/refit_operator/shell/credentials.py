@@ -2,7 +2,7 @@
 service account, else ``KUBECONFIG`` / ``~/.kube/config``, read by the official client's
 loader when the operator starts (or at first use), never at import time.
 
-Must not import: kopf, aiohttp (``kube.py`` makes the HTTP client from these).
+``kube.py`` makes the HTTP client from these.
 """
 
 from __future__ import annotations

@@ -6,8 +6,6 @@ liveness probe, as it should).
 readiness check passes (the check is the caller's: see ``handlers.Runtime.ready``) and 503
 with the reason otherwise; ``/metrics`` is the process's Prometheus registry.  Health and
 metrics may share one address or use two.
-
-Must not import: kopf (``handlers`` starts this).
 """
 
 from __future__ import annotations

@@ -11,8 +11,7 @@ from the API (a 404 on the update), the next occurrence starts a new Event.
 ``events.k8s.io/v1`` is used when the cluster serves it (every supported Kubernetes
 does), core/v1 otherwise; ``kube`` finds out once.
 
-Pure (a state machine over the recorder's memory, no I/O); must not import kopf,
-kubernetes or aiohttp.
+Pure: a state machine over the recorder's memory, no I/O.
 """
 
 from __future__ import annotations

@@ -11,8 +11,7 @@ the operator only stops the gang sooner.  Hence no ``on.delete`` handler and no
 is a loop of the operator's own (:func:`_resync`), whose first full listing makes the
 operator ready.
 
-Must not render or decide anything (the controller and the pure modules do); this module,
-``settings``, ``runtime`` and ``cli`` are the only ones that import kopf.
+Nothing here renders or decides (the controller and the pure layers do).
 """
 
 from __future__ import annotations

@@ -4,8 +4,6 @@ Credentials are found the standard way (``credentials.py``), from :meth:`Kube.co
 when the operator starts, never at import; Events are written as ``events.py`` decides.
 Requests go over aiohttp, so the event loop is never blocked.  Objects are plain dicts
 (one representation everywhere).
-
-Must not import: kopf (handlers call this; this calls no handler).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """The controller's :class:`~refit_operator.apply.applier.Writes`: one RefitJob's writes against
 the API server, with the tolerance each one needs (a PodGroup API that is not installed,
 a pod gone or changed before its gate is lifted, an Event that cannot be posted).
-
-Must not import: kopf (the handlers wrap the controller).
 """
 
 from __future__ import annotations

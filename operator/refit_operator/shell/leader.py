@@ -7,8 +7,6 @@ once: the operator process exits, and its Deployment starts it again as a standb
 :meth:`Elector.release` gives the Lease up on a clean shutdown, so a standby need not wait
 for it to expire.  The decisions are in ``lease``; every API call here has a deadline, so
 a hung request can never keep a leader working past its renew deadline.
-
-Must not import: kopf (``handlers`` drives this).
 """
 
 from __future__ import annotations

@@ -14,8 +14,7 @@ that reads Leases agree on who leads.
 - Every write is conditional on the ``resourceVersion`` read, so of two candidates that
   race, one wins and the other gets HTTP 409.
 
-Pure: no I/O and no clock of its own; must not import kopf, kubernetes or aiohttp
-(``leader`` does the API calls).
+Pure: no I/O and no clock of its own (``leader`` does the API calls).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ read where the status has them (a field it lacks exports no sample).
 The operator's own work: reconcile duration and errors, the API's error answers by
 status, and whether this replica leads.
 
-Must not import: kopf, kubernetes, aiohttp (the HTTP side is ``endpoints``).  The ranks'
+The HTTP side is ``endpoints``.  The ranks'
 entries arrive decoded: the reconcile round decoded the rendezvous map once
 (``Observed.entries``), and the metrics read that decoding.
 """

@@ -13,7 +13,7 @@
    standby.  A clean stop (SIGTERM) gives the Lease up, so a standby takes over at its
    next try instead of after a lease duration.
 
-Must not decide anything about RefitJobs (``controller`` and the pure modules do).
+Decides nothing about RefitJobs (``controller`` and the pure layers do).
 """
 
 from __future__ import annotations

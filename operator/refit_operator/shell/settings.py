@@ -1,7 +1,4 @@
-"""Operator configuration (from the CLI) and the kopf settings derived from it.
-
-Must not be imported by the pure modules; imports kopf.
-"""
+"""Operator configuration (from the CLI) and the kopf settings derived from it."""
 
 from __future__ import annotations
 

@@ -3,8 +3,6 @@ creation was lost (a 409), or some of the creates were refused.  They are the ga
 rendezvous was cleared before they were created, and clearing it again would drop what
 they published), so the status records them; those still missing are created into the
 same epoch while the barrier is closed, since no rank has moved a byte yet.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

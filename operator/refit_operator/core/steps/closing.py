@@ -2,8 +2,6 @@
 the new phase, the phase itself, the message it shows, the role counts (with
 ``RolloutDegraded``), and an Event for a phase move.  A Failed job's message and Failed
 condition come from ``failure.why_failed``, so neither is ever empty.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """``activeDeadlineSeconds``: a job that ran this long since it started fails and its pods
 stop, as a Job's do; until then the round asks to look again when it runs out.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Letting the created gang run: the rendezvous barrier opens once every rank of the epoch
 published (``coordinate.py``), and with ``SchedulingGates`` admission the gang's gate
 comes off every pod together once all of them exist.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

@@ -5,8 +5,6 @@ every pod does (``scope="job"``: a spec change, a late start; every rollout slot
 its next generation); the epoch goes up, and after a backoff the gang is recreated.
 Failures use up ``maxRestarts`` (doubling backoff); preemptions are counted apart, up to
 ``maxPreemptions``; a spec change is neither.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

@@ -5,8 +5,6 @@ policy pods keep running.  Failures use up ``rollout.failurePolicy.maxReplacemen
 (with a doubling backoff per failure of the same rank in a row), preemptions do not and
 are replaced at once.  Scaling ``rollout.replicas`` adds slots, created at once, and
 retires the pods of ranks over the count once they exited or reported ``left``.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """A finished job (Succeeded, or Failed for a reason no spec change cures) stays
 finished: whatever of its gang still runs is stopped, nothing is created.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

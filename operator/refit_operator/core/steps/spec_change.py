@@ -1,8 +1,6 @@
 """Pods rendered from another spec (world size, image, ...) need a new gang: neither a
 failure nor a preemption.  Read from the pods' spec-hash annotation, so a lost status
 write cannot hide it.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """``startDeadlineSeconds``: an epoch whose pods are not all Ready this long after it was
 created fails like a failed pod (a restart, counted), with each late pod's reason; until
 then a Pending job's message says what its pods wait for.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

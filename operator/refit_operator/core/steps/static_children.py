@@ -1,7 +1,5 @@
 """The children that live as long as the job (the per-role Services, the rendezvous
 ConfigMap, the workers' ServiceAccount and RBAC): each missing one is created.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """``spec.suspend``: the gang stops and nothing is created (what exists from before, the
 Services and the rendezvous ConfigMap, stays).
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

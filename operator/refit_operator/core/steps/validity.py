@@ -1,8 +1,6 @@
 """Whether the spec can run at all: it parses into ``RefitJobSpec``, its names fit the
 API's limits, and its pod templates do not conflict with what the operator owns.  A spec
 found invalid and then changed starts over, in a new epoch, as a new job would.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
