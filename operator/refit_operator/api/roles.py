@@ -2,7 +2,7 @@
 env, command), a standard pod template, and how the gang reaches the scheduler.
 
 The template's schema is the upstream PodTemplateSpec (``podtemplate.py``); what the
-operator merges into it, and which templates conflict with that, is ``merge.py``'s.
+operator merges into it, and which templates conflict with that, is ``render/merge.py``'s.
 
 Pure.
 """

@@ -11,7 +11,7 @@ round, and a second time only when one of the later writes was refused (the stat
 then say so).
 
 The writes themselves are the shell's (:class:`Writes`): the controller's go to the API
-(``kube_writes.py``), ``refit run``'s to processes and files (``local/runner.py``).
+(``shell/kube_writes.py``), ``refit run``'s to processes and files (``local/runner.py``).
 """
 
 from __future__ import annotations

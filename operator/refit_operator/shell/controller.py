@@ -1,5 +1,5 @@
 """The doing half of the operator: read a job and its children, call the pure reconcile,
-apply its actions through the one applier (``apply.py``, with the API writes of
+apply its actions through the one applier (``apply/applier.py``, with the API writes of
 ``kube_writes.py``).  One coalescing loop per job serialises the work, retries a round
 the apiserver refused with back-off, and says so in an Event.
 """
