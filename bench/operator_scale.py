@@ -24,10 +24,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator"), str(ROOT / "worker")]
 from tests.emulator import ApiEmulator  # noqa: E402
 from tests.support.operator_run import JOBS, NS, PODS, OperatorRun, load_job  # noqa: E402
 
-from refit_operator.children import render_static  # noqa: E402
-from refit_operator.kube import Kube  # noqa: E402
-from refit_operator.models import parse_spec  # noqa: E402
-from refit_operator.render import JobRef, RenderOptions, render_gang  # noqa: E402
+from refit_operator.api.models import parse_spec  # noqa: E402
+from refit_operator.render.children import render_static  # noqa: E402
+from refit_operator.render.pods import JobRef, RenderOptions, render_gang  # noqa: E402
+from refit_operator.shell.kube import Kube  # noqa: E402
 
 RANKS = 64
 TIMEOUT_S = 300.0

@@ -32,9 +32,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "operator"), str(ROOT / "
 
 from tests.support.fault_runs import Topology, manifest  # noqa: E402
 
+from refit_operator.api.models import parse_spec  # noqa: E402
 from refit_operator.local.faults import Fault, outcome  # noqa: E402
 from refit_operator.local.runner import RunOptions, RunResult, run_job  # noqa: E402
-from refit_operator.models import parse_spec  # noqa: E402
 
 REFITS = 6
 AT_REFIT = 2

@@ -58,7 +58,7 @@ from tests.support.fault_runs import (  # noqa: E402
 )
 from tests.support.processes import processes_under  # noqa: E402
 
-from refit_operator.models import Phase  # noqa: E402
+from refit_operator.api.models import Phase  # noqa: E402
 
 #: Enough that the stages inside refits still have refits ahead when their drain goes in:
 #: while a drained rank's replacement starts, the policy goes on refitting the others.

@@ -2,8 +2,6 @@
 
 Subcommands are small functions registered in :func:`build_parser`; ``refit run`` lives in
 ``refit_operator.local.command``.  kopf is imported only by the ``operator`` subcommand.
-
-Must not import at module level: kopf, kubernetes, the handlers (``refit crd`` needs none).
 """
 
 from __future__ import annotations
@@ -16,11 +14,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from refit_operator.settings import LeaderElection
+    from refit_operator.shell.settings import LeaderElection
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
-    from refit_operator.crd import crd_yaml
+    from refit_operator.api.crd import crd_yaml
 
     sys.stdout.write(crd_yaml())
     return 0
@@ -29,9 +27,9 @@ def _cmd_crd(args: argparse.Namespace) -> int:
 def _cmd_operator(args: argparse.Namespace) -> int:
     import kopf
 
-    from refit_operator import credentials
-    from refit_operator.runtime import run
-    from refit_operator.settings import OperatorConfig
+    from refit_operator.shell import credentials
+    from refit_operator.shell.runtime import run
+    from refit_operator.shell.settings import OperatorConfig
 
     try:
         election = _leader_election(args)
@@ -65,9 +63,9 @@ def _leader_election(args: argparse.Namespace) -> LeaderElection | None:
     """The ``LeaderElection`` settings, or None without ``--leader-elect``."""
     import os
 
-    from refit_operator.leader import default_identity
-    from refit_operator.lease import Timing
-    from refit_operator.settings import LeaderElection
+    from refit_operator.shell.leader import default_identity
+    from refit_operator.shell.lease import Timing
+    from refit_operator.shell.settings import LeaderElection
 
     if not args.leader_elect:
         return None
@@ -91,7 +89,7 @@ def _leader_election(args: argparse.Namespace) -> LeaderElection | None:
 
 
 def _address(text: str) -> str:
-    from refit_operator.endpoints import Address
+    from refit_operator.shell.endpoints import Address
 
     try:
         return str(Address.parse(text))
@@ -165,7 +163,7 @@ def _add_operator_options(op: argparse.ArgumentParser) -> None:
 
 
 def _add_leader_options(op: argparse.ArgumentParser) -> None:
-    from refit_operator import lease
+    from refit_operator.shell import lease
 
     op.add_argument(
         "--leader-elect",

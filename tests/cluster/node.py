@@ -56,7 +56,7 @@ from tests.cluster import nodeobjects as objects
 from tests.cluster.controlplane import kubeconfig
 from tests.cluster.rest import MERGE, STRATEGIC, ApiError, Rest, pod_path
 
-from refit_operator import names
+from refit_operator.api import names
 from refit_operator.local.kubelet import KubeletError, ProcessKubelet
 from refit_operator.local.runner import LoopbackPorts, local_env
 

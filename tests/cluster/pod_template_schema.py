@@ -1,4 +1,4 @@
-"""Write ``operator/refit_operator/schemas/pod-template-spec.json``: the PodTemplateSpec
+"""Write ``operator/refit_operator/api/schemas/pod-template-spec.json``: the PodTemplateSpec
 schema the cluster tier's kube-apiserver serves, in CRD structural form.
 
     python -m tests.cluster.pod_template_schema          # rewrite the checked-in file
@@ -26,7 +26,7 @@ from tests.cluster.controlplane import ControlPlane, build
 from tests.cluster.rest import Rest
 from tests.support.openapi_structural import pod_template_schema
 
-TARGET = REPO_ROOT / "operator" / "refit_operator" / "schemas" / "pod-template-spec.json"
+TARGET = REPO_ROOT / "operator" / "refit_operator" / "api" / "schemas" / "pod-template-spec.json"
 
 
 def served(rest: Rest) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from tests.cluster.rest import ApiError
 from tests.cluster.support import Cluster, wait, wait_established
 from tests.support.bad_manifests import BAD_SPECS, BASE, ISSUE_50_FILES, NOT_IN_YAML
 
-from refit_operator.models import API_VERSION
+from refit_operator.api.models import API_VERSION
 
 NS = "badinput"
 JOBS = f"/apis/{API_VERSION}/namespaces/{NS}/refitjobs"

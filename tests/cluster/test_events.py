@@ -3,7 +3,7 @@ a repeat updates the first Event's series instead of adding one, a different mes
 new Event, and ``kubectl`` shows them on the RefitJob (core/v1 reads the same objects).
 
 Real: kube-apiserver, its Event validation, kubectl; the operator's own API client
-(``refit_operator.kube``) driven from the test, with the admin's kubeconfig.
+(``refit_operator.shell.kube``) driven from the test, with the admin's kubeconfig.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from tests.binaries import REPO_ROOT
 from tests.cluster.support import Cluster, example
 
-from refit_operator import kube
+from refit_operator.shell import kube
 
 NS = "events"
 CRD = REPO_ROOT / "crds" / "refitjob.yaml"

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from tests.cluster.support import EXAMPLES, Cluster, Install, wait
 
-from refit_operator import names
+from refit_operator.api import names
 
 
 def example_files() -> list[Path]:

@@ -30,7 +30,7 @@ from tests.cluster.support import (
     wait,
 )
 
-from refit_operator import names
+from refit_operator.api import names
 
 NS = "lifecycle"
 

@@ -30,14 +30,14 @@ from tests.cluster.node import ProcessNode, lease_ns
 from tests.cluster.rest import ApiError
 from tests.cluster.support import Cluster, Install, example, wait
 
-from refit_operator import kube
-from refit_operator.controller import Controller
 from refit_operator.core import lost_nodes
 from refit_operator.core.decision import Delete
 from refit_operator.core.nodes import OUT_OF_SERVICE
 from refit_operator.core.observe import observe
-from refit_operator.kube_writes import KubeWrites
-from refit_operator.render import RenderOptions
+from refit_operator.render.pods import RenderOptions
+from refit_operator.shell import kube
+from refit_operator.shell.controller import Controller
+from refit_operator.shell.kube_writes import KubeWrites
 
 T = TypeVar("T")
 NS = "node-death"

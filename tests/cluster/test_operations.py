@@ -43,7 +43,7 @@ from tests.cluster.support import (
     wait,
 )
 
-#: ``refit_operator.runtime.EXIT_LEASE_LOST`` (not imported: the operator is a process here).
+#: ``refit_operator.shell.runtime.EXIT_LEASE_LOST`` (not imported: the operator is a process here).
 EXIT_LEASE_LOST = 3
 NS = "operations"
 RELEASE = "ha"

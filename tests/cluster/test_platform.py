@@ -38,7 +38,7 @@ import pytest
 from tests.cluster.pod_template_schema import TARGET, render, served
 from tests.cluster.support import Cluster, Install, elapsed, example, wait
 
-from refit_operator import names
+from refit_operator.api import names
 
 NS = "platform"
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]

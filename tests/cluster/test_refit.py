@@ -15,7 +15,7 @@ import time
 import yaml
 from tests.cluster.support import EXAMPLES, Cluster, Install, assert_bit_exact, example, wait
 
-from refit_operator import names
+from refit_operator.api import names
 
 NS = "demo"
 

@@ -21,8 +21,8 @@ from tests.support.fault_runs import sent_refits
 from tests.support.processes import processes_under
 from tests.support.versions import job_key, trainer_digest
 
+from refit_operator.api.models import parse_spec
 from refit_operator.local.command import _available_memory as available_memory
-from refit_operator.models import parse_spec
 from refit_worker.contract.bounds import MAX_BUCKET_BYTES
 from refit_worker.contract.shards import shard_of_key, shards_needed
 from refit_worker.pod.weights import synthetic_state_dict

@@ -1,14 +1,14 @@
 """The chart's RBAC is what the operator actually does, in both install modes: everything
 needed, and nothing extra.
 
-The operator's own table says which verbs it uses on which kind (``refit_operator.kube.VERBS``
-beside ``PLURALS``), and which Roles it creates per job (``refit_operator.children.render_rbac``);
-the chart, rendered by the real helm v4, must grant exactly those rights: one missing and the
-operator meets a 403 on a cluster, one more and a taken-over operator could do more than it
-ever does.  Kubernetes refuses to let an account create a Role granting more than it holds
-itself, so the per-job Roles' rights count as needed.  Each worker role's Role grants exactly
-what its pods' ConfigMap store calls: get and watch on the job's maps, patch on its own
-role's.
+The operator's own table says which verbs it uses on which kind
+(``refit_operator.shell.kube.VERBS`` beside ``PLURALS``), and which Roles it creates per job
+(``refit_operator.render.children.render_rbac``); the chart, rendered by the real helm v4,
+must grant exactly those rights: one missing and the operator meets a 403 on a cluster, one
+more and a taken-over operator could do more than it ever does.  Kubernetes refuses to let
+an account create a Role granting more than it holds itself, so the per-job Roles' rights
+count as needed.  Each worker role's Role grants exactly what its pods' ConfigMap store
+calls: get and watch on the job's maps, patch on its own role's.
 
 Real: helm, the chart, the operator's pure renderers.  Emulated: nothing.
 """
@@ -22,9 +22,10 @@ import pytest
 from tests.binaries import ensure_tools
 from tests.chart_tools import NAMESPACE, RELEASE, Helm, by_kind
 
-from refit_operator import kube, models, names
-from refit_operator.children import render_rbac
-from refit_operator.render import JobRef
+from refit_operator.api import models, names
+from refit_operator.render.children import render_rbac
+from refit_operator.render.pods import JobRef
+from refit_operator.shell import kube
 from refit_worker.contract.roles import ROLES, Role
 
 MODES = {"cluster-wide": None, "namespaced": {"watchNamespaces": ["team-a"]}}

@@ -26,7 +26,7 @@ from tests.support.operator_run import (
 )
 from tests.support.rendezvous_maps import spread
 
-from refit_operator import names
+from refit_operator.api import names
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     BarrierEntry,

@@ -29,7 +29,7 @@ from tests.support.operator_run import (
 from tests.support.rendezvous_maps import spread
 from tests.support.reports import reports
 
-from refit_operator import names
+from refit_operator.api import names
 from refit_worker.contract.rendezvous import BARRIER_KEY, Layout, home_of_key, meta_key
 from refit_worker.rendezvous.configmap_store import ConfigMapStore
 from refit_worker.rendezvous.store import Member, RendezvousError

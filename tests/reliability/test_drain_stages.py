@@ -31,7 +31,7 @@ from tests.support.fault_runs import (
 )
 from tests.support.processes import processes_under
 
-from refit_operator.models import Phase
+from refit_operator.api.models import Phase
 from refit_worker.contract.exits import EXIT_PREEMPTED
 
 #: Enough that the stages inside refits still have refits ahead when their drain goes in:

@@ -5,7 +5,7 @@ standby must not take the Lease before a lease duration has passed since it last
 change, so two replicas never lead at once.  (The takeover after a SIGKILL, with real
 processes and a real apiserver, is ``tests/cluster/test_operations.py``.)
 
-Real: the elector (``refit_operator.leader``), the operator's aiohttp client, the
+Real: the elector (``refit_operator.shell.leader``), the operator's aiohttp client, the
 emulator's resourceVersion preconditions.  Emulated: the API server and its faults.
 Timings are scaled down (a 1 s lease) so each case takes a second or two.
 """
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from tests.emulator import ApiEmulator, ApiFault
 
-from refit_operator import kube
-from refit_operator.leader import Elector, LeaseLost
-from refit_operator.lease import Timing
+from refit_operator.shell import kube
+from refit_operator.shell.leader import Elector, LeaseLost
+from refit_operator.shell.lease import Timing
 
 LEASES = "coordination.k8s.io/v1/leases"
 NS = "default"

@@ -26,7 +26,7 @@ from tests.support.fault_runs import (
 )
 from tests.support.processes import processes_under
 
-from refit_operator.models import Phase
+from refit_operator.api.models import Phase
 
 KILLS = 5
 #: Kills land within this many seconds of a round's start (the last kill's replacement

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from refit_operator.models import API_VERSION
+from refit_operator.api.models import API_VERSION
 
 BASE: dict[str, Any] = {"image": "img:1", "policy": {"replicas": 1}, "rollout": {"replicas": 1}}
 _DROP = object()

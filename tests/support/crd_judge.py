@@ -27,8 +27,8 @@ from typing import Any
 
 import celpy
 
-from refit_operator.crd import crd_manifest
-from refit_operator.models import InvalidSpecError, parse_spec
+from refit_operator.api.crd import crd_manifest
+from refit_operator.api.models import InvalidSpecError, parse_spec
 
 
 @cache

@@ -28,10 +28,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from refit_operator import names
+from refit_operator.api import names
+from refit_operator.api.models import RefitJobSpec, RefitJobStatus, parse_spec
 from refit_operator.core.coordinate import merged
 from refit_operator.local.runner import LocalCluster, RunOptions, RunResult, run_job
-from refit_operator.models import RefitJobSpec, RefitJobStatus, parse_spec
 from refit_worker.contract.rendezvous import EntryError, Snapshot, read_snapshot
 from refit_worker.contract.roles import Role
 

@@ -1,5 +1,5 @@
 """The apiserver's OpenAPI v3 definition of ``PodTemplateSpec`` turned into a CRD
-*structural* schema: what ``operator/refit_operator/schemas/`` holds and the CRD embeds.
+*structural* schema: what ``operator/refit_operator/api/schemas/`` holds and the CRD embeds.
 
 Shared by the generator (``tests/cluster/pod_template_schema.py``, which reads the schema
 the cluster tier's kube-apiserver serves at ``/openapi/v3/api/v1``) and the tests that

@@ -97,8 +97,8 @@ class OperatorRun:
     async def start(self) -> None:
         import kopf
 
-        from refit_operator.handlers import operator_kwargs
-        from refit_operator.settings import OperatorConfig
+        from refit_operator.shell.handlers import operator_kwargs
+        from refit_operator.shell.settings import OperatorConfig
 
         loop = asyncio.get_running_loop()
         foreign = _ForeignTasks()

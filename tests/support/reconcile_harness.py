@@ -14,12 +14,12 @@ from typing import Any
 
 from tests.support.rendezvous_maps import spread
 
-from refit_operator.children import render_static
+from refit_operator.api.models import InvalidSpecError, RefitJobStatus, parse_spec
 from refit_operator.core.decision import Create, Decision, Delete, Emit, JobView
 from refit_operator.core.observe import observe
 from refit_operator.core.reconcile import reconcile
-from refit_operator.models import InvalidSpecError, RefitJobStatus, parse_spec
-from refit_operator.render import JobRef, RenderOptions, render_gang
+from refit_operator.render.children import render_static
+from refit_operator.render.pods import JobRef, RenderOptions, render_gang
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 REF = JobRef(name="job", namespace="ns", uid="u-1")

@@ -1,8 +1,8 @@
-"""The one applier both shells use (``refit_operator.apply.Applier``): the order of a
+"""The one applier both shells use (``refit_operator.apply.applier.Applier``): the order of a
 round's writes, one status write per round unless a later write was refused, and the
 apiserver's refusals reaching the status.
 
-The writes go to a recording :class:`~refit_operator.apply.Writes` (the applier's own
+The writes go to a recording :class:`~refit_operator.apply.applier.Writes` (the applier's own
 protocol, which the controller's ``KubeWrites`` and ``refit run``'s ``LocalCluster``
 implement); the decisions are the pure reconcile's, from the shared harness.
 """
@@ -14,12 +14,12 @@ from typing import Any
 
 from tests.support.reconcile_harness import NOW, REF, Harness
 
-from refit_operator.apply import Applier
+from refit_operator.api.models import RefitJobStatus
+from refit_operator.apply.applier import Applier
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Decision, Delete, Emit, JobView, LiftGate
 from refit_operator.core.observe import observe
 from refit_operator.core.writes import WriteError
-from refit_operator.models import RefitJobStatus
 
 SPEC: dict[str, Any] = {"image": "img", "policy": {"replicas": 1}, "rollout": {"replicas": 1}}
 JOB = Harness(SPEC)

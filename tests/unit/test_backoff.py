@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from refit_operator.controller import RETRY_MAX_S, RETRY_MIN_S
 from refit_operator.core.backoff import doubling
+from refit_operator.shell.controller import RETRY_MAX_S, RETRY_MIN_S
 
 
 @pytest.mark.parametrize(

@@ -28,9 +28,9 @@ from tests.support.bad_manifests import (
 )
 from tests.support.crd_judge import crd_verdict
 
+from refit_operator.api.models import InvalidSpecError, parse_spec
 from refit_operator.local.command import EXIT_BAD_MANIFEST, ManifestError, cmd_run, load_manifest
 from refit_operator.local.manifest import load_yaml_documents
-from refit_operator.models import InvalidSpecError, parse_spec
 
 #: The spec rows a YAML file can carry as written (see ``NOT_IN_YAML``).
 IN_YAML = [r for r in BAD_SPECS if r[0] not in NOT_IN_YAML]

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from tests.support.reconcile_harness import RUNNING, SUCCEEDED, Harness
 
+from refit_operator.api.models import Phase, PodBytes, RefitJobStatus
 from refit_operator.core.progress import bytes_received, count_bytes
-from refit_operator.models import Phase, PodBytes, RefitJobStatus
 from refit_worker.contract.rendezvous import ProgressEntry, encode_entry, progress_key
 from refit_worker.contract.roles import Role
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from refit_operator import kube
-from refit_operator.controller import Controller
-from refit_operator.render import RenderOptions
+from refit_operator.render.pods import RenderOptions
+from refit_operator.shell import kube
+from refit_operator.shell.controller import Controller
 
 READY = {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T00:00:00Z"}
 

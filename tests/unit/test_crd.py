@@ -18,9 +18,9 @@ import pytest
 import yaml
 from tests.support.openapi_structural import walk
 
-from refit_operator.crd import SchemaError, crd_manifest, crd_yaml, structural
-from refit_operator.models import InvalidSpecError, parse_spec
-from refit_operator.podtemplate import pod_template_schema
+from refit_operator.api.crd import SchemaError, crd_manifest, crd_yaml, structural
+from refit_operator.api.models import InvalidSpecError, parse_spec
+from refit_operator.api.podtemplate import pod_template_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED_IN = ROOT / "crds" / "refitjob.yaml"

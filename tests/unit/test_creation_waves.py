@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from tests.support.operator_run import load_job
 
-from refit_operator.apply import creation_waves
-from refit_operator.children import render_static
-from refit_operator.models import parse_spec
-from refit_operator.render import JobRef, RenderOptions, render_gang
+from refit_operator.api.models import parse_spec
+from refit_operator.apply.applier import creation_waves
+from refit_operator.render.children import render_static
+from refit_operator.render.pods import JobRef, RenderOptions, render_gang
 
 
 def test_rolebinding_after_its_role_and_pods_last() -> None:

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from refit_operator.api.models import Phase
 from refit_operator.core import reconcile as rec
 from refit_operator.core import stages
 from refit_operator.core.phases import Outcome, phase_of
-from refit_operator.models import Phase
 
 
 def _recorders(monkeypatch: pytest.MonkeyPatch, ends: dict[str, Outcome]) -> list[str]:

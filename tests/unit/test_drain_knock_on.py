@@ -21,9 +21,9 @@ from tests.support.reconcile_harness import (
     of,
 )
 
+from refit_operator.api.models import Phase, RefitJobStatus, RolloutReplica
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.observe import observe_pod
-from refit_operator.models import Phase, RefitJobStatus, RolloutReplica
 from refit_worker.contract.rendezvous import PREEMPT_KEY
 
 SPEC: dict[str, Any] = {

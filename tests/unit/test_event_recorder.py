@@ -1,4 +1,4 @@
-"""The Event recorder's decisions (``refit_operator.events``): which occurrence creates an
+"""The Event recorder's decisions (``refit_operator.shell.events``): which occurrence creates an
 Event and which updates a series, for both Event APIs.  Pure: the clock is given.
 """
 
@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from refit_operator.events import (
+from refit_operator.shell.events import (
     CORE_V1,
     EVENTS_V1,
     SERIES_WINDOW_S,

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 import yaml
 
-from refit_operator.crd import crd_manifest
+from refit_operator.api.crd import crd_manifest
 from refit_operator.local.command import load_manifest
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))

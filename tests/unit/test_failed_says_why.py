@@ -24,15 +24,15 @@ from tests.support.reconcile_harness import (
     of,
 )
 
+from refit_operator.api.models import Condition, Phase, RefitJobStatus, RolloutReplica
 from refit_operator.core import conditions as cond
 from refit_operator.core.decision import Create, Decision, Emit, JobView
 from refit_operator.core.failure import Failure
 from refit_operator.core.observe import Observed
 from refit_operator.core.refusal import failed_status
-from refit_operator.core.steps import deadlines
+from refit_operator.core.steps import time_limits
 from refit_operator.core.write_refusals import after_writes
 from refit_operator.core.writes import WriteError
-from refit_operator.models import Condition, Phase, RefitJobStatus, RolloutReplica
 
 SPEC: dict[str, Any] = {
     "image": "img",
@@ -217,7 +217,7 @@ def test_a_step_that_fails_the_job_without_words_still_leaves_them(
 ) -> None:
     """The guarantee is the round's end, not each step's care: a failing finding with no
     message (a step that forgot) is said from the round's facts."""
-    monkeypatch.setattr(deadlines, "active_deadline", lambda inp, draft: "deadline_exceeded")
+    monkeypatch.setattr(time_limits, "active_deadline", lambda inp, draft: "deadline_exceeded")
     pods = JOB.pods(0, **{POLICY: exited(3), ROLLOUT: RUNNING})
     d = JOB.run(_status(restarts=1), pods)
     _assert_says(d, "FailureUnrecorded", (POLICY, "exit code 3", "restarts 1/2 used"))
@@ -229,7 +229,7 @@ def test_a_restart_message_of_an_earlier_round_is_not_taken_for_the_cause(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     earlier = f"policy gang preempted (1): {POLICY}: DisruptionTarget: EvictionByEvictionAPI"
-    monkeypatch.setattr(deadlines, "active_deadline", lambda inp, draft: "deadline_exceeded")
+    monkeypatch.setattr(time_limits, "active_deadline", lambda inp, draft: "deadline_exceeded")
     d = JOB.run(_status(phase=Phase.RESTARTING, message=earlier), [])
     assert d.status.phase is Phase.FAILED
     assert "preempted" not in d.status.message

@@ -12,9 +12,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from refit_operator.api.models import RefitJobStatus, RolloutReplica
 from refit_operator.core import failure_domain as fd
 from refit_operator.core.failure_domain import FailureDomain
-from refit_operator.models import RefitJobStatus, RolloutReplica
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 LATER = NOW + timedelta(seconds=90)

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from tests.support.reconcile_harness import NOW, RUNNING, Harness, condition, events, of
 
+from refit_operator.api.models import Phase, RefitJobStatus
 from refit_operator.core.decision import Create, Delete, Emit
 from refit_operator.core.observe import observe_pod
-from refit_operator.models import Phase, RefitJobStatus
 from refit_worker.contract.exits import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_NOT_RETRYABLE
 
 SPEC: dict[str, Any] = {

@@ -14,9 +14,9 @@ import asyncio
 import json
 from typing import Any
 
-from refit_operator import kube
 from refit_operator.core.decision import Delete
-from refit_operator.kube_writes import KubeWrites
+from refit_operator.shell import kube
+from refit_operator.shell.kube_writes import KubeWrites
 
 JOB = {"metadata": {"name": "job", "namespace": "ns", "resourceVersion": "3", "uid": "u"}}
 

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from refit_operator import kube
-from refit_operator.apply import creation_waves
-from refit_operator.core import gang
+from refit_operator.api.models import Phase, RefitJobStatus, parse_spec
+from refit_operator.apply.applier import creation_waves
 from refit_operator.core.decision import Delete, JobView
 from refit_operator.core.observe import observe
 from refit_operator.core.reconcile import reconcile
-from refit_operator.models import Phase, RefitJobStatus, parse_spec
-from refit_operator.render import JobRef, RenderOptions, render_gang
+from refit_operator.render import gang
+from refit_operator.render.pods import JobRef, RenderOptions, render_gang
+from refit_operator.shell import kube
 
 JOB = JobRef(name="job", namespace="ns", uid="u-1")
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

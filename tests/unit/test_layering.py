@@ -2,7 +2,8 @@
 
 - ``lint-imports`` (import-linter, contracts in ``pyproject.toml``) is run on a copy of the
   source with one violation planted per case, and must refuse it naming the contract; the
-  clean copy passes, so the refusal is the planted line's doing.
+  clean copy passes, so the refusal is the planted line's doing.  The operator's cases
+  cover each of its folder contracts, a new module at its top level included.
 - ``refit_worker.contract`` imports only the standard library and pydantic (an AST scan of
   each module, and a fresh interpreter that loads them all); its stdlib-only modules load
   without pydantic (``refit-signal`` runs them as a preStop hook).
@@ -28,6 +29,8 @@ LINT = (
     "import sys; from importlinter.cli import lint_imports_command;"
     " sys.exit(lint_imports_command())"
 )
+#: The operator's folders as layers (``pyproject.toml``), as lint-imports names it refused.
+LAYERS = "The operator's layers: cli, shell | local, apply, core, render, api BROKEN"
 
 
 def _copy_tree(dest: Path) -> Path:
@@ -57,18 +60,43 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
     [
         (
             "worker/refit_worker/pod/weights.py",
-            "import refit_operator.models",
+            "import refit_operator.api.models",
             "The worker never imports the operator BROKEN",
         ),
         (
-            "operator/refit_operator/render.py",
+            "operator/refit_operator/render/pods.py",
             "import refit_worker.session",
             "The operator imports only refit_worker.contract of the worker BROKEN",
         ),
         (
             "operator/refit_operator/core/steps/failure_policy.py",
             "import aiohttp",
-            "The pure core imports neither kopf, kubernetes nor aiohttp BROKEN",
+            "api, render, core, apply and local import no kopf, kubernetes nor aiohttp BROKEN",
+        ),
+        (
+            "operator/refit_operator/render/pods.py",
+            "from refit_operator.core import decision",
+            LAYERS,
+        ),
+        (
+            "operator/refit_operator/local/runner.py",
+            "import refit_operator.shell.kube",
+            LAYERS,
+        ),
+        (
+            "operator/refit_operator/stray.py",
+            "import refit_operator.api.names",
+            LAYERS,
+        ),
+        (
+            "operator/refit_operator/shell/controller.py",
+            "import kopf",
+            "In shell, only handlers, runtime and settings import kopf BROKEN",
+        ),
+        (
+            "operator/refit_operator/local/preflight.py",
+            "import torch",
+            "The operator imports neither torch nor nixl BROKEN",
         ),
         (
             "worker/refit_worker/checkpoint_engines/planning.py",
@@ -106,6 +134,11 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
         "worker->operator",
         "operator->worker",
         "pure->aiohttp",
+        "render->core",
+        "local->shell",
+        "top-level-module",
+        "controller->kopf",
+        "operator->torch",
         "engine->worker",
         "contract",
         "rollout->policy",
@@ -121,7 +154,8 @@ def test_lint_imports_refuses_a_planted_violation(
     clean = _lint(tree)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     target = tree / module
-    target.write_text(target.read_text() + f"\n{planted}  # planted by the test\n")
+    before = target.read_text() if target.exists() else ""  # or a new module, planted whole
+    target.write_text(before + f"\n{planted}  # planted by the test\n")
     broken = _lint(tree)
     assert broken.returncode != 0
     assert contract in broken.stdout, broken.stdout + broken.stderr
@@ -208,9 +242,10 @@ def test_pure_modules_import_neither_kopf_nor_kubernetes() -> None:
     """Loading the pure core, the renderers and the CLI pulls in no kopf nor kubernetes."""
     code = (
         "import sys\n"
-        "import refit_operator.models, refit_operator.crd, refit_operator.names\n"
-        "import refit_operator.render, refit_operator.quantity, refit_operator.apply\n"
-        "import refit_operator.core.reconcile, refit_operator.local.runner\n"
+        "import refit_operator.api.models, refit_operator.api.crd, refit_operator.api.names\n"
+        "import refit_operator.render.pods, refit_operator.api.quantity\n"
+        "import refit_operator.apply.applier, refit_operator.core.reconcile\n"
+        "import refit_operator.local.runner\n"
         "import refit_operator.cli\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('kopf', 'kubernetes'))\n"
         "print(','.join(bad))\n"

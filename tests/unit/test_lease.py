@@ -1,4 +1,4 @@
-"""Leader election decisions (``refit_operator.lease``): who may take a Lease and when, what
+"""Leader election decisions (``refit_operator.shell.lease``): who may take a Lease and when, what
 each move writes, and which timings are refused.  All pure: records and clocks are given.
 """
 
@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from refit_operator.lease import Move, Record, Timing, decide, next_record, released
+from refit_operator.shell.lease import Move, Record, Timing, decide, next_record, released
 
 ME, OTHER = "operator-a_1", "operator-b_2"
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 
+from refit_operator.api.models import RefitJobStatus, parse_spec
 from refit_operator.local import faults, view
 from refit_operator.local.faults import Fault, Fired
-from refit_operator.models import RefitJobStatus, parse_spec
 from refit_worker.contract.rendezvous import ProgressEntry, RefitReport, progress_key
 
 UID_A = "00000000-0000-0000-0000-00000000000a"

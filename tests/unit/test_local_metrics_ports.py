@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from refit_operator.api.models import RefitJobSpec, parse_spec
+from refit_operator.api.names import MASTER_PORT, pod_labels
 from refit_operator.local.metrics_ports import PortsError, describe, plan, port_of
-from refit_operator.models import RefitJobSpec, parse_spec
-from refit_operator.names import MASTER_PORT, pod_labels
 
 
 def _spec(port: int, policy: int = 2, rollout: int = 2) -> RefitJobSpec:

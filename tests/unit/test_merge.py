@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from refit_operator.merge import TemplateConflict
-from refit_operator.models import parse_spec
-from refit_operator.render import JobRef, RenderOptions, render_pod, template_conflicts
+from refit_operator.api.models import parse_spec
+from refit_operator.render.merge import TemplateConflict
+from refit_operator.render.pods import JobRef, RenderOptions, render_pod, template_conflicts
 
 JOB = JobRef(name="job", namespace="ns", uid="u-1", pod_labels={"kueue.x-k8s.io/queue-name": "q"})
 OPTIONS = RenderOptions()
@@ -237,7 +237,7 @@ def test_a_privileged_template_drops_the_escalation_default_only() -> None:
 
 
 def test_a_named_service_account_is_kept_and_bound() -> None:
-    from refit_operator.children import render_rbac
+    from refit_operator.render.children import render_rbac
 
     spec = _spec(_with(serviceAccountName="trainer"))
     pod = render_pod(JOB, spec, "policy", 0, epoch=0, options=OPTIONS)

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from tests.support.crd_judge import crd_verdict
 
-from refit_operator.models import (
+from refit_operator.api.models import (
     InvalidSpecError,
     Phase,
     RefitJobStatus,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from refit_operator.children import render_static
+from refit_operator.api.models import Phase, RefitJobStatus, parse_spec
 from refit_operator.core import lost_nodes
 from refit_operator.core.decision import Delete, Emit, JobView
 from refit_operator.core.nodes import (
@@ -29,8 +29,8 @@ from refit_operator.core.nodes import (
 )
 from refit_operator.core.observe import observe
 from refit_operator.core.reconcile import reconcile
-from refit_operator.models import Phase, RefitJobStatus, parse_spec
-from refit_operator.render import JobRef, RenderOptions, render_gang
+from refit_operator.render.children import render_static
+from refit_operator.render.pods import JobRef, RenderOptions, render_gang
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 REF = JobRef(name="job", namespace="ns", uid="u-1")

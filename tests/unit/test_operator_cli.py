@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from refit_operator.cli import build_parser, main
-from refit_operator.endpoints import Address
+from refit_operator.shell.endpoints import Address
 
 
 def test_endpoint_addresses() -> None:

@@ -1,4 +1,4 @@
-"""The operator's metrics (``refit_operator.metrics``): job series equal the status they
+"""The operator's metrics (``refit_operator.shell.metrics``): job series equal the status they
 come from, each itemised refit is observed once however often a rank's report is read,
 the time to resume after a preemption, and the exposition Prometheus parses.
 
@@ -15,10 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import create_model
 from tests.support.rendezvous_maps import spread
 
+from refit_operator.api.models import Phase, RefitJobStatus
+from refit_operator.api.status import Condition, RoleStatus
 from refit_operator.core.coordinate import decode
-from refit_operator.metrics import OperatorMetrics
-from refit_operator.models import Phase, RefitJobStatus
-from refit_operator.status import Condition, RoleStatus
+from refit_operator.shell.metrics import OperatorMetrics
 from refit_worker.contract.rendezvous import ProgressEntry, RefitReport, encode_entry, progress_key
 
 

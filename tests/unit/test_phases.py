@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from refit_operator.api.models import Phase
 from refit_operator.core.phases import TRANSITIONS, PhaseFacts, is_legal, next_phase
-from refit_operator.models import Phase
 
 P = Phase
 

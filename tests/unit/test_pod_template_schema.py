@@ -25,7 +25,7 @@ from tests.support.openapi_structural import (
     pod_template_schema,
 )
 
-from refit_operator import podtemplate
+from refit_operator.api import podtemplate
 
 SCHEMAS = (
     Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / "v1.36.0-local-strict"

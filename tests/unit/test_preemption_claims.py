@@ -22,11 +22,11 @@ from tests.support.reconcile_harness import (
     uid,
 )
 
+from refit_operator.api.models import Phase, RefitJobStatus, RolloutReplica
 from refit_operator.core import claims
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Decision, Emit
 from refit_operator.core.observe import observe_pod
-from refit_operator.models import Phase, RefitJobStatus, RolloutReplica
 from refit_worker.contract.rendezvous import (
     PREEMPT_KEY,
     ProgressEntry,

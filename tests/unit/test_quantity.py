@@ -9,7 +9,7 @@ import re
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from refit_operator.quantity import (
+from refit_operator.api.quantity import (
     BUCKET_SIZE_PATTERN,
     BucketSize,
     QuantityError,

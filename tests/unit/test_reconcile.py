@@ -20,14 +20,14 @@ from tests.support.reconcile_harness import deletes as _deletes
 from tests.support.reconcile_harness import events as _events
 from tests.support.rendezvous_maps import spread
 
+from refit_operator.api.models import Phase, PodBytes, RefitJobStatus
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Create, Delete, Emit, JobView
 from refit_operator.core.observe import observe, observe_pod
 from refit_operator.core.phases import PhaseFacts, next_phase
 from refit_operator.core.reconcile import reconcile
 from refit_operator.core.steps.restart import POLL_DELETING_S
-from refit_operator.models import Phase, PodBytes, RefitJobStatus
-from refit_operator.render import JobRef, RenderOptions
+from refit_operator.render.pods import JobRef, RenderOptions
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     PREEMPT_KEY,

@@ -20,13 +20,13 @@ from tests.support.reconcile_harness import (
     of,
 )
 
-from refit_operator.children import render_static
+from refit_operator.api.models import Phase, PodBytes, RefitJobStatus, RolloutReplica, parse_spec
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Create, Emit, JobView
 from refit_operator.core.observe import observe
 from refit_operator.core.reconcile import reconcile
-from refit_operator.models import Phase, PodBytes, RefitJobStatus, RolloutReplica, parse_spec
-from refit_operator.render import RenderOptions
+from refit_operator.render.children import render_static
+from refit_operator.render.pods import RenderOptions
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     PREEMPT_KEY,

@@ -13,6 +13,7 @@ from tests.support.reconcile_harness import NOW, REF, RUNNING, Harness
 from tests.support.reconcile_harness import condition as _condition
 from tests.support.reconcile_harness import of as _of
 
+from refit_operator.api.models import Phase, RefitJobStatus, RolloutReplica
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import (
     Create,
@@ -27,8 +28,7 @@ from refit_operator.core.observe import observe, observe_pod
 from refit_operator.core.reconcile import reconcile
 from refit_operator.core.write_refusals import RETRY_WRITE_S, after_writes
 from refit_operator.core.writes import WriteError
-from refit_operator.models import Phase, RefitJobStatus, RolloutReplica
-from refit_operator.render import RenderOptions
+from refit_operator.render.pods import RenderOptions
 
 SPEC: dict[str, Any] = {
     "image": "img",

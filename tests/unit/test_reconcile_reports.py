@@ -10,10 +10,10 @@ import pytest
 from tests.support.reconcile_harness import GONE, NOW, RUNNING, SUCCEEDED, Harness
 from tests.support.reconcile_harness import uid as _uid
 
+from refit_operator.api.models import Phase, PodBytes, RefitJobStatus, RolloutReplica
+from refit_operator.api.names import pod_name
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Create, Delete, Emit
-from refit_operator.models import Phase, PodBytes, RefitJobStatus, RolloutReplica
-from refit_operator.names import pod_name
 from refit_worker.contract.entries import ProgressState, Verification
 from refit_worker.contract.progress import ProgressLog
 from refit_worker.contract.rendezvous import (

@@ -5,10 +5,16 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from refit_operator import signing_key
-from refit_operator.children import render_rbac, render_rendezvous, render_service, render_static
-from refit_operator.models import parse_spec
-from refit_operator.render import JobRef, RenderOptions, render_gang, render_pod, spec_hash
+from refit_operator.api.models import parse_spec
+from refit_operator.apply import fresh_key
+from refit_operator.render import signing_key
+from refit_operator.render.children import (
+    render_rbac,
+    render_rendezvous,
+    render_service,
+    render_static,
+)
+from refit_operator.render.pods import JobRef, RenderOptions, render_gang, render_pod, spec_hash
 from refit_worker.checkpoint_engines.signing import RefitSigner
 from refit_worker.contract.config import WorkerConfig
 
@@ -177,9 +183,9 @@ def test_pod_env_is_read_back_by_the_worker() -> None:
 
 
 def test_only_policy_pods_get_the_private_half_of_the_jobs_key() -> None:
-    secret = signing_key.with_fresh_key(signing_key.render_secret("job", "ns"))
+    secret = fresh_key.with_fresh_key(signing_key.render_secret("job", "ns"))
     assert secret["immutable"] is True and set(secret["data"]) == {"ed25519.key", "ed25519.pub"}
-    assert signing_key.with_fresh_key(signing_key.render_secret("job", "ns")) != secret
+    assert fresh_key.with_fresh_key(signing_key.render_secret("job", "ns")) != secret
     configs = {}
     for role in ("policy", "rollout"):
         pod = render_pod(JOB, _spec(), role, 0, epoch=0, options=RenderOptions())

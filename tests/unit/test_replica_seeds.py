@@ -14,13 +14,13 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.support.reconcile_harness import RUNNING, Harness, of
 
+from refit_operator.api.models import Phase, RefitJobStatus, RolloutReplica, parse_spec
+from refit_operator.api.status import decimal_bytes, seed_words
 from refit_operator.core.coordinate import decode
 from refit_operator.core.decision import Decision, Emit
 from refit_operator.local import faults, view
 from refit_operator.local.faults import Fault, Fired
-from refit_operator.metrics import OperatorMetrics, new_seeds
-from refit_operator.models import Phase, RefitJobStatus, RolloutReplica, parse_spec
-from refit_operator.status import decimal_bytes, seed_words
+from refit_operator.shell.metrics import OperatorMetrics, new_seeds
 from refit_worker.contract.rendezvous import ProgressEntry, SeedReport, encode_entry, progress_key
 
 SPEC: dict[str, Any] = {

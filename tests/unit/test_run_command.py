@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from refit_operator.api.models import RefitJobStatus, parse_spec
 from refit_operator.cli import main
 from refit_operator.local import view, workdir
 from refit_operator.local.runner import RunResult
-from refit_operator.models import RefitJobStatus, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,15 +18,15 @@ from typing import Any
 
 import pytest
 
-from refit_operator.children import render_rbac
-from refit_operator.models import parse_spec
-from refit_operator.names import (
+from refit_operator.api.models import parse_spec
+from refit_operator.api.names import (
     rendezvous_maps,
     rendezvous_name,
     role_rendezvous_maps,
     worker_account_name,
 )
-from refit_operator.render import JobRef, RenderOptions, render_gang
+from refit_operator.render.children import render_rbac
+from refit_operator.render.pods import JobRef, RenderOptions, render_gang
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE_SOURCE = ROOT / "worker" / "refit_worker" / "rendezvous" / "configmap_store.py"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from refit_operator.api.models import parse_spec
 from refit_operator.local.sizing import BUFFERS_PER_RANK, WORKER_FLOOR_BYTES, estimate, judge
-from refit_operator.models import parse_spec
 from refit_worker.checkpoint_engines import NIXL_TRANSFER_BUFFER_COUNT, NIXLCheckpointEngine
 from refit_worker.contract.synthetic import synthetic_nbytes
 

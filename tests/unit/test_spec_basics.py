@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from refit_operator.models import MANAGER_NAME, SpecBasics, managed_elsewhere, parse_spec
+from refit_operator.api.models import MANAGER_NAME, SpecBasics, managed_elsewhere, parse_spec
 
 
 @pytest.mark.parametrize(

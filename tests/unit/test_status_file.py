@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
+from refit_operator.api.models import PodBytes, RefitJobStatus
 from refit_operator.cli import main
 from refit_operator.core.decision import JobView
 from refit_operator.local import command, status_file
 from refit_operator.local.runner import RunResult
-from refit_operator.models import PodBytes, RefitJobStatus
-from refit_operator.render import JobRef
+from refit_operator.render.pods import JobRef
 
 ROOT = Path(__file__).resolve().parents[2]
 

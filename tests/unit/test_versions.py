@@ -17,11 +17,11 @@ import torch
 from pydantic import ValidationError
 from tests.support.reconcile_harness import RUNNING, Harness, of
 
+from refit_operator.api.crd import crd_manifest
+from refit_operator.api.models import Phase, RefitJobStatus, RolloutReplica
+from refit_operator.api.status import ServedVersionRow, version_conflicts, version_ledger
 from refit_operator.core.decision import Emit
-from refit_operator.crd import crd_manifest
 from refit_operator.local import view
-from refit_operator.models import Phase, RefitJobStatus, RolloutReplica
-from refit_operator.status import ServedVersionRow, version_conflicts, version_ledger
 from refit_worker.checkpoint_engines.integrity import state_digest, tensors_digest
 from refit_worker.contract.entries import DIGEST_PATTERN, MAX_PROGRESS_BYTES
 from refit_worker.contract.rendezvous import (

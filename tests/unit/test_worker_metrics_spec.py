@@ -11,10 +11,10 @@ from typing import Any
 import celpy
 import pytest
 
-from refit_operator.crd import crd_manifest
-from refit_operator.merge import TemplateConflict
-from refit_operator.models import InvalidSpecError, parse_spec
-from refit_operator.render import JobRef, RenderOptions, render_pod
+from refit_operator.api.crd import crd_manifest
+from refit_operator.api.models import InvalidSpecError, parse_spec
+from refit_operator.render.merge import TemplateConflict
+from refit_operator.render.pods import JobRef, RenderOptions, render_pod
 from refit_worker.contract.env import METRICS_PORT_ENV, metrics_port_from_env
 
 JOB = JobRef(name="job", namespace="ns", uid="u-1")

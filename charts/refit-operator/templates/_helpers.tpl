@@ -48,7 +48,7 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{/*
-Rights on namespaced resources: exactly the verbs the operator uses (refit_operator.kube.VERBS;
+Rights on namespaced resources: exactly the verbs the operator uses (refit_operator.shell.kube.VERBS;
 tests/integration/test_chart_rbac.py checks both ways). Every write is a merge patch, never
 an update; no child but a pod or PodGroup is ever deleted (the rest go with their job).
 */}}

@@ -7,7 +7,7 @@ restarts), a rollout replica's replacement after a failure (``rollout.failurePol
 counted by that rank's failures in a row), and the controller's next try of a round the
 apiserver refused.
 
-Pure; must not import kopf, kubernetes, aiohttp, nor any other module of the project.
+Pure.
 """
 
 from __future__ import annotations

@@ -9,15 +9,14 @@ too); a restart, a replacement, a retirement or a failure never touches the figu
 a stopped pod's bytes stay counted once its report is cleared.  ``refit run``'s ledger
 counts with the same functions.
 
-Pure; must not import kopf, kubernetes, aiohttp, nor any module of ``core`` (it reads
-reports and a status, nothing a round derives).
+Pure: it reads reports and a status, nothing a round derives.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from refit_operator.models import PodBytes, RefitJobStatus
+from refit_operator.api.models import PodBytes, RefitJobStatus
 from refit_worker.contract.rendezvous import ProgressEntry
 
 

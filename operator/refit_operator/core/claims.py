@@ -10,7 +10,7 @@ without end, each time free of ``maxRestarts``; it is ignored with a Warning Eve
 names the pod (:data:`IGNORED`).  A pod that exited on such a claim failed, and is counted
 as the failure it is; one that still runs goes on.
 
-Pure (observed state in, pods and Events out); must not import kopf, kubernetes or aiohttp.
+Pure: observed state in, pods and Events out.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Status conditions as ``metav1.Condition``: set one, keeping its transition time when its
 status is unchanged; every condition carries a reason and the generation it was set for.
 
-Pure; must not import kopf or kubernetes.
+Pure.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
 
-from refit_operator.models import Condition
+from refit_operator.api.models import Condition
 
 READY = "Ready"
 COMPLETE = "Complete"

@@ -8,8 +8,6 @@ The operator never writes a rank's own keys; it writes only ``barrier`` and ``pr
 maps between epochs.  The map is decoded once per round
 (:func:`decode`, kept in ``Observed.entries``); the barrier, progress and the operator's
 metrics all read that one decoding.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from refit_operator import names
+from refit_operator.api import names
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     PREEMPT_KEY,

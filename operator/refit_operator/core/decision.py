@@ -1,7 +1,5 @@
 """What a reconcile round decides, as data: the actions, the job it looked at, and the
 decision (the actions and the status to write).
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
@@ -10,9 +8,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal, TypeAlias
 
-from refit_operator import render
+from refit_operator.api.models import RefitJobStatus, SpecBasics
 from refit_operator.core.coordinate import PatchData
-from refit_operator.models import RefitJobStatus, SpecBasics
+from refit_operator.render import pods
 
 
 @dataclass(frozen=True)
@@ -60,7 +58,7 @@ Action: TypeAlias = Create | Delete | PatchData | Emit | LiftGate | DeleteJob
 
 @dataclass(frozen=True)
 class JobView:
-    ref: render.JobRef
+    ref: pods.JobRef
     generation: int
     raw_spec: Any
     status: RefitJobStatus

@@ -4,8 +4,6 @@ decision (the status so far, the actions, when to look again).
 Every step reads the job's status from ``draft.status`` only, never from a copy taken
 earlier, so a value a step wrote is the value the next step sees.  What the round
 observed is in :class:`~refit_operator.core.round_input.RoundInput`, which no step changes.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
@@ -15,11 +13,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from refit_operator.api.models import RefitJobStatus
 from refit_operator.core import conditions as cond
 from refit_operator.core.decision import Action, Decision, Delete
 from refit_operator.core.failure import Failure
 from refit_operator.core.observe import ObservedPod
-from refit_operator.models import RefitJobStatus
 
 
 @dataclass

@@ -9,8 +9,6 @@ whose message was lost or written empty), :func:`why_failed` takes what the stat
 recorded, else builds the words from what the round sees: the pods' own failures and
 disruptions, and each limit with what is used of it.  A message left over from an
 earlier round (a restart's, a preemption's) is never taken for the cause.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
@@ -18,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from refit_operator.api.models import Phase, RefitJobStatus
 from refit_operator.core import conditions as cond
 from refit_operator.core.round_input import RoundInput
-from refit_operator.models import Phase, RefitJobStatus
 
 if TYPE_CHECKING:  # the draft holds a Failure: only its type is needed here
     from refit_operator.core.draft import Draft

@@ -12,8 +12,7 @@ stays as it is): :func:`policy_gang` and :func:`rollout_slot` read one, and
 slot's preemptions have no field of their own (they show in ``rollout.replacements``):
 its view reads 0 and its write leaves them out.
 
-Pure; must not import kopf, kubernetes, aiohttp, nor any module of ``core`` but
-``backoff``.
+Pure.
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from refit_operator.api.models import RefitJobStatus, RolloutReplica
 from refit_operator.core.backoff import doubling
-from refit_operator.models import RefitJobStatus, RolloutReplica
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,7 @@ so no watch event would wake the operator).
 Whether a lost pod is replaced, or its gang restarted, is the steps' decision
 (``ObservedPod.node_lost``); this module only observes and deletes.
 
-Pure; must not import kopf, kubernetes or aiohttp.
+Pure.
 """
 
 from __future__ import annotations

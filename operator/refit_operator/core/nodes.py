@@ -8,8 +8,7 @@ is shut down, as Kubernetes documents for a non-graceful node shutdown), or when
 object is gone.  The bound is counted from the condition's ``lastTransitionTime``, the
 node-lifecycle controller's own clock, so an operator restart does not start it again.
 
-Pure; must not import kopf, kubernetes, aiohttp, nor any other module of ``core``
-(``refit_operator.spec_basics`` reads the bound of a spec).
+Pure (``refit_operator.api.spec_basics`` reads the bound of a spec).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from refit_operator.spec_basics import NODE_LOST_SECONDS, SpecBasics
+from refit_operator.api.spec_basics import NODE_LOST_SECONDS, SpecBasics
 
 #: The taint a person puts on a node that is shut down for good (non-graceful shutdown).
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
@@ -75,7 +74,7 @@ def gone_node(name: str) -> NodeFacts:
 
 def node_lost_seconds(raw_spec: Any) -> float:
     """``spec.failurePolicy.nodeLostSeconds`` of a spec, valid or not, read through
-    :class:`~refit_operator.spec_basics.SpecBasics` (pods are observed before the spec is
+    :class:`~refit_operator.api.spec_basics.SpecBasics` (pods are observed before the spec is
     validated; a bad value is the validation's to refuse, here it means the default)."""
     return SpecBasics.read(raw_spec).node_lost_seconds
 

@@ -7,7 +7,7 @@ SIGKILL (exit code 137)" and an OOM kill "OOMKilled", never a log line (the cont
 log tail is what a signal death leaves as its termination message, and it says nothing
 about the kill); an exit of its own quotes its termination message.
 
-Pure; must not import kopf, kubernetes or aiohttp.
+Pure.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
-from refit_operator import names
+from refit_operator.api import names
 from refit_operator.core.coordinate import Decoded, decode
 from refit_operator.core.nodes import DEFAULT_NODE_LOST_SECONDS, NodeFacts, holds_place, node_lost
 from refit_worker.contract.exits import EXIT_PREEMPTED
@@ -36,7 +36,7 @@ class ObservedPod:
     rank: int
     epoch: int
     phase: str
-    #: The spec digest the pod was rendered from (``render.spec_hash``).
+    #: The spec digest the pod was rendered from (``render.pods.spec_hash``).
     spec_hash: str
     ready: bool
     deleting: bool

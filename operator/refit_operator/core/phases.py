@@ -5,7 +5,7 @@ the phase through the :class:`PhaseFacts` it stands for (:func:`facts_of`, built
 round), and every phase comes from :func:`next_phase`: an invalid spec (``invalid``) and
 the retry once a Failed job's spec is fixed (``retry_invalid``) included.
 
-Pure; must not import kopf, kubernetes or aiohttp.
+Pure.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from refit_operator.models import Phase
+from refit_operator.api.models import Phase
 
 #: Legal moves.  Succeeded is final; Failed is left only when a user fixes an invalid spec
 #: (a new generation: ``retry_invalid``).

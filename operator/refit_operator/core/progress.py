@@ -6,8 +6,6 @@ counted in ``byte_accounting.py``; :func:`count_bytes` and :func:`bytes_received
 re-exported here for the callers that know them by this module.
 
 Pure functions from a status to the next status; the reconcile's steps call them.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
@@ -15,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
+from refit_operator.api.models import RefitJobSpec, RefitJobStatus
 from refit_operator.core import conditions as cond
 from refit_operator.core.byte_accounting import bytes_received, count_bytes
 from refit_operator.core.coordinate import Coordination, progress_of
 from refit_operator.core.observe import Observed, ObservedPod
-from refit_operator.models import RefitJobSpec, RefitJobStatus
 from refit_worker.contract.rendezvous import ProgressSummary
 from refit_worker.contract.roles import Role
 

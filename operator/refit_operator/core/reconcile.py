@@ -13,23 +13,23 @@ its old pods are gone; failures use up ``maxRestarts``, preemptions are counted 
 A spec change (other than ``rollout.replicas``), a late start and a suspend stop every
 pod; a failure the worker marks as not retryable fails the job at once.
 
-Must not import: kopf, kubernetes, aiohttp (the local runner drives this without an API).
+The local runner drives this without an API.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from refit_operator.core import lost_nodes, stages, ttl
+from refit_operator.api.models import managed_elsewhere
+from refit_operator.core import lost_nodes, stages
 from refit_operator.core.decision import Decision, JobView
 from refit_operator.core.draft import Draft
 from refit_operator.core.observe import Observed
 from refit_operator.core.phases import Outcome, phase_of
 from refit_operator.core.refusal import refuse
 from refit_operator.core.round_input import RoundInput, read_round
-from refit_operator.core.steps import closing, validity
-from refit_operator.models import managed_elsewhere
-from refit_operator.render import RenderOptions
+from refit_operator.core.steps import closing, time_limits, validity
+from refit_operator.render.pods import RenderOptions
 
 
 def reconcile(job: JobView, observed: Observed, now: datetime, options: RenderOptions) -> Decision:
@@ -52,7 +52,7 @@ def reconcile(job: JobView, observed: Observed, now: datetime, options: RenderOp
     lost_nodes.act(observed, draft, current=[p.name for p in inp.current])
     new = phase_of(outcome, current=job.status.phase, retry_invalid=retry)
     closing.close_round(inp, draft, old=job.status.phase, new=new)
-    ttl.expire(draft, job.basics.ttl_seconds_after_finished, new)
+    time_limits.expire(draft, job.basics.ttl_seconds_after_finished, new)
     return draft.decision()
 
 

@@ -2,22 +2,20 @@
 the operator, or a child the apiserver refused for good (``write_refusals.py``).  Phase
 Failed with the words that say why, a Warning Event, the pods stopped; a new generation of
 the spec starts over (``steps/validity.py``).
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
+from refit_operator.api.models import Phase, RefitJobStatus
 from refit_operator.core import conditions as cond
-from refit_operator.core import ttl
 from refit_operator.core.decision import Decision, Emit, JobView
 from refit_operator.core.draft import Draft
 from refit_operator.core.failure import Failure, mark_failed
 from refit_operator.core.observe import Observed
 from refit_operator.core.phases import PhaseFacts, checked_next_phase
-from refit_operator.models import Phase, RefitJobStatus
+from refit_operator.core.steps import time_limits
 
 
 def refuse(
@@ -41,7 +39,7 @@ def refuse(
     for type_ in (cond.READY, cond.RESTARTING):
         if cond.get_condition(status.conditions, type_) is not None:
             draft.condition(type_, "False", new.value)
-    ttl.expire(draft, job.basics.ttl_seconds_after_finished, new)
+    time_limits.expire(draft, job.basics.ttl_seconds_after_finished, new)
     return draft.decision()
 
 

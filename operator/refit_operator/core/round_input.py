@@ -7,8 +7,6 @@ desired replica count, each at its generation), pods of older incarnations, roll
 of ranks a scale-down removed, whether the epoch's policy gang exists (recorded, or found
 after a lost status write), the rendezvous read for that epoch, which ranks reported
 done, and which pods are missing.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
@@ -17,13 +15,13 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import partial
 
-from refit_operator import names
+from refit_operator.api import names
+from refit_operator.api.models import RefitJobSpec, RefitJobStatus
 from refit_operator.core import claims, progress
 from refit_operator.core.coordinate import Coordination, coordinate
 from refit_operator.core.decision import Emit, JobView
 from refit_operator.core.observe import Observed, ObservedPod
-from refit_operator.models import RefitJobSpec, RefitJobStatus
-from refit_operator.render import RenderOptions
+from refit_operator.render.pods import RenderOptions
 from refit_worker.contract.rendezvous import PREEMPT_KEY, LivePod, PreemptNotice, ProgressSummary
 from refit_worker.contract.roles import ROLES, Role
 

@@ -17,8 +17,6 @@ them.  Each calls its policy steps (``steps/``) in the order that decides priori
 
 A step that always runs is a statement returning None; a policy returns an
 :class:`~refit_operator.core.phases.Outcome` when it ends the round.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
 from refit_operator.core.steps import (
     adoption,
-    deadlines,
     failure_policy,
     gang_creation,
     gates,
@@ -37,10 +34,10 @@ from refit_operator.core.steps import (
     rollout_replicas,
     settled,
     spec_change,
-    start_deadline,
     static_children,
     success_policy,
     suspend,
+    time_limits,
 )
 
 
@@ -56,7 +53,7 @@ def settle(inp: RoundInput, draft: Draft) -> Outcome | None:
     return (
         settled.keep_finished(inp, draft)
         or suspend.suspend(inp, draft)
-        or deadlines.active_deadline(inp, draft)
+        or time_limits.active_deadline(inp, draft)
     )
 
 
@@ -95,7 +92,7 @@ def police(inp: RoundInput, draft: Draft) -> Outcome | None:
     # A failed or lost rollout replica is replaced alone (maxReplacements).
     ended = (
         failure_policy.fail_not_retryable(inp, draft)
-        or start_deadline.fail_late_start(inp, draft)
+        or time_limits.fail_late_start(inp, draft)
         or rollout_replicas.replace_lost(inp, draft)
     )
     if ended is not None:

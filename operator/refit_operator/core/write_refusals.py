@@ -6,8 +6,6 @@ A permanent refusal of a create fails the job (reason ``ChildRejected``) until t
 changes; any other is retried after :data:`RETRY_WRITE_S`.  A gang whose pods were not
 all created is not recorded as created (nor a rollout slot whose pod was refused), so the
 next round creates the rest.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
@@ -16,13 +14,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 
+from refit_operator.api.models import Phase
 from refit_operator.core import conditions as cond
 from refit_operator.core.decision import Action, Create, Decision, Emit, JobView
 from refit_operator.core.draft import Draft
 from refit_operator.core.observe import Observed
 from refit_operator.core.refusal import refuse
 from refit_operator.core.writes import WriteError
-from refit_operator.models import Phase
 
 #: How soon to try again after the apiserver refused a write for a reason that may pass.
 RETRY_WRITE_S = 5.0

@@ -8,7 +8,7 @@ policy that denies it), so the job fails with the apiserver's words until its sp
 changes.  Anything else (403 Forbidden from a quota or RBAC, a webhook that is down, 5xx)
 is retried with a back-off, and shown while it lasts.
 
-Pure; must not import kopf, kubernetes or aiohttp.
+Pure.
 """
 
 from __future__ import annotations

@@ -2,6 +2,4 @@
 
 Reuses the operator's pure rendering and reconcile; only the doing differs (local processes
 and a file-backed rendezvous store instead of API calls).
-
-Must not import: kopf, kubernetes.
 """

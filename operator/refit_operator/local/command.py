@@ -8,8 +8,6 @@ next run removes what such a run left.
 
 Exit codes: 0 success, 1 the job failed or timed out, 2 bad manifest or flags, 128+N
 stopped by signal N (130 Ctrl-C, 143 SIGTERM, 141 when the output pipe closed).
-
-Must not import: kopf, kubernetes.
 """
 
 from __future__ import annotations
@@ -26,7 +24,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from refit_operator import names
+from refit_operator.api import names
+from refit_operator.api.models import RefitJobSpec, parse_spec
 from refit_operator.core.decision import Emit
 from refit_operator.local import (
     faults,
@@ -41,7 +40,6 @@ from refit_operator.local import (
 )
 from refit_operator.local.manifest import ManifestError, load_manifest
 from refit_operator.local.runner import LocalCluster, RunOptions, RunResult, run_job
-from refit_operator.models import RefitJobSpec, parse_spec
 from refit_worker.contract.synthetic import synthetic_nbytes
 
 EXIT_FAILED, EXIT_BAD_MANIFEST = 1, 2

@@ -1,8 +1,6 @@
 """``refit run`` doing its failure-domain flags: the SIGKILL of a rank-0 pod's process
 group, the scale that ``kubectl scale`` would make, and the timing of what followed a
 kill (the replacement's first committed refit).  What is due is decided in ``faults.py``.
-
-Must not import: kopf, kubernetes; the runner only for types (it calls this).
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ import signal
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from refit_operator import names
+from refit_operator.api import names
 from refit_operator.core.coordinate import merged
 from refit_operator.core.decision import Emit, JobView
 from refit_operator.local import faults as fault_plan

@@ -6,8 +6,6 @@ usage error, nothing starts), and the pure decision of which faults are due.  Th
 does them (``runner.py``): a kill is a real SIGKILL of the pod's process group, a scale
 is the change ``kubectl scale`` makes to the spec (``spec.rollout.replicas`` and the
 job's ``metadata.generation``).
-
-Must not import: kopf, kubernetes, the runner (it imports this).
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from refit_operator.models import RefitJobSpec
+from refit_operator.api.models import RefitJobSpec
 from refit_worker.contract.rendezvous import (
     MAX_RANKS,
     EntryError,

@@ -6,7 +6,6 @@ controllers, some settings have nothing to act on.  Saying so once at the start 
 than a user wondering why a toleration or a TTL "did nothing".
 
 Pure: reads the raw (already validated) spec; no I/O.
-Must not import: kopf, kubernetes.
 """
 
 from __future__ import annotations

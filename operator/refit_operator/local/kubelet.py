@@ -15,8 +15,6 @@ there), the downward API fills ``metadata.name/namespace/uid``, ``spec.nodeName`
 ``env_source`` hook reads other ``valueFrom`` sources (Secrets, ConfigMaps), and a
 ``rewrite_env`` hook plays cluster networking (one host, so Service names and ports are
 mapped to loopback and free ports).
-
-Must not import: kopf, kubernetes, aiohttp; of the worker only ``refit_worker.contract``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ therefore always add up to the status's ``bytesTransferred``: a refit any pod it
 gets a row (with how many pods' bytes it holds); whatever a sampler missed goes into one
 row per epoch that says it is not itemised.
 
-Pure: fed the rendezvous data the runner reads anyway.  Must not import: kopf, kubernetes.
+Pure: fed the rendezvous data the runner reads anyway.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from refit_operator.api.models import PodBytes
 from refit_operator.core.byte_accounting import bytes_received, count_bytes
-from refit_operator.models import PodBytes
 from refit_worker.contract.rendezvous import (
     EntryError,
     ProgressEntry,

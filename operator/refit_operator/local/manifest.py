@@ -5,8 +5,6 @@ accepts, and a spec the models accept; otherwise :class:`ManifestError` saying w
 why (a misspelt kind gets "did you mean").  Numbers are read as ``kubectl apply`` sends
 them (``1e308`` a float, ``1e12`` and ``2.0`` integers), so a value is refused here for the
 reason the API server gives.  Nothing is started here.
-
-Must not import: kopf, kubernetes.
 """
 
 from __future__ import annotations
@@ -18,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from refit_operator import names
-from refit_operator.models import API_VERSION, InvalidSpecError, RefitJobSpec, parse_spec
+from refit_operator.api import names
+from refit_operator.api.models import API_VERSION, InvalidSpecError, RefitJobSpec, parse_spec
 
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 

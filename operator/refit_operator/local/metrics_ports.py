@@ -7,7 +7,6 @@ counted up from ``metrics.port`` (skipping ports in use), fixed before anything 
 that ``refit run`` can say where each serves and a restarted rank serves where it did.
 
 Pure apart from the ``is_free`` probe the caller passes.
-Must not import: kopf, kubernetes.
 """
 
 from __future__ import annotations
@@ -16,8 +15,8 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from refit_operator import names
-from refit_operator.models import RefitJobSpec
+from refit_operator.api import names
+from refit_operator.api.models import RefitJobSpec
 
 #: (role, rank) -> port.
 Plan = dict[tuple[str, int], int]

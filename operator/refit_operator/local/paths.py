@@ -7,7 +7,6 @@ compose file's directory, ``refit run`` reads a relative command or args entry t
 an existing file next to the manifest as that file (and says so).
 
 Pure apart from checking which files exist.
-Must not import: kopf, kubernetes.
 """
 
 from __future__ import annotations

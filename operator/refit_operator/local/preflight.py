@@ -9,7 +9,6 @@ Two kinds of input would otherwise pass validation and fail later, worse:
   there is no API server to read it from, and every pod would fail to start.
 
 Pure apart from reading the checkpoint's headers; returns sentences, raises nothing.
-Must not import: kopf, kubernetes, torch.
 """
 
 from __future__ import annotations

@@ -7,10 +7,9 @@ final.  Pods are rendered by the operator's renderers; the only local difference
 what one host needs (see :func:`local_env`): Service names resolve to loopback, each
 role's rendezvous port is a free local port, and the rendezvous store is a directory.
 
-Must not import: kopf, kubernetes, aiohttp.  Of the worker: ``refit_worker.contract`` and,
-as the one named exception (see the import-linter contracts in ``pyproject.toml``), the
-file-backed rendezvous store ``refit_worker.rendezvous.file_store``, which plays the
-job's ConfigMaps on one machine.
+Of the worker, besides ``refit_worker.contract``, it uses the file-backed rendezvous store
+``refit_worker.rendezvous.file_store`` to play the job's ConfigMaps on one machine (the one
+exception the import-linter contracts in ``pyproject.toml`` name).
 """
 
 from __future__ import annotations
@@ -28,8 +27,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from refit_operator import names, signing_key
-from refit_operator.apply import Applier
+from refit_operator.api import names
+from refit_operator.api.models import Phase, RefitJobSpec, RefitJobStatus
+from refit_operator.apply import fresh_key
+from refit_operator.apply.applier import Applier
 from refit_operator.core.coordinate import PatchData
 from refit_operator.core.decision import Delete, Emit, JobView, LiftGate
 from refit_operator.core.failure import Failure
@@ -43,8 +44,7 @@ from refit_operator.local.faults import Fault, Fired
 from refit_operator.local.kubelet import KubeletError, ProcessKubelet
 from refit_operator.local.ledger import RefitLedger
 from refit_operator.local.workdir import create_own
-from refit_operator.models import Phase, RefitJobSpec, RefitJobStatus
-from refit_operator.render import WEIGHTS_DIR, JobRef, RenderOptions
+from refit_operator.render.pods import WEIGHTS_DIR, JobRef, RenderOptions
 from refit_worker.contract.config import RendezvousConfig, SafetensorsWeights, WorkerConfig
 from refit_worker.contract.env import METRICS_PORT_ENV
 from refit_worker.contract.rendezvous import Layout
@@ -173,15 +173,15 @@ class LocalCluster:
             for shard in range(self.layout.shards)
         }
 
-    # -- the applier's Writes (``refit_operator.apply``) ------------------------------
+    # -- the applier's Writes (``refit_operator.apply.applier``) ------------------------------
 
     async def create(self, obj: dict[str, Any]) -> WriteError | None:
         if obj.get("kind") == "Pod":
             self.kubelet.create(obj)  # raises KubeletError: the run cannot go on
         else:
-            obj = signing_key.with_fresh_key(obj)  # `refit run` makes its own key
+            obj = fresh_key.with_fresh_key(obj)  # `refit run` makes its own key
             self.others[(str(obj["kind"]), str(obj["metadata"]["name"]))] = obj
-            if (event := signing_key.created_event(obj)) is not None:
+            if (event := fresh_key.created_event(obj)) is not None:
                 self.on_event(event)
         return None
 

@@ -8,7 +8,6 @@ two transfer buffers of a whole bucket each) and a per-process floor measured on
 project's workers.
 
 Pure: the caller reads the machine (``/proc/meminfo``, core count) and passes it in.
-Must not import: kopf, kubernetes.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from refit_operator.models import RefitJobSpec, RoleSpec
+from refit_operator.api.models import RefitJobSpec, RoleSpec
 
 #: RSS of an idle ``refit-worker`` (torch, gloo, NIXL and UCX loaded): ~550 MiB measured
 #: with `ps -o rss` during `refit run examples/local.yaml`.

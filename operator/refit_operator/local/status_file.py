@@ -4,8 +4,6 @@ would print it (apiVersion, kind, metadata, spec and status), for scripts and CI
 The path is checked before the run starts (:func:`problem`: nothing is created or
 changed by the check), and the file is written once at the end, whatever the outcome,
 by a rename so a reader never sees half of it.
-
-Must not import: kopf, kubernetes.
 """
 
 from __future__ import annotations
@@ -16,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from refit_operator.api.models import API_VERSION, KIND, RefitJobStatus
 from refit_operator.core.decision import JobView
-from refit_operator.models import API_VERSION, KIND, RefitJobStatus
 
 
 def problem(path: Path) -> str | None:

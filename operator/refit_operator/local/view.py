@@ -1,16 +1,14 @@
 """What ``refit run`` shows a person: a live view on a terminal, log lines otherwise, and a
 final summary.  Pure formatting of statuses and events into text; no I/O here.
-
-Must not import: kopf, kubernetes.
 """
 
 from __future__ import annotations
 
+from refit_operator.api.models import Phase, RefitJobSpec, RefitJobStatus
+from refit_operator.api.status import RolloutReplica, first_refit_source, seed_words, version_words
 from refit_operator.core.decision import Emit
 from refit_operator.local.faults import Fault, outcome
 from refit_operator.local.runner import RunResult
-from refit_operator.models import Phase, RefitJobSpec, RefitJobStatus
-from refit_operator.status import RolloutReplica, first_refit_source, seed_words, version_words
 
 
 def human_bytes(n: float) -> str:

@@ -4,8 +4,6 @@ A run that owns its directory (no ``--workdir``) marks it with its pid and the s
 of its process, and removes it at the end.  A run killed with SIGKILL cannot remove its
 own; the next run sweeps such directories whose owner is gone (its workers died with it:
 see ``ProcessKubelet(die_with_parent=True)``).
-
-Must not import: kopf, kubernetes.
 """
 
 from __future__ import annotations

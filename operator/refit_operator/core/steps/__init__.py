@@ -4,6 +4,4 @@ input and the status so far from the draft, and adds actions and status changes 
 draft.  A policy, ``step(round_input, draft) -> Outcome | None``, returns an
 :class:`~refit_operator.core.phases.Outcome` when it ends the round's decision; a step
 that always runs, ``step(round_input, draft) -> None``, never ends it.
-
-Must not import: kopf, kubernetes, aiohttp.
 """

@@ -2,20 +2,18 @@
 the new phase, the phase itself, the message it shows, the role counts (with
 ``RolloutDegraded``), and an Event for a phase move.  A Failed job's message and Failed
 condition come from ``failure.why_failed``, so neither is ever empty.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
+from refit_operator.api.models import Phase, RoleStatus
 from refit_operator.core import conditions as cond
 from refit_operator.core.decision import Emit
 from refit_operator.core.draft import Draft
 from refit_operator.core.failure import mark_failed, why_failed
 from refit_operator.core.round_input import RoundInput
-from refit_operator.models import Phase, RoleStatus
 
 
 def close_round(inp: RoundInput, draft: Draft, *, old: Phase, new: Phase) -> None:

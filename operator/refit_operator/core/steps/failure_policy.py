@@ -11,8 +11,6 @@
   running (their own failures are ``rollout_replicas.py``'s).
 - A preemption only the worker claims (its exit code, its rank's report), with nothing
   attesting it, is no preemption (``core/claims.py``): a Warning Event names the pod.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

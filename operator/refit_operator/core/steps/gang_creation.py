@@ -3,8 +3,6 @@ gang is created only once the older policy pods are gone (or lost with their nod
 rendezvous is cleared of all but the entries of the rollout replicas that keep running,
 and the restart's backoff is over (what the stopped gang reported meanwhile is still
 counted).  Rollout slots without a pod come with it.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

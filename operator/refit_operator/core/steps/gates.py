@@ -1,18 +1,16 @@
 """Letting the created gang run: the rendezvous barrier opens once every rank of the epoch
 published (``coordinate.py``), and with ``SchedulingGates`` admission the gang's gate
 comes off every pod together once all of them exist.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
 
-from refit_operator.core import gang
 from refit_operator.core.decision import LiftGate
 from refit_operator.core.draft import Draft
 from refit_operator.core.observe import ObservedPod
 from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
+from refit_operator.render import gang
 
 
 def open_barrier(inp: RoundInput, draft: Draft) -> None:

@@ -1,8 +1,6 @@
 """What the ranks of the epoch reported (refits, verification, the rendezvous' health and
 whether every rank connected) becomes the status; never exit codes.  Their bytes are
 ``byte_accounting.py``'s, counted before any step runs.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

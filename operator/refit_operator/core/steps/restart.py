@@ -5,8 +5,6 @@ every pod does (``scope="job"``: a spec change, a late start; every rollout slot
 its next generation); the epoch goes up, and after a backoff the gang is recreated.
 Failures use up ``maxRestarts`` (doubling backoff); preemptions are counted apart, up to
 ``maxPreemptions``; a spec change is neither.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
@@ -15,16 +13,17 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
 
+from refit_operator.api.models import RolloutReplica
+from refit_operator.api.status import UNSEEDED
 from refit_operator.core import conditions as cond
-from refit_operator.core import failure_domain, gang
+from refit_operator.core import failure_domain
 from refit_operator.core.coordinate import preempt_notice
 from refit_operator.core.decision import Delete, Emit
 from refit_operator.core.draft import Draft
 from refit_operator.core.observe import ObservedPod
 from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
-from refit_operator.models import RolloutReplica
-from refit_operator.status import UNSEEDED
+from refit_operator.render import gang
 
 #: How soon to look again while old pods are still going away.
 POLL_DELETING_S = 1.0

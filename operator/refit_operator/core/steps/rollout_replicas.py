@@ -5,23 +5,15 @@ policy pods keep running.  Failures use up ``rollout.failurePolicy.maxReplacemen
 (with a doubling backoff per failure of the same rank in a row), preemptions do not and
 are replaced at once.  Scaling ``rollout.replicas`` adds slots, created at once, and
 retires the pods of ranks over the count once they exited or reported ``left``.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from refit_operator import names, render
-from refit_operator.core import failure_domain
-from refit_operator.core.decision import Create, Emit
-from refit_operator.core.draft import Draft
-from refit_operator.core.phases import Outcome
-from refit_operator.core.round_input import RoundInput, Slot
-from refit_operator.core.steps.restart import POLL_DELETING_S, stop_gang
-from refit_operator.models import RolloutReplica
-from refit_operator.status import (
+from refit_operator.api import names
+from refit_operator.api.models import RolloutReplica
+from refit_operator.api.status import (
     UNSEEDED,
     Served,
     seed_words,
@@ -29,6 +21,13 @@ from refit_operator.status import (
     version_ledger,
     version_words,
 )
+from refit_operator.core import failure_domain
+from refit_operator.core.decision import Create, Emit
+from refit_operator.core.draft import Draft
+from refit_operator.core.phases import Outcome
+from refit_operator.core.round_input import RoundInput, Slot
+from refit_operator.core.steps.restart import POLL_DELETING_S, stop_gang
+from refit_operator.render import pods
 from refit_worker.contract.rendezvous import ProgressEntry, SeedReport
 
 
@@ -234,7 +233,7 @@ def rollout_pods(
     created in the status."""
     status = draft.status
     leader = next((r.generation for r in status.rollout_replicas if r.rank == 0), 0)
-    objs = render.render_gang(
+    objs = pods.render_gang(
         inp.job.ref,
         inp.spec,
         status.epoch,

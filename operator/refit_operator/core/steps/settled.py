@@ -1,15 +1,13 @@
 """A finished job (Succeeded, or Failed for a reason no spec change cures) stays
 finished: whatever of its gang still runs is stopped, nothing is created.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
 
+from refit_operator.api.models import Phase
 from refit_operator.core.draft import Draft
 from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
-from refit_operator.models import Phase
 
 
 def keep_finished(inp: RoundInput, draft: Draft) -> Outcome | None:

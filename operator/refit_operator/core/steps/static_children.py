@@ -1,15 +1,13 @@
 """The children that live as long as the job (the per-role Services, the rendezvous
 ConfigMap, the workers' ServiceAccount and RBAC): each missing one is created.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
 
-from refit_operator import children
 from refit_operator.core.decision import Create
 from refit_operator.core.draft import Draft
 from refit_operator.core.round_input import RoundInput
+from refit_operator.render import children
 
 
 def create_missing(inp: RoundInput, draft: Draft) -> None:

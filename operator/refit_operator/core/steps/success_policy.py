@@ -1,7 +1,5 @@
 """The job succeeds when its gang's work is over and every rollout rank reported every
 refit committed (``progress.finished``); what still runs of the gang is stopped.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations

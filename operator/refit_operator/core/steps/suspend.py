@@ -1,16 +1,14 @@
 """``spec.suspend``: the gang stops and nothing is created (what exists from before, the
 Services and the rendezvous ConfigMap, stays).
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
 
+from refit_operator.api.models import Phase
 from refit_operator.core.draft import Draft
 from refit_operator.core.phases import Outcome
 from refit_operator.core.round_input import RoundInput
 from refit_operator.core.steps.restart import drop_pod_group, reset_slots
-from refit_operator.models import Phase
 
 
 def suspend(inp: RoundInput, draft: Draft) -> Outcome | None:

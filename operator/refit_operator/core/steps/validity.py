@@ -1,18 +1,23 @@
 """Whether the spec can run at all: it parses into ``RefitJobSpec``, its names fit the
 API's limits, and its pod templates do not conflict with what the operator owns.  A spec
 found invalid and then changed starts over, in a new epoch, as a new job would.
-
-Must not import: kopf, kubernetes, aiohttp.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from refit_operator import names, render
+from refit_operator.api import names
+from refit_operator.api.models import (
+    InvalidSpecError,
+    Phase,
+    RefitJobSpec,
+    RefitJobStatus,
+    parse_spec,
+)
 from refit_operator.core import conditions as cond
 from refit_operator.core.decision import JobView
-from refit_operator.models import InvalidSpecError, Phase, RefitJobSpec, RefitJobStatus, parse_spec
+from refit_operator.render import pods
 
 #: Reasons of the Failed condition that a new generation of the spec may fix.
 SPEC_REASONS = frozenset({"InvalidSpec", "TemplateConflict", "ChildRejected"})
@@ -26,7 +31,7 @@ class Invalid:
     message: str
 
 
-def check_spec(job: JobView, options: render.RenderOptions) -> RefitJobSpec | Invalid:
+def check_spec(job: JobView, options: pods.RenderOptions) -> RefitJobSpec | Invalid:
     try:
         spec = parse_spec(job.raw_spec)
     except InvalidSpecError as exc:
@@ -34,7 +39,7 @@ def check_spec(job: JobView, options: render.RenderOptions) -> RefitJobSpec | In
     problems = names.name_problems(job.ref.name, spec.policy.replicas, spec.rollout.replicas)
     if problems:
         return Invalid("InvalidSpec", "; ".join(problems))
-    conflicts = render.template_conflicts(job.ref, spec, options)
+    conflicts = pods.template_conflicts(job.ref, spec, options)
     if conflicts:
         return Invalid("TemplateConflict", "; ".join(conflicts))
     return spec
