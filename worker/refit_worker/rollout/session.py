@@ -170,9 +170,7 @@ class RolloutSession(RefitSession):
             shapes = {s.name: (s.shape, dtype_from_name(s.dtype)) for s in specs}
             return self._own.spare(shapes, device)
 
-        delta = self._delta.target(
-            self.served_version, lambda: self._own.spare(self._own.layout(), device)
-        )
+        delta = self._delta_target(lambda: self._own.spare(self._own.layout(), device))
         landed = await self._arrive(engine, resolve, self._first(refit_id), refit_id is None, delta)
         arrived = landed.timing.refit_id
         self._delta.landed(landed.delta)
@@ -238,9 +236,7 @@ class RolloutSession(RefitSession):
         def spare(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
             return double.spare([s.name for s in specs])
 
-        delta = self._delta.target(
-            self.served_version, lambda: double.spare(list(self._base_state()))
-        )
+        delta = self._delta_target(lambda: double.spare(list(self._base_state())))
         landed = await self._arrive(engine, spare, self._first(refit_id), refit_id is None, delta)
         arrived = landed.timing.refit_id
         self._delta.landed(landed.delta)
@@ -310,6 +306,10 @@ class RolloutSession(RefitSession):
     def _base_state(self) -> Mapping[str, torch.Tensor]:
         committed = self._committed
         return {} if committed is None else committed.state
+
+    def _delta_target(self, spare: Callable[[], Mapping[str, torch.Tensor]]) -> DeltaTarget:
+        """A delta onto the version this rank serves, applied into ``spare()``."""
+        return self._delta.target(self.served_version, spare)
 
     def _first(self, refit_id: int | None) -> int:
         return self.reporter.log.refits_completed if refit_id is None else refit_id
