@@ -14,9 +14,11 @@ from refit_operator.core.coordinate import (
     Coordination,
     PatchData,
     coordinate,
+    decide_barrier,
     decode,
     preempt_notice,
     progress_of,
+    read_rendezvous,
 )
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
@@ -130,6 +132,27 @@ def test_a_forged_barrier_is_replaced_a_version_on_and_reported() -> None:
     assert result.problem is not None and "did not write; rewritten" in result.problem
     fixed = _written(result.patches)
     assert fixed is not None and fixed.version == 8 and fixed.policy_uids == ("policy-0-g0",)
+
+
+def test_reading_decides_nothing_and_a_policy_entry_by_another_pod_is_named_there() -> None:
+    # The round reads the rendezvous (observation); the barrier is decided by a step from
+    # that read, so reading a map that needs a barrier yields none of its patches.
+    read = read_rendezvous(
+        "job", decode(spread("job", _data())), epoch=0, world=(1, 2), live=_live()
+    )
+    assert read.problem is None and read.stored is None and read.progress is not None
+    assert not hasattr(read, "patches")
+    opened = _written(decide_barrier(read).patches)
+    assert opened is not None and opened.members() == (0, 1)
+    # A policy entry of the epoch written by another pod than the live one: the read names
+    # it (no progress is read), and the decision writes nothing.
+    live = _live() | {("policy", 0): LivePod("someone-else", 0, True)}
+    tampered = read_rendezvous(
+        "job", decode(spread("job", _data())), epoch=0, world=(1, 2), live=live
+    )
+    assert tampered.problem is not None and "written by pod uid" in tampered.problem
+    assert tampered.progress is None
+    assert decide_barrier(tampered).patches == ()
 
 
 def test_a_barrier_of_an_earlier_epoch_is_no_previous() -> None:

@@ -1,7 +1,8 @@
 """The operator's side of the rendezvous protocol: write the membership (``barrier``),
 read progress, post the preemption notice.  Decisions come from
 ``refit_worker.contract.rendezvous`` (:func:`membership`, shared with the local runner);
-this module turns them into ConfigMap patches.
+this module turns them into ConfigMap patches: :func:`read_rendezvous` is the round's
+observation (read and checked, nothing decided), :func:`decide_barrier` the step's decision.
 
 The operator never writes a rank's own keys; it writes only ``barrier`` and ``preempt``
 (both in its own map, ``<job>-rendezvous``, which workers may only read), and clears the
@@ -30,6 +31,7 @@ from refit_worker.contract.rendezvous import (
     Snapshot,
     aggregate_progress,
     at_home,
+    check_membership,
     decode_entry,
     encode_entry,
     make_preempt_notice,
@@ -110,6 +112,86 @@ def decode(rendezvous: Mapping[str, Mapping[str, str]] | None) -> Decoded:
     return Decoded(data, entries)
 
 
+@dataclass(frozen=True)
+class RendezvousRead:
+    """What the rendezvous of an epoch says, read and checked, before anything is decided
+    (the round's observation): the snapshot, the barrier stored and whether it is the
+    operator's own earlier one, the ranks' progress, and the pods holding each rank."""
+
+    job: str
+    epoch: int
+    world: tuple[int, int]
+    live: Mapping[tuple[Role, int], LivePod]
+    whole_gang: bool
+    snap: Snapshot | None = None
+    stored: BarrierEntry | None = None
+    previous: BarrierEntry | None = None
+    progress: ProgressSummary | None = None
+    #: Why the rendezvous cannot be read (a bad entry, named by key); None when fine.
+    problem: str | None = None
+
+
+def read_rendezvous(
+    job: str,
+    decoded: Decoded,
+    *,
+    epoch: int,
+    world: tuple[int, int],
+    live: Mapping[tuple[Role, int], LivePod],
+    whole_gang: bool = True,
+) -> RendezvousRead:
+    """Read the rendezvous of ``epoch``: ``live``, the pods now holding each rank;
+    ``whole_gang``, whether the first opening also waits for every rollout slot."""
+    read = RendezvousRead(job, epoch, world, live, whole_gang)
+    policy, rollout = world
+    try:
+        snap = read_snapshot(decoded.data, epoch, policy, rollout, decoded.entry)
+        stored = _stored_barrier(decoded)
+        previous = _own(snap, policy, stored)
+        check_membership(snap, policy, live, previous)
+        progress = aggregate_progress(snap, policy, rollout, live)
+    except EntryError as exc:
+        return replace(read, problem=str(exc))
+    return replace(read, snap=snap, stored=stored, previous=previous, progress=progress)
+
+
+def decide_barrier(read: RendezvousRead) -> Coordination:
+    """Write the membership of the read epoch as :func:`membership` decides (one failure
+    domain for the whole job: the first opening waits for every rollout slot when
+    ``whole_gang``; later rewrites follow :func:`membership` either way)."""
+    snap, stored, previous = read.snap, read.stored, read.previous
+    if snap is None:
+        return Coordination(problem=read.problem)
+    policy, rollout = read.world
+    want = membership(snap, policy, rollout, read.live, previous)
+    if previous is None and want is not None and read.whole_gang and None in want.rollout:
+        want = None
+    shard0 = names.rendezvous_name(read.job)
+    published = len(snap.meta)
+    if stored is None or stored.epoch != read.epoch or previous is not None:
+        patches: tuple[PatchData, ...] = ()
+        if want is not None and want != stored:
+            patches = (PatchData(shard0, {BARRIER_KEY: encode_entry(BARRIER_KEY, want)}),)
+        return Coordination(patches, read.progress, None, published, want is not None)
+    # Only the operator writes the barrier: one it would not have written is replaced by
+    # the true one (a version on, so no reader takes it for older), or removed while
+    # ranks are still missing.
+    value = None
+    if want is not None:
+        value = encode_entry(BARRIER_KEY, want.model_copy(update={"version": stored.version + 1}))
+    problem = (
+        f"rendezvous key {BARRIER_KEY!r}: a barrier of epoch {read.epoch} the operator did "
+        f"not write; {'rewritten' if want is not None else 'removed until every rank publishes'}"
+    )
+    return Coordination(
+        (PatchData(shard0, {BARRIER_KEY: value}),),
+        read.progress,
+        problem,
+        published,
+        want is not None,
+    )
+
+
 def coordinate(
     job: str,
     decoded: Decoded,
@@ -119,44 +201,9 @@ def coordinate(
     live: Mapping[tuple[Role, int], LivePod],
     whole_gang: bool = True,
 ) -> Coordination:
-    """Write the membership of ``epoch`` as :func:`membership` decides, and read progress.
-
-    ``live``: the pods now holding each rank.  ``whole_gang``: the first opening also
-    waits for every rollout slot to hold a member (one failure domain for the whole job,
-    as before per-role failure domains); later rewrites follow :func:`membership` either
-    way.
-    """
-    policy, rollout = world
-    try:
-        snap = read_snapshot(decoded.data, epoch, policy, rollout, decoded.entry)
-        stored = _stored_barrier(decoded)
-        previous = _own(snap, policy, stored)
-        want = membership(snap, policy, rollout, live, previous)
-        if previous is None and want is not None and whole_gang and None in want.rollout:
-            want = None
-        progress = aggregate_progress(snap, policy, rollout, live)
-    except EntryError as exc:
-        return Coordination(problem=str(exc))
-    shard0 = names.rendezvous_name(job)
-    published = len(snap.meta)
-    if stored is None or stored.epoch != epoch or previous is not None:
-        patches: tuple[PatchData, ...] = ()
-        if want is not None and want != stored:
-            patches = (PatchData(shard0, {BARRIER_KEY: encode_entry(BARRIER_KEY, want)}),)
-        return Coordination(patches, progress, None, published, want is not None)
-    # Only the operator writes the barrier: one it would not have written is replaced by
-    # the true one (a version on, so no reader takes it for older), or removed while
-    # ranks are still missing.
-    value = None
-    if want is not None:
-        value = encode_entry(BARRIER_KEY, want.model_copy(update={"version": stored.version + 1}))
-    problem = (
-        f"rendezvous key {BARRIER_KEY!r}: a barrier of epoch {epoch} the operator did not "
-        f"write; {'rewritten' if want is not None else 'removed until every rank publishes'}"
-    )
-    return Coordination(
-        (PatchData(shard0, {BARRIER_KEY: value}),), progress, problem, published, want is not None
-    )
+    """Read the rendezvous of ``epoch`` and decide its barrier, in one call."""
+    read = read_rendezvous(job, decoded, epoch=epoch, world=world, live=live, whole_gang=whole_gang)
+    return decide_barrier(read)
 
 
 def _stored_barrier(decoded: Decoded) -> BarrierEntry | None:

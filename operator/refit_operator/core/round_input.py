@@ -18,7 +18,7 @@ from functools import partial
 from refit_operator.api import names
 from refit_operator.api.models import RefitJobSpec, RefitJobStatus
 from refit_operator.core import claims, progress
-from refit_operator.core.coordinate import Coordination, coordinate
+from refit_operator.core.coordinate import RendezvousRead, decide_barrier, read_rendezvous
 from refit_operator.core.decision import Emit, JobView
 from refit_operator.core.observe import Observed, ObservedPod
 from refit_operator.render.pods import RenderOptions
@@ -62,8 +62,9 @@ class RoundInput:
     adopted: bool
     #: The epoch's policy gang was created (recorded in the status, or adopted).
     created: bool
-    #: The epoch's rendezvous, read when its gang was created.
-    coordination: Coordination | None
+    #: The epoch's rendezvous, read when its gang was created (its barrier is decided by
+    #: the steps, :func:`~refit_operator.core.coordinate.decide_barrier`).
+    rendezvous: RendezvousRead | None
     #: Pods whose rank reported done (such a pod may go: a drained node).
     done: frozenset[str]
     #: Policy pods of the epoch, and created rollout slots' pods, that do not exist and did
@@ -78,7 +79,7 @@ class RoundInput:
 
     @property
     def summary(self) -> ProgressSummary | None:
-        return self.coordination.progress if self.coordination is not None else None
+        return self.rendezvous.progress if self.rendezvous is not None else None
 
     @property
     def policy(self) -> tuple[ObservedPod, ...]:
@@ -93,7 +94,7 @@ class RoundInput:
     def fills_adopted_gang(self) -> bool:
         """A lost round's creates ran in parallel and only some landed; before the barrier
         opens no rank has moved a byte, so the rest are created into the same epoch."""
-        barrier_open = self.coordination is not None and self.coordination.barrier_open
+        barrier_open = self.rendezvous is not None and decide_barrier(self.rendezvous).barrier_open
         return self.adopted and bool(self.policy_absent) and not barrier_open
 
     @property
@@ -199,12 +200,12 @@ def _read(
     )
     adopted = bool(policy) and start.created_epoch != epoch
     created = start.created_epoch == epoch or adopted
-    coordination = (
+    rendezvous = (
         _read_rendezvous(job, spec, observed, current, slots=slots, epoch=epoch)
         if created
         else None
     )
-    summary = coordination.progress if coordination is not None else None
+    summary = rendezvous.progress if rendezvous is not None else None
     expected = _expected(job.ref.name, spec, epoch, slots)
     done = frozenset(expected[key] for key in (summary.done if summary else ()) if key in expected)
     wanted = {name for (role, rank), name in expected.items() if role == "policy"}
@@ -225,7 +226,7 @@ def _read(
         leaving=leaving,
         adopted=adopted,
         created=created,
-        coordination=coordination,
+        rendezvous=rendezvous,
         done=done,
         absent=tuple(sorted(wanted - {p.name for p in current} - done)),
         over=over,
@@ -253,7 +254,7 @@ def _read_rendezvous(
     *,
     slots: tuple[Slot, ...],
     epoch: int,
-) -> Coordination:
+) -> RendezvousRead:
     # A pod being deleted, failed or lost with its node holds its rank no more: what it
     # wrote is no member's.  A rollout pod is live at its own generation.
     live = {
@@ -271,7 +272,7 @@ def _read_rendezvous(
     # every slot published, as one failure domain did; after a policy restart the rollout
     # replicas already serve, and the epoch opens without waiting for one being replaced.
     whole = all(p.epoch == epoch for p in current if p.role == "rollout")
-    return coordinate(
+    return read_rendezvous(
         job.ref.name,
         observed.entries,
         epoch=epoch,

@@ -168,6 +168,19 @@ def _rollout_slots(
     )
 
 
+def check_membership(
+    snap: Snapshot,
+    policy_world_size: int,
+    live: Mapping[tuple[Role, int], LivePod],
+    previous: BarrierEntry | None,
+) -> None:
+    """Raise the :class:`EntryError` :func:`membership` would raise for these inputs: on
+    an epoch's first opening, a policy entry of the epoch written by another pod than the
+    rank's live one.  A reader checks with it before anything is decided."""
+    if previous is None or previous.epoch != snap.epoch:
+        _policy_uids(snap, policy_world_size, live)
+
+
 def membership(
     snap: Snapshot,
     policy_world_size: int,

@@ -70,7 +70,13 @@ from refit_worker.contract.entries import (
     parse_key,
     progress_key,
 )
-from refit_worker.contract.membership import LivePod, Snapshot, membership, read_snapshot
+from refit_worker.contract.membership import (
+    LivePod,
+    Snapshot,
+    check_membership,
+    membership,
+    read_snapshot,
+)
 from refit_worker.contract.roles import ROLES, Role, check_role
 from refit_worker.contract.shards import (
     CONTROL_SHARD,
@@ -126,6 +132,7 @@ __all__ = [
     "Verification",
     "aggregate_progress",
     "at_home",
+    "check_membership",
     "check_role",
     "decode_entry",
     "encode_entry",

@@ -5,6 +5,7 @@ comes off every pod together once all of them exist.
 
 from __future__ import annotations
 
+from refit_operator.core.coordinate import decide_barrier
 from refit_operator.core.decision import LiftGate
 from refit_operator.core.draft import Draft
 from refit_operator.core.observe import ObservedPod
@@ -14,8 +15,9 @@ from refit_operator.render import gang
 
 
 def open_barrier(inp: RoundInput, draft: Draft) -> None:
-    if inp.coordination is not None:
-        draft.actions.extend(inp.coordination.patches)
+    """Write the epoch's membership as the rendezvous read this round decides it."""
+    if inp.rendezvous is not None:
+        draft.actions.extend(decide_barrier(inp.rendezvous).patches)
 
 
 def lift_gates(inp: RoundInput, draft: Draft) -> None:
