@@ -9,8 +9,8 @@ from refit_operator import signing_key
 from refit_operator.children import render_rbac, render_rendezvous, render_service, render_static
 from refit_operator.models import parse_spec
 from refit_operator.render import JobRef, RenderOptions, render_gang, render_pod, spec_hash
-from refit_worker.checkpoint_engines.signing import RefitSigner
 from refit_worker.contract.config import WorkerConfig
+from refit_worker.engine.messages.signing import RefitSigner
 
 JOB = JobRef(name="job", namespace="ns", uid="u-1")
 OWNER = [
