@@ -93,7 +93,7 @@ def bench_memcpy(size: int, runs: int, device: str) -> list[float]:
 def _raw_nixl(
     role: str, size: int, runs: int, device: str, q_in: Any, q_out: Any, res: Any
 ) -> None:
-    from refit_worker.checkpoint_engines import NixlAgent, NixlAgentMetadata
+    from refit_worker.engine import NixlAgent, NixlAgentMetadata
 
     agent = NixlAgent()
     mem = "VRAM" if device == "cuda" else "DRAM"
@@ -173,7 +173,7 @@ def bench_gloo(size: int, runs: int) -> list[float]:
 def _engine_rank(
     role: str, rank: int, cfg: dict[str, Any], meta_q: Any, own_q: Any, res: Any
 ) -> None:
-    from refit_worker.checkpoint_engines import NIXLCheckpointEngine
+    from refit_worker.engine import NIXLCheckpointEngine
 
     engine = NIXLCheckpointEngine(cfg["bucket"], device=cfg["device"], timeout_s=WAIT_S)
     index = rank if role == "policy" else cfg["train"] + rank

@@ -161,7 +161,7 @@ def policy(rank: int, job: dict[str, Any]) -> None:
     from torch.distributed.tensor import DTensor
 
     from refit_worker import PolicySession
-    from refit_worker.checkpoint_engines.integrity import tensors_digest
+    from refit_worker.engine.messages.integrity import tensors_digest
 
     _logging(f"policy-{rank}", job["verbose"])
     dist.init_process_group(
@@ -254,7 +254,7 @@ def rollout(name: str, job: dict[str, Any]) -> None:
     """A rollout rank of session ``name``: receives every refit; the committed state's digest
     at the end of each case."""
     from refit_worker import RolloutSession
-    from refit_worker.checkpoint_engines.integrity import tensors_digest
+    from refit_worker.engine.messages.integrity import tensors_digest
 
     _logging(f"rollout-{name}", job["verbose"])
     session = RolloutSession(_config(name, "rollout", job))

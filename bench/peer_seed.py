@@ -1,5 +1,5 @@
 """Peer seeding against its hardware baseline: a new rollout rank READs a peer's committed
-copy (:func:`refit_worker.checkpoint_engines.seeding.pull`: the manifest, the striped READs,
+copy (:func:`refit_worker.engine.rollout.seeding.pull`: the manifest, the striped READs,
 every tensor's hash checked), against a raw NIXL READ of the same bytes between the same
 two processes (one descriptor list, nothing checked) and a local memcpy, measured in the
 same run.
@@ -28,12 +28,12 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from refit_worker.checkpoint_engines.agent import NixlAgent
-from refit_worker.checkpoint_engines.base import dtype_from_name
-from refit_worker.checkpoint_engines.messages import NixlAgentMetadata
-from refit_worker.checkpoint_engines.planning import TensorSpec
-from refit_worker.checkpoint_engines.registry import MemoryRegistry, device_id
-from refit_worker.checkpoint_engines.seeding import SeedOffer, SeedSource, _Reader, pull
+from refit_worker.engine.base import dtype_from_name
+from refit_worker.engine.messages.wire import NixlAgentMetadata
+from refit_worker.engine.planning.buckets import TensorSpec
+from refit_worker.engine.rollout.seeding import SeedOffer, SeedSource, _Reader, pull
+from refit_worker.engine.transport.agent import NixlAgent
+from refit_worker.engine.transport.registry import MemoryRegistry, device_id
 
 LAYER_SHAPES = ((4096, 4096), (4096, 4096), (11008, 4096))  # ~2 x 32 MiB + 86 MiB in bf16
 

@@ -80,7 +80,7 @@ def fingerprint(state: dict[str, torch.Tensor]) -> str:
 
 
 def _engine() -> Any:
-    from refit_worker.checkpoint_engines import NIXLCheckpointEngine
+    from refit_worker.engine import NIXLCheckpointEngine
 
     # stripe=False: in the gather case only policy rank 0 sends (upstream's pairing); a
     # sharded refit reaches every rollout rank from every rank that holds a block anyway.
@@ -129,7 +129,7 @@ def rollout(job: dict[str, Any], meta_q: Any, peers_q: Any, res_q: Any) -> None:
     state: dict[str, torch.Tensor] = {}
 
     def into(specs: Any) -> dict[str, torch.Tensor]:
-        from refit_worker.checkpoint_engines.base import dtype_from_name
+        from refit_worker.engine.base import dtype_from_name
 
         if not state:
             for spec in specs:

@@ -42,8 +42,8 @@ def _shape(gib: float) -> tuple[int, int, int]:
 def _rank(
     role: str, shape: tuple[int, int, int], signed: bool, runs: int, q_in: Any, q_out: Any, res: Any
 ) -> None:
-    from refit_worker.checkpoint_engines import NIXLCheckpointEngine, RefitTiming
-    from refit_worker.checkpoint_engines.signing import RefitSigner, RefitVerifier
+    from refit_worker.engine import NIXLCheckpointEngine, RefitTiming
+    from refit_worker.engine.messages.signing import RefitSigner, RefitVerifier
 
     key = RefitSigner(SEED)
     keys: dict[str, Any] = {}

@@ -14,7 +14,7 @@ import pytest
 from tests.support.engine_procs import Job, assert_all_ok, expected, run_job, state_dict
 
 from refit_operator.local.sizing import BUFFERS_PER_RANK
-from refit_worker.checkpoint_engines import NIXLCheckpointEngine
+from refit_worker.engine import NIXLCheckpointEngine
 
 
 def test_big_tensor_really_spans_buckets() -> None:

@@ -12,13 +12,13 @@ import sys
 
 import pytest
 
-from refit_worker.checkpoint_engines.agent import NixlAgent, PeerError
-from refit_worker.checkpoint_engines.messages import NixlAgentMetadata
-from refit_worker.checkpoint_engines.peers import Peers
+from refit_worker.engine.messages.wire import NixlAgentMetadata
+from refit_worker.engine.transport.agent import NixlAgent, PeerError
+from refit_worker.engine.transport.peers import Peers
 
 _CHILD = """
 import sys
-from refit_worker.checkpoint_engines.agent import NixlAgent
+from refit_worker.engine.transport.agent import NixlAgent
 agent = NixlAgent(name="gone-peer")
 sys.stdout.write(agent.get_agent_metadata().model_dump_json())
 """

@@ -17,7 +17,7 @@ import pytest
 import torch
 import xxhash
 
-from refit_worker.checkpoint_engines import (
+from refit_worker.engine import (
     IncompleteRefitError,
     LayoutMismatchError,
     NIXLCheckpointEngine,
@@ -26,7 +26,8 @@ from refit_worker.checkpoint_engines import (
     RefitTiming,
     TensorSpec,
 )
-from refit_worker.checkpoint_engines.messages import (
+from refit_worker.engine.messages.signing import RefitSigner, RefitVerifier, seal_payload
+from refit_worker.engine.messages.wire import (
     BucketReady,
     Digest,
     Manifest,
@@ -35,8 +36,7 @@ from refit_worker.checkpoint_engines.messages import (
     Seal,
     encode,
 )
-from refit_worker.checkpoint_engines.planning import plan_digest
-from refit_worker.checkpoint_engines.signing import RefitSigner, RefitVerifier, seal_payload
+from refit_worker.engine.planning.buckets import plan_digest
 
 BUCKET = 4096
 
@@ -400,7 +400,7 @@ async def test_layout_mismatch_is_refused_before_any_byte_lands(pair, targets, m
 
 
 def test_registry_registers_a_storage_once_and_drops_what_refits_stop_using(pair) -> None:
-    from refit_worker.checkpoint_engines.registry import MemoryRegistry
+    from refit_worker.engine.transport.registry import MemoryRegistry
 
     _, rollout = pair
     registry = MemoryRegistry(rollout.agent, "DRAM")

@@ -20,7 +20,7 @@ import pytest
 from tests.support.engine_procs import expected
 from tests.support.session_procs import JOB_SEED, SessionJob, run_session_job, sent_digests
 
-from refit_worker.checkpoint_engines.signing import RefitSigner
+from refit_worker.engine.messages.signing import RefitSigner
 
 SIGNED_BY = RefitSigner(JOB_SEED).fingerprint
 

@@ -18,14 +18,14 @@ import pytest
 import torch
 from tests.support.seed_procs import expected_state
 
-from refit_worker.checkpoint_engines import NIXLCheckpointEngine, RefitTiming
-from refit_worker.checkpoint_engines.agent import NixlAgent
-from refit_worker.checkpoint_engines.base import dtype_from_name
-from refit_worker.checkpoint_engines.messages import NixlAgentMetadata
-from refit_worker.checkpoint_engines.planning import TensorSpec
-from refit_worker.checkpoint_engines.registry import MemoryRegistry
-from refit_worker.checkpoint_engines.seeding import Seeded, SeedError, SeedSource, pull
-from refit_worker.checkpoint_engines.signing import RefitSigner, RefitVerifier, SealRecord
+from refit_worker.engine import NIXLCheckpointEngine, RefitTiming
+from refit_worker.engine.base import dtype_from_name
+from refit_worker.engine.messages.signing import RefitSigner, RefitVerifier, SealRecord
+from refit_worker.engine.messages.wire import NixlAgentMetadata
+from refit_worker.engine.planning.buckets import TensorSpec
+from refit_worker.engine.rollout.seeding import Seeded, SeedError, SeedSource, pull
+from refit_worker.engine.transport.agent import NixlAgent
+from refit_worker.engine.transport.registry import MemoryRegistry
 
 REFIT = 4
 

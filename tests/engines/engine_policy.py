@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "rl-vl
 import tiny_llama
 
 from refit_worker import RefitSession
-from refit_worker.checkpoint_engines.integrity import tensors_digest
+from refit_worker.engine.messages.integrity import tensors_digest
 from refit_worker.integrations.staged import EXTRA_PREFIX
 
 
@@ -41,7 +41,7 @@ def say(**fields: Any) -> None:
 
 
 def stall_after_first_bucket() -> None:
-    from refit_worker.checkpoint_engines import sender
+    from refit_worker.engine.policy import refit as sender
 
     original = sender.RefitSender._send_bucket
 

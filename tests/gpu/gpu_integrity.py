@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from refit_worker.checkpoint_engines.integrity import Hasher, as_bytes, hash_bytes
+from refit_worker.engine.messages.integrity import Hasher, as_bytes, hash_bytes
 
 
 def test_device_hash_is_stable_and_sees_every_byte() -> None:

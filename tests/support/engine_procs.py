@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from refit_worker.checkpoint_engines import TargetWeightLayout
-from refit_worker.checkpoint_engines.layout import WHOLE, select_slice
+from refit_worker.engine import TargetWeightLayout
+from refit_worker.engine.planning.layout import WHOLE, select_slice
 
 CTX = mp.get_context("spawn")
 JOIN_TIMEOUT_S = float(os.environ.get("REFIT_TEST_JOIN_TIMEOUT_S", "90"))
@@ -80,7 +80,7 @@ def patience(job: Job) -> float:
 
 
 def _engine(job: Job, rank_role: str, rank: int) -> Any:
-    from refit_worker.checkpoint_engines import NIXLCheckpointEngine, TargetWeightLayout
+    from refit_worker.engine import NIXLCheckpointEngine, TargetWeightLayout
 
     layout = job.layouts.get(str(rank)) if rank_role == "rollout" else None
     return NIXLCheckpointEngine(
@@ -140,7 +140,7 @@ def rank_main(job_json: str, role: str, rank: int, meta_q: Any, my_q: Any, out_q
 
 async def _receive(engine: Any, job: Job, out_q: Any, rank: int) -> dict[str, str]:
     if job.into:
-        from refit_worker.checkpoint_engines.base import dtype_from_name
+        from refit_worker.engine.base import dtype_from_name
 
         def allocate(specs: Any) -> dict[str, torch.Tensor]:
             return {

@@ -80,7 +80,7 @@ async def _receive(engine: Any, rank: int, cmd: dict[str, Any], out_q: Any) -> d
 
 def rank_main(role: str, rank: int, timeout_s: float, cmd_q: Any, out_q: Any) -> None:
     """Process entry point: run commands until ``exit``."""
-    from refit_worker.checkpoint_engines import NIXLCheckpointEngine
+    from refit_worker.engine import NIXLCheckpointEngine
 
     faulthandler.dump_traceback_later(4 * PATIENCE_S, exit=True)
     engine = NIXLCheckpointEngine(BUCKET, device="cpu", timeout_s=timeout_s)

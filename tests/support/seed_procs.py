@@ -2,7 +2,7 @@
 
 Run as ``python -m tests.support.seed_procs <refit>``: it builds the demo's synthetic
 state as of ``refit``, registers it with a real NIXL agent, offers it
-(:class:`~refit_worker.checkpoint_engines.seeding.SeedOffer`) and prints one JSON line:
+(:class:`~refit_worker.engine.rollout.seeding.SeedOffer`) and prints one JSON line:
 its agent metadata and where the seed manifest is.  Then it obeys stdin, one command a
 line, answering ``ok`` to each:
 
@@ -10,7 +10,7 @@ line, answering ``ok`` to each:
   newer refit landing in that copy, would), without offering anything new;
 - ``offer <refit>``: advance the state in place to ``refit`` and offer it;
 - ``seals <json list>``: offer the same state again with these trainer seals of it
-  (:class:`~refit_worker.checkpoint_engines.signing.SealRecord`, as a receiver kept them);
+  (:class:`~refit_worker.engine.messages.signing.SealRecord`, as a receiver kept them);
 - ``forge <name>``: flip one byte of that tensor and offer the result as the same refit,
   with its own (consistent) hashes and the seals it holds: a hostile seeder;
 - ``exit``.
@@ -24,11 +24,11 @@ import sys
 
 import torch
 
-from refit_worker.checkpoint_engines.agent import NixlAgent
-from refit_worker.checkpoint_engines.registry import MemoryRegistry
-from refit_worker.checkpoint_engines.seeding import SeedOffer
-from refit_worker.checkpoint_engines.signing import SealRecord
 from refit_worker.contract.config import SyntheticWeights
+from refit_worker.engine.messages.signing import SealRecord
+from refit_worker.engine.rollout.seeding import SeedOffer
+from refit_worker.engine.transport.agent import NixlAgent
+from refit_worker.engine.transport.registry import MemoryRegistry
 from refit_worker.pod.weights import advance, synthetic_state_dict
 
 WEIGHTS = SyntheticWeights(layers=2, hidden=64, vocab=256)

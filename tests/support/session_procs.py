@@ -88,7 +88,7 @@ def _config(job: SessionJob, role: str) -> Any:
 
 
 def _keys(job: SessionJob, role: str) -> dict[str, str]:
-    from refit_worker.checkpoint_engines.signing import RefitSigner
+    from refit_worker.engine.messages.signing import RefitSigner
 
     if not job.signed:
         return {}
@@ -101,7 +101,7 @@ def _keys(job: SessionJob, role: str) -> dict[str, str]:
 def _forge_from_now(session: Any) -> None:
     """Seal this policy rank's sends with a hostile key that names the job's: the refit
     (or delta) is self-consistent, every hash matches its bytes, only the key is wrong."""
-    from refit_worker.checkpoint_engines.signing import RefitSigner
+    from refit_worker.engine.messages.signing import RefitSigner
 
     hostile = RefitSigner.generate()
     hostile.fingerprint = RefitSigner(JOB_SEED).fingerprint
@@ -110,7 +110,7 @@ def _forge_from_now(session: Any) -> None:
 
 def _pause_after_first_bucket(out_q: Any) -> None:
     """Make this policy rank stop sending after the first bucket of the refit."""
-    from refit_worker.checkpoint_engines import sender
+    from refit_worker.engine.policy import refit as sender
 
     original = sender.RefitSender._send_bucket
 
@@ -140,7 +140,7 @@ def _corrupt_next_delta() -> None:
 
 def _record_rejections(session: Any, report: dict[str, Any]) -> None:
     """Note what this rollout rank served when it rejected a delta."""
-    from refit_worker.checkpoint_engines.delta import DeltaRejectedError
+    from refit_worker.engine.delta.codec import DeltaRejectedError
     from refit_worker.rollout import delta_base
 
     original = delta_base.apply_delta

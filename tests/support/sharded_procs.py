@@ -183,7 +183,7 @@ def refusals_main(pg: str, out_q: Any) -> None:
     from torch.distributed.tensor import DTensor, Partial
     from torch.distributed.tensor.placement_types import _StridedShard
 
-    from refit_worker.checkpoint_engines.shards import local_sources
+    from refit_worker.engine.policy.dtensors import local_sources
 
     dist.init_process_group("gloo", init_method=f"file://{pg}", rank=0, world_size=1)
     mesh = init_device_mesh("cpu", (1,))

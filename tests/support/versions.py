@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from refit_operator.api.models import parse_spec
-from refit_worker.checkpoint_engines.integrity import tensors_digest
+from refit_worker.engine.messages.integrity import tensors_digest
 from refit_worker.pod.weights import synthetic_state_dict
 
 

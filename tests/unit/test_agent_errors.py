@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from refit_worker.checkpoint_engines.agent import NixlAgent, PeerError
+from refit_worker.engine.transport.agent import NixlAgent, PeerError
 
 
 class nixlRemoteDisconnectError(RuntimeError):  # named as nixl names it

@@ -28,8 +28,8 @@ from tests.support.tampered_entries import (
     worker_outcome,
 )
 
-from refit_worker.checkpoint_engines.messages import NixlAgentMetadata, ProtocolError, decode
 from refit_worker.contract.rendezvous import PREEMPT_KEY, encode_entry, make_preempt_notice
+from refit_worker.engine.messages.wire import NixlAgentMetadata, ProtocolError, decode
 
 
 def _matches(outcome: str, expected: str) -> bool:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from refit_worker.checkpoint_engines.planning import (
+from refit_worker.engine.planning.buckets import (
     TensorSpec,
     buffer_handoffs,
     buffer_slots,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from refit_worker.checkpoint_engines.delta import (
+from refit_worker.engine.delta.codec import (
     DELTA_TENSOR,
     DeltaArena,
     DeltaRejectedError,
@@ -18,8 +18,8 @@ from refit_worker.checkpoint_engines.delta import (
     encode_delta,
     worth_sending,
 )
-from refit_worker.checkpoint_engines.integrity import tensors_digest
-from refit_worker.checkpoint_engines.messages import (
+from refit_worker.engine.messages.integrity import tensors_digest
+from refit_worker.engine.messages.wire import (
     Decline,
     DeltaEntry,
     DeltaHeader,

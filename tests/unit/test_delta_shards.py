@@ -9,15 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from refit_worker.checkpoint_engines.boxes import Box, Placement, mesh_boxes
-from refit_worker.checkpoint_engines.delta import (
-    Delta,
-    DeltaArena,
-    DeltaRejectedError,
-    apply_delta,
-    encode_delta,
-)
-from refit_worker.checkpoint_engines.delta_shards import (
+from refit_worker.engine.delta.blocks import (
     block_ref,
     block_view,
     blocks_digest,
@@ -28,8 +20,16 @@ from refit_worker.checkpoint_engines.delta_shards import (
     merge_hashes,
     merge_pieces,
 )
-from refit_worker.checkpoint_engines.integrity import tensors_digest
-from refit_worker.checkpoint_engines.messages import BlockHash, DeltaHeader
+from refit_worker.engine.delta.codec import (
+    Delta,
+    DeltaArena,
+    DeltaRejectedError,
+    apply_delta,
+    encode_delta,
+)
+from refit_worker.engine.messages.integrity import tensors_digest
+from refit_worker.engine.messages.wire import BlockHash, DeltaHeader
+from refit_worker.engine.planning.boxes import Box, Placement, mesh_boxes
 from refit_worker.pod.weights import advance
 from refit_worker.policy.delta_agreement import RankOffer, fold_offers
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from refit_worker.checkpoint_engines import (
+from refit_worker.engine import (
     NIXL_DEFAULT_BACKEND_NAME,
     NIXL_TRANSFER_BUFFER_COUNT,
     NixlAgentMetadata,
@@ -17,8 +17,7 @@ from refit_worker.checkpoint_engines import (
     TensorMeta,
     resolve_nixl_backend_kwargs,
 )
-from refit_worker.checkpoint_engines.layout import WHOLE, Slice, select_slice
-from refit_worker.checkpoint_engines.messages import (
+from refit_worker.engine.messages.wire import (
     BucketReady,
     BufferDesc,
     Credit,
@@ -32,6 +31,7 @@ from refit_worker.checkpoint_engines.messages import (
     decode,
     encode,
 )
+from refit_worker.engine.planning.layout import WHOLE, Slice, select_slice
 
 
 def test_constants() -> None:

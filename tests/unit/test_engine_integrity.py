@@ -1,4 +1,4 @@
-"""Integrity hashes (:mod:`refit_worker.checkpoint_engines.integrity`).
+"""Integrity hashes (:mod:`refit_worker.engine.messages.integrity`).
 
 Pure: hashes of in-memory tensors, a real thread pool; no NIXL.  The CUDA hash (``wsum64``)
 is checked in ``tests/gpu/`` (run by ``bench/gpu_check.sh``).
@@ -12,7 +12,7 @@ import pytest
 import torch
 import xxhash
 
-from refit_worker.checkpoint_engines.integrity import (
+from refit_worker.engine.messages.integrity import (
     Hasher,
     algorithm_for,
     as_bytes,

@@ -7,10 +7,8 @@ import asyncio
 
 import pytest
 
-from refit_worker.checkpoint_engines import DeclinedError, PeerError, RefitTimeoutError
-from refit_worker.checkpoint_engines.agent import WholeRefitWanted
-from refit_worker.checkpoint_engines.delivery import Delivery, TargetDropped
-from refit_worker.checkpoint_engines.messages import (
+from refit_worker.engine import DeclinedError, PeerError, RefitTimeoutError
+from refit_worker.engine.messages.wire import (
     BufferDesc,
     Decline,
     Manifest,
@@ -21,7 +19,9 @@ from refit_worker.checkpoint_engines.messages import (
     encode,
     parse_metadata,
 )
-from refit_worker.checkpoint_engines.peers import (
+from refit_worker.engine.policy.delivery import Delivery, TargetDropped
+from refit_worker.engine.transport.agent import WholeRefitWanted
+from refit_worker.engine.transport.peers import (
     disagreement,
     expected_sources,
     plan_peer_update,

@@ -25,9 +25,6 @@ from tests.support.operator_run import eventually
 
 import refit_worker.rollout.peer_seeds as peer_seeds
 from refit_worker import RolloutSession
-from refit_worker.checkpoint_engines.messages import NixlAgentMetadata
-from refit_worker.checkpoint_engines.planning import TensorSpec
-from refit_worker.checkpoint_engines.seeding import Seeded, SeedSource, pointer_metadata
 from refit_worker.contract.config import RendezvousConfig, TransferConfig, WorkerConfig
 from refit_worker.contract.entries import (
     BARRIER_KEY,
@@ -39,6 +36,9 @@ from refit_worker.contract.entries import (
     meta_key,
     progress_key,
 )
+from refit_worker.engine.messages.wire import NixlAgentMetadata
+from refit_worker.engine.planning.buckets import TensorSpec
+from refit_worker.engine.rollout.seeding import Seeded, SeedSource, pointer_metadata
 from refit_worker.session.refits import CommittedRefit
 
 REFITS = 6

@@ -99,10 +99,29 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
             "The operator imports neither torch nor nixl BROKEN",
         ),
         (
-            "worker/refit_worker/checkpoint_engines/planning.py",
+            "worker/refit_worker/engine/planning/buckets.py",
             "from refit_worker.pod import weights",
-            "The checkpoint engines import no other worker module but the contract and waits"
-            " BROKEN",
+            "The engine imports no other worker module but the contract BROKEN",
+        ),
+        (
+            "worker/refit_worker/rollout/targets.py",
+            "from refit_worker.engine.rollout import refit",
+            "Outside the engine, the worker imports only the engine's face BROKEN",
+        ),
+        (
+            "worker/refit_worker/engine/planning/mapping.py",
+            "from refit_worker.engine.policy import routes",
+            "The engine's folders are layered: roles over transport over plans BROKEN",
+        ),
+        (
+            "worker/refit_worker/engine/rollout/staging.py",
+            "import nixl",
+            "In the engine, only the transport imports nixl BROKEN",
+        ),
+        (
+            "worker/refit_worker/engine/planning/layout.py",
+            "import torch",
+            "The engine's pure modules import neither torch nor nixl BROKEN",
         ),
         (
             "worker/refit_worker/contract/roles.py",
@@ -140,6 +159,10 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
         "controller->kopf",
         "operator->torch",
         "engine->worker",
+        "past the engine's face",
+        "engine plans->roles",
+        "engine roles->nixl",
+        "engine pure->torch",
         "contract",
         "rollout->policy",
         "session->rollout",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from refit_worker.checkpoint_engines.mapping import (
+from refit_worker.engine.planning.mapping import (
     _source_rank_for_rollout,
     bucket_sender,
     rollout_targets_for_policy,

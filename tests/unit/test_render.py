@@ -15,8 +15,8 @@ from refit_operator.render.children import (
     render_static,
 )
 from refit_operator.render.pods import JobRef, RenderOptions, render_gang, render_pod, spec_hash
-from refit_worker.checkpoint_engines.signing import RefitSigner
 from refit_worker.contract.config import WorkerConfig
+from refit_worker.engine.messages.signing import RefitSigner
 
 JOB = JobRef(name="job", namespace="ns", uid="u-1")
 OWNER = [

@@ -6,8 +6,8 @@ loaded over the old regions (the qwen2-moe NIXL_ERR_NOT_FOUND of docs/engines.md
 
 from __future__ import annotations
 
-from refit_worker.checkpoint_engines.messages import LandingRegion, LandingSet, LandingTensor
-from refit_worker.checkpoint_engines.routes import Routes
+from refit_worker.engine.messages.wire import LandingRegion, LandingSet, LandingTensor
+from refit_worker.engine.policy.routes import Routes
 
 
 def _set(ident: str, *regions: tuple[int, int, int]) -> LandingSet:

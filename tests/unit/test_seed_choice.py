@@ -7,16 +7,6 @@ import base64
 
 import pytest
 
-from refit_worker.checkpoint_engines.messages import LandingSet, NixlAgentMetadata
-from refit_worker.checkpoint_engines.seeding import (
-    SeedError,
-    SeedManifest,
-    SeedTensor,
-    _agreeing,
-    decode_manifest,
-    encode_manifest,
-    stripes,
-)
 from refit_worker.contract.entries import (
     BarrierEntry,
     MetadataEntry,
@@ -25,6 +15,16 @@ from refit_worker.contract.entries import (
     SeedPointer,
     SeedReport,
     encode_entry,
+)
+from refit_worker.engine.messages.wire import LandingSet, NixlAgentMetadata
+from refit_worker.engine.rollout.seeding import (
+    SeedError,
+    SeedManifest,
+    SeedTensor,
+    _agreeing,
+    decode_manifest,
+    encode_manifest,
+    stripes,
 )
 from refit_worker.policy.owed import seeding_peer
 from refit_worker.rendezvous import Member

@@ -11,13 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from refit_worker.checkpoint_engines.agent import PeerError
-from refit_worker.checkpoint_engines.messages import (
+from refit_worker.engine.messages.wire import (
     LandingSet,
     LandingTensor,
     NixlAgentMetadata,
 )
-from refit_worker.checkpoint_engines.seeding import SeedError, SeedSource, _read_share, _Reader
+from refit_worker.engine.rollout.seeding import SeedError, SeedSource, _read_share, _Reader
+from refit_worker.engine.transport.agent import PeerError
 
 
 class _GoneAgent:

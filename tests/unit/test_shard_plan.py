@@ -12,17 +12,15 @@ import math
 import pytest
 import torch
 
-from refit_worker.checkpoint_engines.boxes import Box, chunk, intersect, mesh_box, mesh_boxes, runs
-from refit_worker.checkpoint_engines.layout import TargetWeightLayout
-from refit_worker.checkpoint_engines.messages import (
+from refit_worker.engine.messages.wire import (
     Credit,
     ProtocolError,
     decode,
     encode,
 )
-from refit_worker.checkpoint_engines.receiver import _shard_spec
-from refit_worker.checkpoint_engines.sender import _entry
-from refit_worker.checkpoint_engines.shard_plan import (
+from refit_worker.engine.planning.boxes import Box, chunk, intersect, mesh_box, mesh_boxes, runs
+from refit_worker.engine.planning.layout import TargetWeightLayout
+from refit_worker.engine.planning.shard_plan import (
     MAX_PIECES,
     Holding,
     ShardMeta,
@@ -31,6 +29,8 @@ from refit_worker.checkpoint_engines.shard_plan import (
     plan_shards,
     receiver_specs,
 )
+from refit_worker.engine.policy.refit import _entry
+from refit_worker.engine.rollout.refit import _shard_spec
 
 S0, S1, R = ("shard", 0), ("shard", 1), ("replicate",)
 

@@ -10,8 +10,8 @@ import yaml
 
 from refit_operator.api.models import parse_spec
 from refit_operator.local.sizing import BUFFERS_PER_RANK, WORKER_FLOOR_BYTES, estimate, judge
-from refit_worker.checkpoint_engines import NIXL_TRANSFER_BUFFER_COUNT, NIXLCheckpointEngine
 from refit_worker.contract.synthetic import synthetic_nbytes
+from refit_worker.engine import NIXL_TRANSFER_BUFFER_COUNT, NIXLCheckpointEngine
 
 GIB = 1 << 30
 ROOT = Path(__file__).resolve().parents[2]

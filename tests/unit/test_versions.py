@@ -22,7 +22,6 @@ from refit_operator.api.models import Phase, RefitJobStatus, RolloutReplica
 from refit_operator.api.status import ServedVersionRow, version_conflicts, version_ledger
 from refit_operator.core.decision import Emit
 from refit_operator.local import view
-from refit_worker.checkpoint_engines.integrity import state_digest, tensors_digest
 from refit_worker.contract.entries import DIGEST_PATTERN, MAX_PROGRESS_BYTES
 from refit_worker.contract.rendezvous import (
     RECENT_REFITS,
@@ -33,6 +32,7 @@ from refit_worker.contract.rendezvous import (
     encode_entry,
     progress_key,
 )
+from refit_worker.engine.messages.integrity import state_digest, tensors_digest
 
 
 def _state() -> dict[str, torch.Tensor]:

@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from refit_worker.checkpoint_engines.base import dtype_from_name
 from refit_worker.contract.config import SafetensorsWeights, SyntheticWeights
 from refit_worker.contract.dtypes import ITEMSIZE, SYNTHETIC_DTYPE_NAMES, WIRE_DTYPE_NAMES
 from refit_worker.contract.synthetic import synthetic_nbytes, synthetic_shapes
+from refit_worker.engine.base import dtype_from_name
 from refit_worker.pod.weights import advance, load_safetensors, synthetic_state_dict
 
 

@@ -1,7 +1,7 @@
 """Dtype names: which the wire carries, and which synthetic weights are generated in.
 
 Names are torch's own attribute names (``torch.bfloat16`` → ``"bfloat16"``); the mapping to
-torch dtypes lives in the checkpoint engine (``checkpoint_engines.base``), which is the only
+torch dtypes lives in the checkpoint engine (``engine.base``), which is the only
 registry.  Here they are plain ``Literal`` types, so the RefitJob models and the generated
 CRD refuse a dtype the worker cannot use before any pod starts, and each one's width in
 bytes (:data:`ITEMSIZE`), which sizes a model and bounds the smallest bucket.

@@ -171,7 +171,7 @@ class _RankEntry(_Entry):
 
 class SeedPointer(BaseModel):
     """Where a rollout rank offers its last committed refit to peers that seed from it: a
-    registered region holding the seed manifest (:mod:`refit_worker.checkpoint_engines.seeding`),
+    registered region holding the seed manifest (:mod:`refit_worker.engine.rollout.seeding`),
     and NIXL's partial metadata of that region (base64) so a peer can READ it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -214,7 +214,7 @@ class RefitReport(BaseModel):
 _SEED_SOURCE_RE = r"^(policy|rollout-(0|[1-9][0-9]{0,8})(-g(0|[1-9][0-9]{0,8}))?)$"
 
 
-#: A whole state's digest (``checkpoint_engines.integrity.state_digest``): the hash
+#: A whole state's digest (``engine.messages.integrity.state_digest``): the hash
 #: algorithm of the memory it is in, then 16 hex digits.
 DIGEST_PATTERN = r"^(xxh3_64|wsum64):[0-9a-f]{16}$"
 
@@ -228,7 +228,7 @@ class ServedVersion(BaseModel):
     refit: int = Field(ge=0)
     digest: str | None = Field(None, pattern=DIGEST_PATTERN)
     #: The job key whose seals this version passed on this pod (:mod:`~refit_worker.
-    #: checkpoint_engines.signing`); None: no signature was checked of it.
+    #: engine.messages.signing`); None: no signature was checked of it.
     signed_by: str | None = Field(None, pattern=r"^ed25519:[0-9a-f]{16}$")
 
     @property

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from refit_worker.checkpoint_engines.base import SAME_WIDTH_INT, WIRE_DTYPES, dtype_from_name
 from refit_worker.contract.config import SafetensorsWeights, SyntheticWeights, WeightsSource
 from refit_worker.contract.failures import MissingWeightsError, UnsupportedWeightsError
 from refit_worker.contract.synthetic import synthetic_shapes
+from refit_worker.engine import SAME_WIDTH_INT, WIRE_DTYPES, dtype_from_name
 
 StateDict = dict[str, torch.Tensor]
 

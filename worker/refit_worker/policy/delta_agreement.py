@@ -1,7 +1,7 @@
 """A sharded refit's delta, agreed by the policy gang: each rank's offer, and their fold.
 
 Each policy rank of a DTensor trainer encodes the changes of its own blocks
-(:mod:`refit_worker.checkpoint_engines.delta_shards`) and offers them as a :class:`RankOffer`:
+(:mod:`refit_worker.engine.delta.blocks`) and offers them as a :class:`RankOffer`:
 whether it can send a delta at all (it holds the base, and ``auto`` says deltas pay), its
 piece's entries and size, and the hashes of its blocks.  The ranks exchange their offers over
 the policy group (JSON, :meth:`~refit_worker.policy.gang_plan.PolicyGang.exchange`) and every
@@ -16,11 +16,17 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from refit_worker.checkpoint_engines.boxes import Box
-from refit_worker.checkpoint_engines.delta import worth_sending
-from refit_worker.checkpoint_engines.delta_shards import blocks_digest, merge_hashes, merge_pieces
-from refit_worker.checkpoint_engines.integrity import Algorithm
-from refit_worker.checkpoint_engines.messages import BlockHash, DeltaEntry, DeltaHeader
+from refit_worker.engine import (
+    Algorithm,
+    BlockHash,
+    Box,
+    DeltaEntry,
+    DeltaHeader,
+    blocks_digest,
+    merge_hashes,
+    merge_pieces,
+    worth_sending,
+)
 
 
 class RankOffer(BaseModel):

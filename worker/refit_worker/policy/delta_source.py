@@ -1,7 +1,7 @@
 """:class:`DeltaSource`: a policy rank's side of delta refits (``transfer.delta``).
 
 It keeps a copy of the weights as last sent and that version's whole-state digest.  For
-each refit it offers the elements that changed since (:mod:`~refit_worker.checkpoint_engines.delta`)
+each refit it offers the elements that changed since (:mod:`~refit_worker.engine.delta.codec`)
 when they are worth sending, with the digest the receiver's result must have; the refit's
 first round sends that, every later round (a replica that lacked the base, a result that
 failed the check, a late member) the whole weights.  Once a refit reached its members the
@@ -27,19 +27,24 @@ from typing import Literal
 
 import torch
 
-from refit_worker.checkpoint_engines.boxes import Box
-from refit_worker.checkpoint_engines.delta import (
+from refit_worker.engine import (
     DELTA_TENSOR,
+    Algorithm,
+    BlockHash,
+    BlockRef,
+    Box,
     Delta,
     DeltaArena,
+    DeltaHeader,
+    ShardedSource,
     base_bytes,
+    block_ref,
     encode_delta,
+    encoded_here,
+    hash_blocks,
+    tensors_digest,
     worth_sending,
 )
-from refit_worker.checkpoint_engines.delta_shards import block_ref, encoded_here, hash_blocks
-from refit_worker.checkpoint_engines.integrity import Algorithm, tensors_digest
-from refit_worker.checkpoint_engines.messages import BlockHash, BlockRef, DeltaHeader
-from refit_worker.checkpoint_engines.shards import ShardedSource
 from refit_worker.policy.delta_agreement import RankOffer, fold_offers
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from refit_worker.checkpoint_engines.peers import targets_for_policy
 from refit_worker.contract.entries import BarrierEntry
+from refit_worker.engine import targets_for_policy
 from refit_worker.session.following import members
 from refit_worker.session.rollout_reports import Progress, report_for
 

@@ -30,14 +30,17 @@ from typing import ClassVar, Protocol
 import torch
 import torch.distributed as dist
 
-from refit_worker.checkpoint_engines import RefitTiming
-from refit_worker.checkpoint_engines.integrity import algorithm_for
-from refit_worker.checkpoint_engines.policy_side import DeltaNotApplicable
-from refit_worker.checkpoint_engines.shards import is_sharded, local_sources
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry
 from refit_worker.contract.roles import Role
 from refit_worker.contract.waits import Backoff
+from refit_worker.engine import (
+    DeltaNotApplicable,
+    RefitTiming,
+    algorithm_for,
+    is_sharded,
+    local_sources,
+)
 from refit_worker.policy.delta_source import DeltaSource, Offer
 from refit_worker.policy.gang_plan import PolicyGang, join_policy_group
 from refit_worker.policy.owed import (

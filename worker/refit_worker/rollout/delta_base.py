@@ -16,15 +16,16 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from refit_worker.checkpoint_engines.delta import apply_delta, blocks_algorithm
-from refit_worker.checkpoint_engines.delta_shards import (
+from refit_worker.contract.entries import ServedVersion
+from refit_worker.engine import (
     BlocksKey,
+    DeltaHeader,
+    DeltaTarget,
+    apply_delta,
+    blocks_algorithm,
     blocks_key,
     state_blocks_digest,
 )
-from refit_worker.checkpoint_engines.messages import DeltaHeader
-from refit_worker.checkpoint_engines.receiver import DeltaTarget
-from refit_worker.contract.entries import ServedVersion
 from refit_worker.session.refits import CommittedRefit, DeltaChanges
 
 log = logging.getLogger(__name__)

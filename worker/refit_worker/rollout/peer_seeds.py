@@ -1,10 +1,10 @@
 """:class:`PeerSeeds`: a rollout session's part in peer seeding (issue #31).
 
 After every commit the rank offers what it committed
-(:class:`~.checkpoint_engines.seeding.SeedOffer`: rewritten in place, the pointer
+(:class:`~refit_worker.engine.rollout.seeding.SeedOffer`: rewritten in place, the pointer
 published with the rank's metadata the first time and whenever it moves).  A rank that
 has committed nothing yet tries, before it waits for the policy's send, to seed the last
-committed refit from live rollout peers (:func:`~.checkpoint_engines.seeding.pull`,
+committed refit from live rollout peers (:func:`~refit_worker.engine.rollout.seeding.pull`,
 striped over the peers that agree, every tensor verified); when no peer qualifies or the
 seed fails, it takes the policy's send as before.
 """
@@ -18,17 +18,17 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import torch
 
-from refit_worker.checkpoint_engines.receiver import TargetResolver
-from refit_worker.checkpoint_engines.seeding import (
+from refit_worker.contract.entries import BarrierEntry, SeedPointer
+from refit_worker.engine import (
+    SealRecord,
     Seeded,
     SeedError,
     SeedOffer,
     SeedSource,
+    TargetResolver,
     pointer_metadata,
     pull,
 )
-from refit_worker.checkpoint_engines.signing import SealRecord
-from refit_worker.contract.entries import BarrierEntry, SeedPointer
 from refit_worker.rollout.seed_choice import policy_done, predecessor, seed_sources
 from refit_worker.session.connection import Connection
 

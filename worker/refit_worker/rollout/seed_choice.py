@@ -8,7 +8,7 @@ its pod's own progress report says it committed a refit at least ``min_refit`` a
 running or done (not failed, preempted or left).  The best offers come first: the highest
 committed refit, then the lowest rank.  Whether a peer's copy is still intact is not
 decided here: the seed's READ is verified tensor by tensor
-(:mod:`refit_worker.checkpoint_engines.seeding`).
+(:mod:`refit_worker.engine.rollout.seeding`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ import os
 import time
 from collections.abc import Mapping
 
-from refit_worker.checkpoint_engines.messages import NixlAgentMetadata
-from refit_worker.checkpoint_engines.seeding import SeedSource, metadata_from_pointer
 from refit_worker.contract.entries import (
     BarrierEntry,
     EntryError,
@@ -29,6 +27,7 @@ from refit_worker.contract.entries import (
     progress_key,
 )
 from refit_worker.contract.roles import Role
+from refit_worker.engine import NixlAgentMetadata, SeedSource, metadata_from_pointer
 from refit_worker.rendezvous.store import Member
 from refit_worker.session.following import members
 

@@ -13,15 +13,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from refit_worker.checkpoint_engines import (
-    LayoutMismatchError,
-    NIXLCheckpointEngine,
-    ReceivedRefit,
-    RefitTiming,
-)
-from refit_worker.checkpoint_engines.base import dtype_from_name
-from refit_worker.checkpoint_engines.planning import TensorSpec
-from refit_worker.checkpoint_engines.receiver import DeltaTarget
 from refit_worker.contract.entries import (
     BarrierEntry,
     ServedVersion,
@@ -30,6 +21,15 @@ from refit_worker.contract.entries import (
 )
 from refit_worker.contract.roles import Role
 from refit_worker.contract.waits import Backoff, poll_until
+from refit_worker.engine import (
+    DeltaTarget,
+    LayoutMismatchError,
+    NIXLCheckpointEngine,
+    ReceivedRefit,
+    RefitTiming,
+    TensorSpec,
+    dtype_from_name,
+)
 from refit_worker.rendezvous import (
     Preempted,
     RendezvousTimeout,
@@ -208,7 +208,7 @@ class RolloutSession(RefitSession):
         turns true: do not serve those weights until a later refit completes.
 
         The names, dtypes and shapes of ``target`` must match what the policy sends,
-        else :class:`~refit_worker.checkpoint_engines.LayoutMismatchError` before any byte
+        else :class:`~refit_worker.engine.LayoutMismatchError` before any byte
         lands.  ``verify(refit_id, tensors)`` runs on the filled tensors before the commit.
         """
         engine = self.connection.engine

@@ -17,10 +17,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from refit_worker.checkpoint_engines import NIXLCheckpointEngine
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry, SeedPointer
 from refit_worker.contract.failures import RefusedConfigError
+from refit_worker.engine import NIXLCheckpointEngine
 from refit_worker.rendezvous import (
     Member,
     Preempted,

@@ -28,12 +28,12 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Literal, TypeAlias
 
-from refit_worker.checkpoint_engines import NIXLCheckpointEngine
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry, MetadataEntry
 from refit_worker.contract.rendezvous import read_snapshot
 from refit_worker.contract.roles import Role
 from refit_worker.contract.waits import Backoff, CancelFlag, poll_until
+from refit_worker.engine import NIXLCheckpointEngine
 from refit_worker.rendezvous import Member, RendezvousStore, RendezvousTimeout
 
 log = logging.getLogger(__name__)

@@ -1,13 +1,13 @@
 """The job's key halves from a worker's config: what seals (policy) and what checks
-(rollout) every refit (:mod:`refit_worker.checkpoint_engines.signing`).
+(rollout) every refit (:mod:`refit_worker.engine.messages.signing`).
 """
 
 from __future__ import annotations
 
 import base64
 
-from refit_worker.checkpoint_engines.signing import RefitSigner, RefitVerifier
 from refit_worker.contract.config import WorkerConfig
+from refit_worker.engine import RefitSigner, RefitVerifier
 
 
 def signer_of(config: WorkerConfig) -> RefitSigner | None:

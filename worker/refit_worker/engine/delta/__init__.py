@@ -1,0 +1,1 @@
+"""Delta refits: the element codec, and the blocks of sharded senders."""

@@ -1,0 +1,1 @@
+"""What crosses the wire: typed control messages and metadata, integrity hashes, signatures."""
