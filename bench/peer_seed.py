@@ -1,5 +1,5 @@
 """Peer seeding against its hardware baseline: a new rollout rank READs a peer's committed
-copy (:func:`refit_worker.engine.rollout.seeding.pull`: the manifest, the striped READs,
+copy (:func:`refit_worker.engine.rollout.seed_transfer.pull`: the manifest, the striped READs,
 every tensor's hash checked), against a raw NIXL READ of the same bytes between the same
 two processes (one descriptor list, nothing checked) and a local memcpy, measured in the
 same run.
@@ -31,7 +31,7 @@ import torch
 from refit_worker.engine.base import dtype_from_name
 from refit_worker.engine.messages.wire import NixlAgentMetadata
 from refit_worker.engine.planning.buckets import TensorSpec
-from refit_worker.engine.rollout.seeding import SeedOffer, SeedSource, _Reader, pull
+from refit_worker.engine.rollout.seed_transfer import SeedOffer, SeedSource, _Reader, pull
 from refit_worker.engine.transport.agent import NixlAgent
 from refit_worker.engine.transport.registry import MemoryRegistry, device_id
 

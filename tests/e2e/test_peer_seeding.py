@@ -23,7 +23,7 @@ from refit_worker.engine.base import dtype_from_name
 from refit_worker.engine.messages.signing import RefitSigner, RefitVerifier, SealRecord
 from refit_worker.engine.messages.wire import NixlAgentMetadata
 from refit_worker.engine.planning.buckets import TensorSpec
-from refit_worker.engine.rollout.seeding import Seeded, SeedError, SeedSource, pull
+from refit_worker.engine.rollout.seed_transfer import Seeded, SeedError, SeedSource, pull
 from refit_worker.engine.transport.agent import NixlAgent
 from refit_worker.engine.transport.registry import MemoryRegistry
 

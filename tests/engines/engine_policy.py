@@ -41,7 +41,7 @@ def say(**fields: Any) -> None:
 
 
 def stall_after_first_bucket() -> None:
-    from refit_worker.engine.policy import refit as sender
+    from refit_worker.engine.policy import refit_send as sender
 
     original = sender.RefitSender._send_bucket
 

@@ -2,7 +2,7 @@
 
 Run as ``python -m tests.support.seed_procs <refit>``: it builds the demo's synthetic
 state as of ``refit``, registers it with a real NIXL agent, offers it
-(:class:`~refit_worker.engine.rollout.seeding.SeedOffer`) and prints one JSON line:
+(:class:`~refit_worker.engine.rollout.seed_transfer.SeedOffer`) and prints one JSON line:
 its agent metadata and where the seed manifest is.  Then it obeys stdin, one command a
 line, answering ``ok`` to each:
 
@@ -26,7 +26,7 @@ import torch
 
 from refit_worker.contract.config import SyntheticWeights
 from refit_worker.engine.messages.signing import SealRecord
-from refit_worker.engine.rollout.seeding import SeedOffer
+from refit_worker.engine.rollout.seed_transfer import SeedOffer
 from refit_worker.engine.transport.agent import NixlAgent
 from refit_worker.engine.transport.registry import MemoryRegistry
 from refit_worker.pod.weights import advance, synthetic_state_dict

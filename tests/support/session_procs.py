@@ -110,7 +110,7 @@ def _forge_from_now(session: Any) -> None:
 
 def _pause_after_first_bucket(out_q: Any) -> None:
     """Make this policy rank stop sending after the first bucket of the refit."""
-    from refit_worker.engine.policy import refit as sender
+    from refit_worker.engine.policy import refit_send as sender
 
     original = sender.RefitSender._send_bucket
 

@@ -19,7 +19,7 @@ from refit_worker.engine.messages.wire import (
     encode,
     parse_metadata,
 )
-from refit_worker.engine.policy.delivery import Delivery, TargetDropped
+from refit_worker.engine.policy.target_failures import Delivery, TargetDropped
 from refit_worker.engine.transport.agent import WholeRefitWanted
 from refit_worker.engine.transport.peers import (
     disagreement,

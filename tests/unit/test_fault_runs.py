@@ -15,8 +15,8 @@ from tests.support.fault_runs import (
 )
 
 _ABANDONED = (
-    "05 refit_worker.rollout.session WARNING rollout rank 0: refit in flight abandoned (the "
-    "membership moved on (a new policy epoch, or not listed now)); joining again\n"
+    "05 refit_worker.rollout.rollout_session WARNING rollout rank 0: refit in flight abandoned "
+    "(the membership moved on (a new policy epoch, or not listed now)); joining again\n"
     "06 refit_worker WARNING rollout rank 0 (epoch 0): preempted: rollout rank 0: stop "
     "requested while waiting for the barrier of epoch 0\n"
 )

@@ -38,7 +38,7 @@ from refit_worker.contract.entries import (
 )
 from refit_worker.engine.messages.wire import NixlAgentMetadata
 from refit_worker.engine.planning.buckets import TensorSpec
-from refit_worker.engine.rollout.seeding import Seeded, SeedSource, pointer_metadata
+from refit_worker.engine.rollout.seed_transfer import Seeded, SeedSource, pointer_metadata
 from refit_worker.session.refits import CommittedRefit
 
 REFITS = 6

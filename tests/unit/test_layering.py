@@ -105,7 +105,7 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
         ),
         (
             "worker/refit_worker/rollout/targets.py",
-            "from refit_worker.engine.rollout import refit",
+            "from refit_worker.engine.rollout import refit_receive as refit",
             "Outside the engine, the worker imports only the engine's face BROKEN",
         ),
         (
@@ -317,7 +317,8 @@ def test_a_worker_that_holds_no_dtensor_never_loads_dtensor_or_sympy() -> None:
     # trainer that made DTensors has the module loaded, and only then is it asked for.
     code = (
         "import sys\n"
-        "import refit_worker.__main__, refit_worker.policy.session, refit_worker.rollout.session\n"
+        "import refit_worker.__main__, refit_worker.policy.policy_session\n"
+        "import refit_worker.rollout.rollout_session\n"
         "import refit_worker.integrations.staged\n"
         "print(sorted(m for m in ('torch.distributed.tensor', 'sympy') if m in sys.modules))\n"
     )

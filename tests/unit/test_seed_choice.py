@@ -17,7 +17,7 @@ from refit_worker.contract.entries import (
     encode_entry,
 )
 from refit_worker.engine.messages.wire import LandingSet, NixlAgentMetadata
-from refit_worker.engine.rollout.seeding import (
+from refit_worker.engine.rollout.seed_transfer import (
     SeedError,
     SeedManifest,
     SeedTensor,

@@ -16,7 +16,7 @@ from refit_worker.engine.messages.wire import (
     LandingTensor,
     NixlAgentMetadata,
 )
-from refit_worker.engine.rollout.seeding import SeedError, SeedSource, _read_share, _Reader
+from refit_worker.engine.rollout.seed_transfer import SeedError, SeedSource, _read_share, _Reader
 from refit_worker.engine.transport.agent import PeerError
 
 

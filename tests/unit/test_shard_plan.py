@@ -29,8 +29,8 @@ from refit_worker.engine.planning.shard_plan import (
     plan_shards,
     receiver_specs,
 )
-from refit_worker.engine.policy.refit import _entry
-from refit_worker.engine.rollout.refit import _shard_spec
+from refit_worker.engine.policy.refit_send import _entry
+from refit_worker.engine.rollout.refit_receive import _shard_spec
 
 S0, S1, R = ("shard", 0), ("shard", 1), ("replicate",)
 

@@ -53,11 +53,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from refit_worker.policy.session import PolicySession
+    from refit_worker.policy.policy_session import PolicySession
     from refit_worker.rendezvous import Preempted
-    from refit_worker.rollout.session import RolloutSession
+    from refit_worker.rollout.rollout_session import RolloutSession
     from refit_worker.rollout.targets import PartialRefitError
-    from refit_worker.session.base import RefitSession
+    from refit_worker.session.refit_session import RefitSession
     from refit_worker.session.refits import (
         CommittedRefit,
         DeltaChanges,
@@ -76,13 +76,13 @@ _HOMES = {
     "CommittedRefit": "refit_worker.session.refits",
     "DeltaChanges": "refit_worker.session.refits",
     "PartialRefitError": "refit_worker.rollout.targets",
-    "PolicySession": "refit_worker.policy.session",
+    "PolicySession": "refit_worker.policy.policy_session",
     "Preempted": "refit_worker.rendezvous",
-    "RefitSession": "refit_worker.session.base",
+    "RefitSession": "refit_worker.session.refit_session",
     "RefitStats": "refit_worker.session.refits",
     "RefitUndelivered": "refit_worker.session.refits",
     "Removed": "refit_worker.session.refits",
-    "RolloutSession": "refit_worker.rollout.session",
+    "RolloutSession": "refit_worker.rollout.rollout_session",
     "StateDict": "refit_worker.session.refits",
     "Superseded": "refit_worker.session.refits",
     "Verifier": "refit_worker.session.refits",
@@ -111,6 +111,6 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'refit_worker' has no attribute {name!r}")
     if name == "RefitSession":
         # RefitSession(config) dispatches to the role's class, which registers on import.
-        importlib.import_module("refit_worker.policy.session")
-        importlib.import_module("refit_worker.rollout.session")
+        importlib.import_module("refit_worker.policy.policy_session")
+        importlib.import_module("refit_worker.rollout.rollout_session")
     return getattr(importlib.import_module(home), name)

@@ -171,7 +171,7 @@ class _RankEntry(_Entry):
 
 class SeedPointer(BaseModel):
     """Where a rollout rank offers its last committed refit to peers that seed from it: a
-    registered region holding the seed manifest (:mod:`refit_worker.engine.rollout.seeding`),
+    registered region holding the seed manifest (:mod:`refit_worker.engine.rollout.seed_transfer`),
     and NIXL's partial metadata of that region (base64) so a peer can READ it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)

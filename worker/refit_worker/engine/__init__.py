@@ -64,10 +64,16 @@ from .planning.boxes import Box
 from .planning.buckets import TensorSpec
 from .planning.layout import TargetWeightLayout
 from .policy.dtensors import ShardedSource, is_sharded, local_sources
-from .policy.side import DeltaNotApplicable
+from .policy.policy_side import DeltaNotApplicable
 from .rollout.admission import RefitDeclinedError
-from .rollout.refit import DeltaTarget, IncompleteRefitError, LayoutMismatchError, TargetResolver
-from .rollout.seeding import (
+from .rollout.refit_receive import (
+    DeltaTarget,
+    IncompleteRefitError,
+    LayoutMismatchError,
+    TargetResolver,
+)
+from .rollout.rollout_side import ReceivedRefit
+from .rollout.seed_transfer import (
     Seeded,
     SeedError,
     SeedOffer,
@@ -76,7 +82,6 @@ from .rollout.seeding import (
     pointer_metadata,
     pull,
 )
-from .rollout.side import ReceivedRefit
 from .transport.agent import (
     NIXL_DEFAULT_BACKEND_NAME,
     NIXL_TRANSFER_BUFFER_COUNT,

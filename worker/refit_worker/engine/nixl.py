@@ -72,9 +72,9 @@ from .planning.boxes import Box
 from .planning.buckets import check_bucket_size
 from .planning.layout import TargetWeightLayout
 from .planning.mapping import check_world_sizes, source_ranks_for_rollout
-from .policy.side import PolicySide
-from .rollout.refit import DeltaTarget, TargetResolver
-from .rollout.side import ReceivedRefit, RolloutKept, RolloutSide
+from .policy.policy_side import PolicySide
+from .rollout.refit_receive import DeltaTarget, TargetResolver
+from .rollout.rollout_side import ReceivedRefit, RolloutKept, RolloutSide
 from .transport.agent import NIXL_DEFAULT_BACKEND_NAME, NIXL_TRANSFER_BUFFER_COUNT, NixlAgent
 from .transport.common import EngineCommon
 from .transport.peers import PeerUpdate, Role, Target

@@ -39,7 +39,7 @@ from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import ServedVersion, Verification
 from refit_worker.contract.waits import WaitTimeout
 from refit_worker.rendezvous import Preempted
-from refit_worker.rollout.session import RolloutSession
+from refit_worker.rollout.rollout_session import RolloutSession
 from refit_worker.session.refits import DeltaChanges, RefitStats
 
 #: Names under this prefix ride along with a refit but are not weights to land.

@@ -1,9 +1,9 @@
 """What a policy rank owes each rollout member, decided from the membership and the ranks'
 progress reports: pure functions, no I/O.
 
-The one serve loop of :class:`~refit_worker.policy.session.PolicySession` (a refit's send, its
-re-send by a new plan, the linger after the last refit) asks :func:`owed` each round and
-sends to what it names; these functions are the whole of what it decides from.
+The one serve loop of :class:`~refit_worker.policy.policy_session.PolicySession` (a refit's
+send, its re-send by a new plan, the linger after the last refit) asks :func:`owed` each round
+and sends to what it names; these functions are the whole of what it decides from.
 
 - :func:`owed`: the members of a barrier that lack a refit, did not confirm it to this
   rank, and that this rank sends to by the rank mapping, each with the refit and the

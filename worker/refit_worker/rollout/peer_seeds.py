@@ -1,10 +1,10 @@
 """:class:`PeerSeeds`: a rollout session's part in peer seeding (issue #31).
 
 After every commit the rank offers what it committed
-(:class:`~refit_worker.engine.rollout.seeding.SeedOffer`: rewritten in place, the pointer
+(:class:`~refit_worker.engine.rollout.seed_transfer.SeedOffer`: rewritten in place, the pointer
 published with the rank's metadata the first time and whenever it moves).  A rank that
 has committed nothing yet tries, before it waits for the policy's send, to seed the last
-committed refit from live rollout peers (:func:`~refit_worker.engine.rollout.seeding.pull`,
+committed refit from live rollout peers (:func:`~refit_worker.engine.rollout.seed_transfer.pull`,
 striped over the peers that agree, every tensor verified); when no peer qualifies or the
 seed fails, it takes the policy's send as before.
 """

@@ -8,7 +8,7 @@ its pod's own progress report says it committed a refit at least ``min_refit`` a
 running or done (not failed, preempted or left).  The best offers come first: the highest
 committed refit, then the lowest rank.  Whether a peer's copy is still intact is not
 decided here: the seed's READ is verified tensor by tensor
-(:mod:`refit_worker.engine.rollout.seeding`).
+(:mod:`refit_worker.engine.rollout.seed_transfer`).
 """
 
 from __future__ import annotations

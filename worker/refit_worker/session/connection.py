@@ -4,8 +4,8 @@
 the progress reporter and the preemption watch, and does the work every rank does the
 same way: publish this rank's NIXL metadata, wait for its place in the membership (stopped
 soon after a stop request), run a transfer beside a watcher, say how the rank ended, and
-close.  It holds no state of either role: :class:`~refit_worker.policy.session.PolicySession`
-and :class:`~refit_worker.rollout.session.RolloutSession` each own one and keep their own.
+close.  It holds no state of either role: :class:`~refit_worker.policy.policy_session.PolicySession`
+and :class:`~refit_worker.rollout.rollout_session.RolloutSession` each own one and keep their own.
 """
 
 from __future__ import annotations

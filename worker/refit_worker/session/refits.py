@@ -83,8 +83,8 @@ class Superseded(Preempted):
 
 class HandedOver(Superseded):
     """This pod was stopped (a drain, an eviction) and stayed until its replacement served
-    (:meth:`~refit_worker.rollout.session.RolloutSession.hand_over`): a preemption, reported as
-    nothing more under the rank's progress key, which is the replacement's now."""
+    (:meth:`~refit_worker.rollout.rollout_session.RolloutSession.hand_over`): a preemption,
+    reported as nothing more under the rank's progress key, which is the replacement's now."""
 
 
 class RefitUndelivered(RuntimeError):

@@ -44,7 +44,7 @@ from ..messages.wire import (
     encode,
     is_control,
 )
-from .backend import NIXL_DEFAULT_BACKEND_NAME, backend_params, resolve_nixl_backend_kwargs
+from .nixl_backends import NIXL_DEFAULT_BACKEND_NAME, backend_params, resolve_nixl_backend_kwargs
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@
 The settings a refit runs with (bucket size, device, timeout, integrity, striping), the NIXL
 agent and its memory registry once ``prepare()`` made them, the hash pool, the peers of the
 other role (:class:`~.peers.Peers`) and the refit-id counter.  The per-role parts
-(:mod:`refit_worker.engine.policy.side`, :mod:`refit_worker.engine.rollout.side`) hold one each and
-keep only their own state.
+(:mod:`refit_worker.engine.policy.policy_side`,
+:mod:`refit_worker.engine.rollout.rollout_side`) hold one each and keep only their own state.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from refit_worker.contract.entries import Verification
 from refit_worker.contract.failures import exit_code_for, one_line
 from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, stop_flag
 from refit_worker.integrations.vllm.landing import RefitLanding, served_checkpoint, vllm_landing
-from refit_worker.rollout.session import RolloutSession
+from refit_worker.rollout.rollout_session import RolloutSession
 
 
 @dataclass

@@ -22,7 +22,7 @@ from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
 from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, stop_flag
 from refit_worker.integrations.vllm.landing import RefitLanding, served_checkpoint, vllm_landing
-from refit_worker.rollout.session import RolloutSession
+from refit_worker.rollout.rollout_session import RolloutSession
 
 
 def figures_plain(figures: CommittedFigures) -> dict[str, Any]:

@@ -74,9 +74,9 @@ from ..transport.agent import (
 )
 from ..transport.peers import Target
 from ..transport.registry import MemoryRegistry, device_id
-from .delivery import Delivery
 from .routes import Routes
 from .sources import for_target, prepare_sources
+from .target_failures import Delivery
 
 Region = tuple[int, int, int]
 

@@ -1,7 +1,7 @@
 """:class:`RefitSession`: what a policy-side and a rollout-side session have in common.
 
-A session is one role's: :class:`~refit_worker.policy.session.PolicySession` sends refits,
-:class:`~refit_worker.rollout.session.RolloutSession` receives them.  Both are built on one
+A session is one role's: :class:`~refit_worker.policy.policy_session.PolicySession` sends refits,
+:class:`~refit_worker.rollout.rollout_session.RolloutSession` receives them.  Both are built on one
 :class:`~refit_worker.session.connection.Connection` (the engine, the store, the peers, the
 reports) and keep their role's state to themselves.  ``RefitSession(config)`` and
 :meth:`RefitSession.from_env` return the session of the rank's role, so code that serves

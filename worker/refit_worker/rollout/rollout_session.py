@@ -47,8 +47,8 @@ from refit_worker.rollout.targets import (
     check_mode,
     live_tensors,
 )
-from refit_worker.session.base import RefitSession
 from refit_worker.session.following import PeerSet, standing
+from refit_worker.session.refit_session import RefitSession
 from refit_worker.session.refits import (
     CommittedRefit,
     DeltaChanges,

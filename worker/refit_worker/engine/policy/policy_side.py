@@ -20,7 +20,7 @@ from ..planning.boxes import Box
 from ..planning.shard_plan import Holding
 from ..transport.common import EngineCommon
 from .dtensors import ShardedSource, is_sharded, local_sources
-from .refit import RefitSender, TargetStream
+from .refit_send import RefitSender, TargetStream
 from .routes import Routes
 from .sources import prepare_sources, sources_ready
 

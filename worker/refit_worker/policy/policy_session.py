@@ -52,8 +52,8 @@ from refit_worker.policy.owed import (
     seeding_peer,
 )
 from refit_worker.rendezvous import Preempted, RendezvousStore
-from refit_worker.session.base import RefitSession
 from refit_worker.session.following import PeerSet
+from refit_worker.session.refit_session import RefitSession
 from refit_worker.session.refits import RefitStats, RefitUndelivered
 from refit_worker.session.rollout_reports import Progress, all_done
 

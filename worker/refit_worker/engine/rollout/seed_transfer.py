@@ -42,7 +42,7 @@ from ..messages.wire import LandingSet, NixlAgentMetadata, _Model
 from ..planning.buckets import TensorSpec, cached_plan
 from ..transport.agent import NixlAgent, PeerError, Region
 from ..transport.registry import MemoryRegistry, device_id
-from .refit import TargetResolver
+from .refit_receive import TargetResolver
 
 _HEADER = struct.Struct("<QQ")  # body length, xxh3_64 of the body
 #: How long a peer's manifest READ may take before the peer is passed over.

@@ -27,7 +27,7 @@ from ..messages.wire import DeltaHeader
 from ..planning.buckets import TensorSpec
 from ..transport.common import EngineCommon
 from .admission import Decliner, RefitDeclinedError
-from .refit import DeltaTarget, RefitReceiver, Shared, TargetResolver
+from .refit_receive import DeltaTarget, RefitReceiver, Shared, TargetResolver
 from .staging import Staging
 
 
