@@ -83,14 +83,14 @@ async def test_round_trip_in_process(pair) -> None:
     sd = {"w": torch.arange(3000, dtype=torch.float32), "b": torch.ones(3, dtype=torch.bool)}
     _, got = await asyncio.gather(policy.send_weights(iter(sd.items())), collect(rollout))
     assert got.keys() == sd.keys() and all(torch.equal(got[k], sd[k]) for k in sd)
-    assert policy.refit_id == rollout.refit_id == 1
+    assert policy.common.refit_id == rollout.common.refit_id == 1
 
 
 async def test_upstream_message_api_carries_json_objects(pair) -> None:
     """``send_message`` / ``read_message``, upstream's NixlAgent API: JSON objects, oldest
     first; other notifications (a bare key, a JSON list) are not taken for messages."""
     policy, rollout = pair
-    sender, receiver = policy.agent, rollout.agent
+    sender, receiver = policy.common.agent, rollout.common.agent
     sender._agent.send_notif(receiver.name, b"[1, 2]")
     sender.send_message(receiver.name, {"step": 1, "names": ["w"]})
     sender.send_message(receiver.name, {"step": 2})
@@ -137,7 +137,7 @@ async def test_duplicate_names_fail_before_anything_is_sent(pair) -> None:
     with pytest.raises(ValueError, match=r"duplicate tensor names: \['a'\]"):
         await policy.send_weights(iter([("a", t), ("b", t), ("a", t)]))
     await asyncio.sleep(0.2)
-    assert rollout.agent.take_control(policy.agent.name, "manifest", 0) is None
+    assert rollout.common.agent.take_control(policy.common.agent.name, "manifest", 0) is None
 
 
 async def test_stale_notifications_of_an_earlier_refit_are_never_taken(pair) -> None:
@@ -157,7 +157,7 @@ async def test_stale_notifications_of_an_earlier_refit_are_never_taken(pair) -> 
     )
     receiving = asyncio.ensure_future(collect(rollout))
     await asyncio.sleep(0.05)
-    policy.agent._agent.send_notif(rollout.agent.name, stale)
+    policy.common.agent._agent.send_notif(rollout.common.agent.name, stale)
     _, got = await asyncio.gather(policy.send_weights(iter(new.items())), receiving)
     assert torch.equal(got["w"], new["w"])
 
@@ -187,7 +187,7 @@ async def rogue_refit(
     of ``data`` into receive buffer 0, then (with ``integrity``) its digest, then (with
     ``signer``) a seal of both.  ``claim``: the key fingerprint the manifest names (default:
     the signer's)."""
-    agent, peer = policy.agent, rollout.agent.name
+    agent, peer = policy.common.agent, rollout.common.agent.name
     target = policy._target(0)
     deadline = time.monotonic() + 2
     specs = [TensorSpec(e.name, e.dtype, e.shape) for e in entries]
@@ -274,7 +274,7 @@ async def test_bad_refit_raises_before_the_final_batch(pair, entries, kw, match)
     assert yielded == [], "a refit that fails its checks must not yield its final batch"
     await asyncio.sleep(0.1)
     with pytest.raises(PeerError, match="aborted refit 0: rollout rank 0"):
-        policy.agent.take_control(rollout.agent.name, "done", 0)
+        policy.common.agent.take_control(rollout.common.agent.name, "done", 0)
 
 
 async def test_integrity_passes_when_the_bytes_are_right(pair) -> None:
@@ -287,7 +287,7 @@ async def test_receiver_abort_reaches_the_sender(pair) -> None:
     w = {"w": torch.zeros(3)}
     await asyncio.gather(policy.send_weights(iter(w.items())), collect(rollout))
     # Abort is best effort over an established connection (else the sender's timeout acts).
-    rollout.agent.abort(policy.agent.name, 1, "disk full")
+    rollout.common.agent.abort(policy.common.agent.name, 1, "disk full")
     timing = await policy.send_weights(iter([("w", torch.zeros(3))]))
     assert timing.delivered == () and "aborted refit 1: disk full" in timing.dropped[0], timing
 
@@ -403,7 +403,7 @@ def test_registry_registers_a_storage_once_and_drops_what_refits_stop_using(pair
     from refit_worker.engine.transport.registry import MemoryRegistry
 
     _, rollout = pair
-    registry = MemoryRegistry(rollout.agent, "DRAM")
+    registry = MemoryRegistry(rollout.common.agent, "DRAM")
     big = torch.zeros(4096)
     a, b = big[:2048], big[2048:]  # two views of one storage: one registration
     other = torch.zeros(10)
@@ -499,7 +499,7 @@ async def test_the_timing_says_whether_the_bytes_were_hashed(pair) -> None:
 
     sd = {"w": torch.arange(300, dtype=torch.float32)}
     await asyncio.gather(policy.send_weights(iter(sd.items())), drain())
-    assert [t.integrity for t in timings] == ["xxh3_64" if rollout.checksum else None]
+    assert [t.integrity for t in timings] == ["xxh3_64" if rollout.common.checksum else None]
 
 
 # -- signed refits (issue #50): the trainer's key is the root of trust -------------------

@@ -105,7 +105,7 @@ def _forge_from_now(session: Any) -> None:
 
     hostile = RefitSigner.generate()
     hostile.fingerprint = RefitSigner(JOB_SEED).fingerprint
-    session.connection.engine._common.signer = hostile
+    session.connection.engine.common.signer = hostile
 
 
 def _pause_after_first_bucket(out_q: Any) -> None:

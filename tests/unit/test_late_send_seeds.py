@@ -17,6 +17,7 @@ import asyncio
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -55,8 +56,10 @@ class _NoSend:
     def __init__(self) -> None:
         self.waiting = asyncio.Event()
         self.cancelled = False
-        self.agent, self.registry, self.device = object(), object(), torch.device("cpu")
-        self.verifier = None  # an unsigned job
+        # What peer seeding reads of an engine: its shared part (an unsigned job).
+        self.common = SimpleNamespace(
+            agent=object(), registry=object(), device=torch.device("cpu"), verifier=None
+        )
 
     async def receive_into(self, targets: object, *, min_refit: int, delta: object) -> object:
         self.waiting.set()

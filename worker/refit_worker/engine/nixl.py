@@ -59,6 +59,8 @@ from typing import Any
 
 import torch
 
+from refit_worker.contract.config import TransferConfig
+
 from .base import CheckpointEngine, RefitTiming
 from .messages.signing import RefitSigner, RefitVerifier
 from .messages.wire import (
@@ -75,10 +77,9 @@ from .planning.mapping import check_world_sizes, source_ranks_for_rollout
 from .policy.policy_side import PolicySide
 from .rollout.refit_receive import DeltaTarget, TargetResolver
 from .rollout.rollout_side import ReceivedRefit, RolloutKept, RolloutSide
-from .transport.agent import NIXL_DEFAULT_BACKEND_NAME, NIXL_TRANSFER_BUFFER_COUNT, NixlAgent
+from .transport.agent import NIXL_DEFAULT_BACKEND_NAME, NIXL_TRANSFER_BUFFER_COUNT
 from .transport.common import EngineCommon
 from .transport.peers import PeerUpdate, Role, Target
-from .transport.registry import MemoryRegistry
 
 
 class NIXLCheckpointEngine(CheckpointEngine):
@@ -136,40 +137,35 @@ class NIXLCheckpointEngine(CheckpointEngine):
         self._policy: PolicySide | None = None
         self._rollout: RolloutSide | None = None
 
-    # -- settings (held by the shared part, which both roles read) -----------------------
-    @property
-    def bucket_size(self) -> int:
-        return self._common.bucket_size
+    @classmethod
+    def from_config(
+        cls,
+        transfer: TransferConfig,
+        *,
+        signer: RefitSigner | None = None,
+        verifier: RefitVerifier | None = None,
+    ) -> NIXLCheckpointEngine:
+        """The engine a session runs with: every setting from the job's transfer config
+        (upstream's positional signature stays for upstream's callers)."""
+        return cls(
+            transfer.bucket_size,
+            device=transfer.device,
+            backend_name=transfer.backend,
+            backend_init_params=dict(transfer.backend_params) or None,
+            shard_expert_weights=transfer.shard_expert_weights,
+            timeout_s=transfer.timeout_seconds,
+            checksum=transfer.checksum,
+            signer=signer,
+            verifier=verifier,
+        )
 
+    # -- what both roles share: the settings, the agent and its registry, the refit ids --
     @property
-    def verifier(self) -> RefitVerifier | None:
-        """The job's public key this rank checks refits and seeds with (None: none)."""
-        return self._common.verifier
-
-    @property
-    def device(self) -> torch.device:
-        return self._common.device
-
-    @property
-    def timeout_s(self) -> float:
-        return self._common.timeout_s
-
-    @property
-    def checksum(self) -> bool:
-        return self._common.checksum
-
-    @property
-    def stripe(self) -> bool:
-        return self._common.stripe
-
-    @property
-    def refit_id(self) -> int:
-        """The id of the next refit (see the module docstring)."""
-        return self._common.refit_id
-
-    @refit_id.setter
-    def refit_id(self, value: int) -> None:
-        self._common.refit_id = value
+    def common(self) -> EngineCommon:
+        """The shared part both roles read their settings from (bucket size, device,
+        timeout, integrity, striping, signer and verifier), the NIXL agent and its memory
+        registry once :meth:`prepare` made them, and the refit-id counter."""
+        return self._common
 
     @property
     def targets_exposed(self) -> bool:
@@ -178,18 +174,6 @@ class NIXLCheckpointEngine(CheckpointEngine):
         return self._kept.targets_exposed
 
     # -- set-up -------------------------------------------------------------------------
-    @property
-    def mem_type(self) -> str:
-        return self._common.mem_type
-
-    @property
-    def agent(self) -> NixlAgent:
-        return self._common.agent
-
-    @property
-    def registry(self) -> MemoryRegistry:
-        return self._common.registry
-
     @property
     def _role(self) -> Role | None:
         if self._policy is not None:
@@ -210,9 +194,9 @@ class NIXLCheckpointEngine(CheckpointEngine):
         self._common.start(self.backend_name, self.backend_init_params)
         # Offered before the role is known; a policy rank frees them at its init.
         self._kept.offer(self._common, self.buffer_count)
-        return self.agent.get_agent_metadata().model_copy(
+        return self._common.agent.get_agent_metadata().model_copy(
             update={
-                "mem_type": self.mem_type,
+                "mem_type": self._common.mem_type,
                 "buffers": tuple(
                     BufferDesc(addr=a, length=n, dev_id=d) for a, n, d in self._kept.regions()
                 ),
@@ -288,7 +272,7 @@ class NIXLCheckpointEngine(CheckpointEngine):
         if side is None or role is None:
             raise RuntimeError("call init_policy_process_group() or init_rollout_process_group()")
         return self._common.peers.update(
-            self.agent,
+            self._common.agent,
             metadata,
             role=role,
             rank=side.rank,
@@ -312,17 +296,18 @@ class NIXLCheckpointEngine(CheckpointEngine):
 
     def _target(self, rollout_rank: int) -> Target:
         """Rollout member ``rollout_rank`` as a target of the next refit."""
-        return self._common.peers.target(rollout_rank, stripe=self.stripe)
+        return self._common.peers.target(rollout_rank, stripe=self._common.stripe)
 
     def _check_buffers(self, peer: NixlAgentMetadata, rollout_rank: int) -> None:
         if (
             len(peer.buffers) < 2
-            or peer.mem_type != self.mem_type
-            or any(b.length < self.bucket_size for b in peer.buffers)
+            or peer.mem_type != self._common.mem_type
+            or any(b.length < self._common.bucket_size for b in peer.buffers)
         ):
             raise ValueError(
                 f"rollout rank {rollout_rank} offers buffers {list(peer.buffers)} in "
-                f"{peer.mem_type}; need >= 2 of >= {self.bucket_size} bytes in {self.mem_type}"
+                f"{peer.mem_type}; need >= 2 of >= {self._common.bucket_size} bytes in "
+                f"{self._common.mem_type}"
                 " (same bucket_size and device on both sides?)"
             )
 
@@ -440,11 +425,11 @@ class NIXLCheckpointEngine(CheckpointEngine):
     def _after_send(self) -> None:
         if self.release_after_refit:
             self._disconnect_peers()
-            self.registry.clear()
+            self._common.registry.clear()
 
     def _after_receive(self) -> None:
         if self.release_after_refit:
-            self.agent.flush()
+            self._common.agent.flush()
             self._disconnect_peers()
             self._release_transfer_buffers()
 

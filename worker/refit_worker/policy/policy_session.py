@@ -264,7 +264,7 @@ class PolicySession(RefitSession):
             return None
         if not mapping.sharded:
             return deltas.offer(items, refit)
-        device = self.connection.engine.device
+        device = self.connection.engine.common.device
         local = local_sources(
             items, rank=self.config.rank, world_size=self.config.policy_world_size, device=device
         )
@@ -275,7 +275,7 @@ class PolicySession(RefitSession):
     def _mapping(self, items: Items) -> RankMapping:
         engine = self.connection.engine
         return RankMapping(
-            self.config.rank, self.config.policy_world_size, engine.stripe, is_sharded(items)
+            self.config.rank, self.config.policy_world_size, engine.common.stripe, is_sharded(items)
         )
 
     async def _serve(

@@ -95,7 +95,9 @@ class PeerSeeds:
         engine = self.connection.engine
         try:
             if self._offer is None:
-                self._offer = SeedOffer(engine.agent, engine.registry, engine.device)
+                self._offer = SeedOffer(
+                    engine.common.agent, engine.common.registry, engine.common.device
+                )
             moved = self._offer.publish(refit, committed, seals)
             if moved and self._offer.pointer is not None:
                 (addr, nbytes, dev_id), metadata = self._offer.pointer
@@ -172,14 +174,14 @@ class PeerSeeds:
         engine = self.connection.engine
         try:
             seeded = await pull(
-                engine.agent,
-                engine.registry,
-                engine.device,
+                engine.common.agent,
+                engine.common.registry,
+                engine.common.device,
                 sources,
                 min_refit=min_refit,
                 resolve=resolve,
                 timeout_s=min(self.connection.config.transfer.timeout_seconds, SEED_TIMEOUT_S),
-                verifier=engine.verifier,
+                verifier=engine.common.verifier,
             )
         except SeedError as exc:
             log.warning("rollout rank %d: seed try %d failed: %s", self.rank, attempt, exc)

@@ -164,7 +164,7 @@ class RolloutSession(RefitSession):
         ``verify`` that returns a level claims that one for this refit instead.
         """
         engine = self.connection.engine
-        device = engine.device
+        device = engine.common.device
 
         def resolve(specs: Sequence[TensorSpec]) -> Mapping[str, torch.Tensor]:
             shapes = {s.name: (s.shape, dtype_from_name(s.dtype)) for s in specs}
@@ -490,9 +490,9 @@ class RolloutSession(RefitSession):
         self._committed = CommittedRefit(refit_id, state)  # one assignment: atomic to readers
         self._delta.committed(refit_id)
         engine = self.connection.engine if self.connection.connected else None
-        if engine is not None and engine.device.type == "cuda":
+        if engine is not None and engine.common.device.type == "cuda":
             # Readers queued on the old copy must finish before a refit refills it.
-            self._released = torch.cuda.current_stream(engine.device).record_event()
+            self._released = torch.cuda.current_stream(engine.common.device).record_event()
 
     def _stats(
         self, timing: RefitTiming, commit_s: float, verified_as: Verification | None

@@ -100,17 +100,8 @@ class Connection:
         """Make the engine, publish its metadata, then ``join`` the membership through the
         peer set (a policy rank waits for the barrier, a rollout rank for its place); on
         any failure the engine is freed and nothing stays published as connected."""
-        transfer = self.config.transfer
-        engine = NIXLCheckpointEngine(
-            transfer.bucket_size,
-            device=transfer.device,
-            backend_name=transfer.backend,
-            backend_init_params=dict(transfer.backend_params) or None,
-            shard_expert_weights=transfer.shard_expert_weights,
-            timeout_s=transfer.timeout_seconds,
-            checksum=transfer.checksum,
-            signer=signer_of(self.config),
-            verifier=verifier_of(self.config),
+        engine = NIXLCheckpointEngine.from_config(
+            self.config.transfer, signer=signer_of(self.config), verifier=verifier_of(self.config)
         )
         try:
             self.agent_json = engine.prepare().model_dump_json()
