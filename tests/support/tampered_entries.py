@@ -6,7 +6,7 @@ value (another epoch, another pod's uid, garbage bytes, an oversized value, a pi
 misplaced entry) on top of an honest 1 policy + 1 rollout epoch 0, and both readers judge
 it:
 
-- the operator (:func:`refit_operator.core.coordinate.coordinate`, before the barrier opens):
+- the operator (:func:`refit_operator.core.coordinate.decide_barrier`, before the barrier opens):
   ``opened`` the barrier for the honest pods, ``rewritten`` a forged barrier into the
   honest one, ``waits``, or ``refused`` with a message;
 - a worker (a real :class:`FileStore` on disk, after the barrier opened: snapshot,
@@ -28,7 +28,7 @@ from typing import Any
 
 from tests.support.rendezvous_maps import spread
 
-from refit_operator.core.coordinate import coordinate, decode
+from refit_operator.core.coordinate import decide_barrier, decode, read_rendezvous
 from refit_worker.contract.rendezvous import (
     BARRIER_KEY,
     MAX_META_BYTES,
@@ -260,13 +260,14 @@ def operator_outcome(row: Tamper, marker: Path) -> str:
     if row.operator == "n/a":
         return "n/a"
     data = {**honest(), row.key: row.value(marker).decode("utf-8", errors="replace")}
-    result = coordinate(
+    read = read_rendezvous(
         "job",
         decode(spread("job", data)),
         epoch=0,
         world=(1, 1),
         live={("policy", 0): LivePod("p0"), ("rollout", 0): LivePod("r0")},
     )
+    result = decide_barrier(read)
     if result.problem is not None and not result.patches:
         return f"refused: {result.problem}"
     if not result.patches:

@@ -1,7 +1,7 @@
 """Unit tests of the operator's rendezvous coordination: the membership it writes.
 
-Pure: :func:`refit_operator.core.coordinate.coordinate` over a rendezvous map given as
-data, the live pods given as :class:`LivePod`; nothing runs.
+Pure: :func:`~refit_operator.core.coordinate.read_rendezvous`, then :func:`decide_barrier`,
+over a rendezvous map given as data, the live pods given as :class:`LivePod`; nothing runs.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from tests.support.rendezvous_maps import spread
 from refit_operator.core.coordinate import (
     Coordination,
     PatchData,
-    coordinate,
     decide_barrier,
     decode,
     preempt_notice,
@@ -82,9 +81,10 @@ def _round(
     world: tuple[int, int] = (1, 2),
     **options: bool,
 ) -> Coordination:
-    return coordinate(
+    read = read_rendezvous(
         "job", decode(spread("job", data)), epoch=0, world=world, live=live, **options
     )
+    return decide_barrier(read)
 
 
 def test_whole_gang_first_opening_waits_for_every_rollout_slot() -> None:
@@ -159,9 +159,10 @@ def test_a_barrier_of_an_earlier_epoch_is_no_previous() -> None:
     data = _data(epoch=1)
     old = BarrierEntry(epoch=0, version=5, policy_uids=("p",), rollout=(RolloutMember(uid="r"),))
     data[BARRIER_KEY] = encode_entry(BARRIER_KEY, old)
-    result = coordinate(
+    read = read_rendezvous(
         "job", decode(spread("job", data)), epoch=1, world=(1, 2), live=_live(), whole_gang=True
     )
+    result = decide_barrier(read)
     new = _written(result.patches)
     assert result.problem is None and new is not None and (new.epoch, new.version) == (1, 1)
 

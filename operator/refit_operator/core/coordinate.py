@@ -192,20 +192,6 @@ def decide_barrier(read: RendezvousRead) -> Coordination:
     )
 
 
-def coordinate(
-    job: str,
-    decoded: Decoded,
-    *,
-    epoch: int,
-    world: tuple[int, int],
-    live: Mapping[tuple[Role, int], LivePod],
-    whole_gang: bool = True,
-) -> Coordination:
-    """Read the rendezvous of ``epoch`` and decide its barrier, in one call."""
-    read = read_rendezvous(job, decoded, epoch=epoch, world=world, live=live, whole_gang=whole_gang)
-    return decide_barrier(read)
-
-
 def _stored_barrier(decoded: Decoded) -> BarrierEntry | None:
     """The barrier now in the map, of any epoch; EntryError if it does not decode."""
     value = decoded.data.get(BARRIER_KEY)

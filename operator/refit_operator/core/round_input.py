@@ -18,7 +18,7 @@ from functools import partial
 from refit_operator.api import names
 from refit_operator.api.models import RefitJobSpec, RefitJobStatus
 from refit_operator.core import claims, progress
-from refit_operator.core.coordinate import RendezvousRead, decide_barrier, read_rendezvous
+from refit_operator.core.coordinate import RendezvousRead, read_rendezvous
 from refit_operator.core.decision import Emit, JobView
 from refit_operator.core.observe import Observed, ObservedPod
 from refit_operator.render.pods import RenderOptions
@@ -93,8 +93,11 @@ class RoundInput:
     @property
     def fills_adopted_gang(self) -> bool:
         """A lost round's creates ran in parallel and only some landed; before the barrier
-        opens no rank has moved a byte, so the rest are created into the same epoch."""
-        barrier_open = self.rendezvous is not None and decide_barrier(self.rendezvous).barrier_open
+        opens no rank has moved a byte, so the rest are created into the same epoch.  With
+        a policy pod of the epoch absent the barrier opens only if it already did (a first
+        opening needs every policy rank's pod), so what is read says it: the operator's own
+        barrier of the epoch is in the map."""
+        barrier_open = self.rendezvous is not None and self.rendezvous.previous is not None
         return self.adopted and bool(self.policy_absent) and not barrier_open
 
     @property

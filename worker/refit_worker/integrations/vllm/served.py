@@ -145,6 +145,11 @@ def _shard_key(hf_name: str, stacked: Mapping[str, tuple[str, Any]]) -> int:
     return _SHARD_ORDER.get(str(shard), 0)
 
 
+def _whole(parts: list[torch.Tensor]) -> torch.Tensor:
+    """A parameter from its parts: the one part itself, or the stacked parts joined."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+
 class ExpectedParams(Mapping[str, torch.Tensor]):
     """vLLM parameter name -> the tensor it should hold (full, unpadded).  A stacked
     parameter's parts (:attr:`parts`, in shard order) are joined only when the whole is
@@ -156,11 +161,8 @@ class ExpectedParams(Mapping[str, torch.Tensor]):
         self._joined: dict[str, torch.Tensor] = {}
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        got = self.parts[name]
-        if len(got) == 1:
-            return got[0]
         if name not in self._joined:
-            self._joined[name] = torch.cat(got, dim=0)
+            self._joined[name] = _whole(self.parts[name])
         return self._joined[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -221,10 +223,6 @@ def _own_expected(
         name = full if full in expected.parts else owner.get(id(param), full)
         out[attr] = expected.parts.get(name)
     return out
-
-
-def _whole(parts: list[torch.Tensor]) -> torch.Tensor:
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
 
 def _check_linear(module: Any, want: Mapping[str, list[torch.Tensor] | None]) -> str | None:
