@@ -13,6 +13,8 @@ Timings are scaled down (a 1 s lease) so each case takes a second or two.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,6 +26,7 @@ from refit_operator.shell import kube
 from refit_operator.shell.leader import Elector, LeaseLost
 from refit_operator.shell.lease import Timing
 
+ROOT = Path(__file__).resolve().parents[2]
 LEASES = "coordination.k8s.io/v1/leases"
 NS = "default"
 TIMING = Timing(lease_duration=1.0, renew_deadline=0.5, retry_period=0.1)
@@ -131,3 +134,52 @@ async def test_a_released_lease_is_taken_at_the_next_try(api: ApiEmulator) -> No
     finally:
         for elector in (leader, standby):
             await elector._api.close()
+
+
+# A replica whose kopf starts late: the SIGTERM lands after the Lease is taken and before
+# kopf installs its own handlers, the window a Deployment's rollout can hit.
+_LATE_KOPF_REPLICA = """
+import asyncio, os, signal
+import kopf
+from refit_operator.shell import runtime
+from refit_operator.shell.lease import Timing
+from refit_operator.shell.settings import LeaderElection, OperatorConfig
+
+started = kopf.operator
+
+async def late_kopf(**kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    await asyncio.sleep(0.3)
+    await started(**kwargs)
+    print("kopf stopped", flush=True)
+
+kopf.operator = late_kopf
+timing = Timing(lease_duration=1.0, renew_deadline=0.5, retry_period=0.1)
+election = LeaderElection(namespace="default", name="lock", identity="late_1", timing=timing)
+asyncio.run(runtime.run(OperatorConfig(namespaces=("default",), leader_election=election)))
+"""
+
+
+async def test_a_stop_between_the_lease_and_kopf_start_is_a_clean_stop(
+    api: ApiEmulator,
+) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "worker")]),
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _LATE_KOPF_REPLICA,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
+    text = output.decode(errors="replace")
+    # Not killed by the signal's default action: kopf saw the stop and ended, and the
+    # Lease was given up on the way out.
+    assert process.returncode == 0, text
+    assert "kopf stopped" in text, text
+    lease = api.get(LEASES, NS, "lock")
+    assert lease["spec"]["acquireTime"] and _holder(api) == "", lease

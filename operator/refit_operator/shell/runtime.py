@@ -24,7 +24,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 import kopf
@@ -88,47 +88,63 @@ async def run(
         registry=metrics.registry,
     )
     await endpoints.start()
-    election = config.leader_election
-    holding: asyncio.Task[None] | None = None
     try:
-        if election is not None:
-            api = connect()
-            api.on_error = metrics.api_error
-            elector = Elector(
-                api,
-                namespace=election.namespace,
-                name=election.name,
-                identity=election.identity,
-                timing=election.timing,
-            )
-            runtime.elector = elector
-            shared.instance = election.identity.partition("_")[0]
-            try:
-                if not await _until_stopped(elector.acquire()):
-                    return  # stopped while a standby
-                holding = asyncio.get_running_loop().create_task(elector.hold())
-                holding.add_done_callback(lambda task: _lost(task, on_lost))
-
-                def guard() -> None:
-                    if not elector.valid():
-                        on_lost("the Lease is no longer held, or not renewed in time")
-
-                shared.guard = guard
+        with _stop_on_signals() as stop:
+            if config.leader_election is None:
                 metrics.set_leader(True)
-                await kopf.operator(**operator_kwargs(config, connect, shared))
-            finally:
-                if holding is not None:
-                    holding.cancel()  # a cancelled renew loop is a clean stop, not a loss
-                    with contextlib.suppress(asyncio.CancelledError, LeaseLost):
-                        await holding
-                await elector.release()
-                await api.close()
-        else:
-            metrics.set_leader(True)
-            await kopf.operator(**operator_kwargs(config, connect, shared))
+                await kopf.operator(**operator_kwargs(config, connect, shared), stop_flag=stop)
+            else:
+                await _elected(config, connect, on_lost, runtime, metrics=metrics, stop=stop)
     finally:
         metrics.set_leader(False)
         await endpoints.stop()
+
+
+async def _elected(
+    config: OperatorConfig,
+    connect: Callable[[], kube.Kube],
+    on_lost: Callable[[str], None],
+    runtime: Runtime,
+    *,
+    metrics: OperatorMetrics,
+    stop: asyncio.Event,
+) -> None:
+    """A standby until the Lease is ours, then kopf; the Lease is given up on the way out."""
+    election = config.leader_election
+    assert election is not None
+    shared = runtime.shared
+    api = connect()
+    api.on_error = metrics.api_error
+    elector = Elector(
+        api,
+        namespace=election.namespace,
+        name=election.name,
+        identity=election.identity,
+        timing=election.timing,
+    )
+    runtime.elector = elector
+    shared.instance = election.identity.partition("_")[0]
+    holding: asyncio.Task[None] | None = None
+    try:
+        if not await _until_stopped(elector.acquire(), stop):
+            return  # stopped while a standby
+        holding = asyncio.get_running_loop().create_task(elector.hold())
+        holding.add_done_callback(lambda task: _lost(task, on_lost))
+
+        def guard() -> None:
+            if not elector.valid():
+                on_lost("the Lease is no longer held, or not renewed in time")
+
+        shared.guard = guard
+        metrics.set_leader(True)
+        await kopf.operator(**operator_kwargs(config, connect, shared), stop_flag=stop)
+    finally:
+        if holding is not None:
+            holding.cancel()  # a cancelled renew loop is a clean stop, not a loss
+            with contextlib.suppress(asyncio.CancelledError, LeaseLost):
+                await holding
+        await elector.release()
+        await api.close()
 
 
 def _lost(task: asyncio.Task[None], on_lost: Callable[[str], None]) -> None:
@@ -138,23 +154,34 @@ def _lost(task: asyncio.Task[None], on_lost: Callable[[str], None]) -> None:
     on_lost(str(error) if error is not None else "the renew loop ended")
 
 
-async def _until_stopped(work: Awaitable[None]) -> bool:
-    """Run ``work`` until it ends (True) or SIGTERM/SIGINT arrives (False).  kopf installs
-    its own signal handlers once it runs; these cover the standby."""
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[asyncio.Event]:
+    """An event SIGTERM/SIGINT set, from the process's first await to its last.  kopf
+    installs its own handlers once it runs and also watches this event (``stop_flag``), so a
+    signal that lands between the Lease's acquisition and kopf's start is not the default
+    action (death without giving the Lease up) but a stop kopf sees at once."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     signals = (signal.SIGTERM, signal.SIGINT)
     for sig in signals:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
+    try:
+        yield stop
+    finally:
+        for sig in signals:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(sig)
+
+
+async def _until_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
+    """Run ``work`` until it ends (True) or ``stop`` is set (False)."""
+    loop = asyncio.get_running_loop()
     task = loop.create_task(_awaited(work))
     stopping = loop.create_task(stop.wait())
     try:
         await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for sig in signals:
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.remove_signal_handler(sig)
         stopping.cancel()
     if task.done():
         task.result()
