@@ -50,6 +50,7 @@ from .delta.codec import (
     worth_sending,
 )
 from .messages.integrity import Algorithm, algorithm_for, tensors_digest
+from .messages.known_hashes import KnownHash
 from .messages.signing import RefitSigner, RefitVerifier, SealRecord
 from .messages.wire import (
     BlockHash,
@@ -114,6 +115,7 @@ __all__ = [
     "DeltaNotApplicable",
     "DeltaTarget",
     "IncompleteRefitError",
+    "KnownHash",
     "LayoutMismatchError",
     "NIXLCheckpointEngine",
     "NixlAgent",

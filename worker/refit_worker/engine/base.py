@@ -135,6 +135,9 @@ class RefitTiming:
     seals: tuple[Any, ...] = ()
     #: Seconds of ``control_s`` spent signing (policy) or verifying (rollout) seals.
     seal_s: float = 0.0
+    #: A rollout rank: the landed tensors' hashes it computed while checking the refit
+    #: (:class:`~.messages.known_hashes.KnownHash`), so its commit is not hashed twice.
+    known_hashes: Mapping[str, Any] = field(default_factory=dict)
 
 
 class CheckpointEngine(abc.ABC):

@@ -20,6 +20,7 @@ import torch
 
 from refit_worker.contract.entries import BarrierEntry, SeedPointer
 from refit_worker.engine import (
+    KnownHash,
     SealRecord,
     Seeded,
     SeedError,
@@ -86,6 +87,7 @@ class PeerSeeds:
         refit: int,
         committed: Mapping[str, torch.Tensor],
         seals: Sequence[SealRecord] = (),
+        known: Mapping[str, KnownHash] | None = None,
     ) -> str | None:
         """Offer refit ``refit`` (the committed tensors); best effort: a rank that cannot
         offer still serves, its peers then take the policy's send.  Returns the committed
@@ -98,7 +100,7 @@ class PeerSeeds:
                 self._offer = SeedOffer(
                     engine.common.agent, engine.common.registry, engine.common.device
                 )
-            moved = self._offer.publish(refit, committed, seals)
+            moved = self._offer.publish(refit, committed, seals, known)
             if moved and self._offer.pointer is not None:
                 (addr, nbytes, dev_id), metadata = self._offer.pointer
                 self.connection.seed = SeedPointer(

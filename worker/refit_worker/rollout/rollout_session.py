@@ -517,7 +517,8 @@ class RolloutSession(RefitSession):
             own = timing.refit_id == committed.refit_id
             signed = timing.signed_by if own else None
             seals = timing.seals if own else ()
-            digest = self._seeds.offer(committed.refit_id, committed.state, seals)
+            known = timing.known_hashes if own else None
+            digest = self._seeds.offer(committed.refit_id, committed.state, seals, known)
             self.reporter.log.serving = ServedVersion(
                 refit=committed.refit_id, digest=digest, signed_by=signed
             )

@@ -56,6 +56,7 @@ from refit_worker.contract.entries import ServedVersion
 from ..base import TensorMeta, dtype_from_name
 from ..delta.codec import DELTA_TENSOR, DeltaArena, DeltaRejectedError
 from ..messages.integrity import Hasher, algorithm_for, as_bytes
+from ..messages.known_hashes import KnownHashes
 from ..messages.signing import RefitVerifier, SealRecord, SignatureError, seal_payload
 from ..messages.wire import (
     BucketReady,
@@ -181,6 +182,8 @@ class RefitReceiver:
         self._frees: dict[int, int] = {}  # bucket -> later bucket that reuses its buffer
         self._hashes: dict[int, Future[tuple[int, ...]]] = {}
         self._verified: set[int] = set()
+        #: Whole tensors' hashes over their landing memory, for the commit's seed offer.
+        self.known = KnownHashes()
         self.integrity: str | None = None
         #: The key whose seals this refit passed (None: not checked).
         self.signed_by: str | None = None
@@ -644,6 +647,9 @@ class RefitReceiver:
                 )
         self._theirs[seq] = theirs.hashes
         self._verified.add(seq)
+        if not self._views and self.manifest is not None and self.manifest.delta is None:
+            landed = [lands(piece, self._sizes) for piece in pieces]
+            self.known.verified(pieces, self._hashes[seq], self._memory, landed)
 
     async def _finish(self) -> None:
         """Verify every bucket's hash, then confirm ``done`` to every source."""
@@ -669,6 +675,10 @@ class RefitReceiver:
             )
         self.agent.poll()  # one progress call: usually enough to send it
         self.ended_at = time.monotonic()
+        whole = self.manifest is not None and self.manifest.delta is None
+        if self.integrity is not None and whole and not self._views:
+            # Beside the commit, off the path to ``done``: the tensors sent in pieces.
+            self.known.hash_the_rest(self._memory, self.shared.hasher(), algorithm_for(self.device))
 
 
 def _shard_spec(entry: ManifestEntry) -> ShardSpec:

@@ -185,6 +185,7 @@ class RolloutSide:
             signed_by=receiver.signed_by,
             seals=receiver.seals,
             seal_s=receiver.seal_s,
+            known_hashes=receiver.known.by_name,
         )
         self._after()
         return timing

@@ -37,6 +37,7 @@ from pydantic import Field, ValidationError
 
 from ..base import dtype_name
 from ..messages.integrity import Algorithm, algorithm_for, as_bytes, hash_bytes, state_digest
+from ..messages.known_hashes import KnownHash, tensor_hashes
 from ..messages.signing import RefitVerifier, SealRecord, SignatureError
 from ..messages.wire import LandingSet, NixlAgentMetadata, _Model
 from ..planning.buckets import TensorSpec, cached_plan
@@ -110,10 +111,6 @@ class Seeded:
     seals: tuple[SealRecord, ...] = ()
 
 
-def _hashes(named: Mapping[str, torch.Tensor], algorithm: Algorithm) -> dict[str, int]:
-    return {name: hash_bytes(as_bytes(t), algorithm) for name, t in named.items()}
-
-
 def encode_manifest(manifest: SeedManifest) -> bytes:
     body = manifest.model_dump_json().encode()
     return _HEADER.pack(len(body), xxhash.xxh3_64_intdigest(body)) + body
@@ -150,16 +147,17 @@ class SeedOffer:
         refit: int,
         committed: Mapping[str, torch.Tensor],
         seals: Sequence[SealRecord] = (),
+        known: Mapping[str, KnownHash] | None = None,
     ) -> bool:
         """Offer ``committed`` as refit ``refit`` (with the trainer's ``seals`` of it); True
         when the region moved (the rank must publish its metadata again with the new
-        :attr:`pointer`)."""
+        :attr:`pointer`).  ``known``: hashes the receive already took of this memory."""
         self.digest = None  # until this refit's is known: never the one before's
         named = {n: t for n, t in committed.items() if t.numel()}
         if not named:
             return False
         algorithm = algorithm_for(self.device)
-        hashes = _hashes(named, algorithm)
+        hashes = tensor_hashes(named, algorithm, known or {})
         manifest = SeedManifest(
             refit=refit,
             algorithm=algorithm,
