@@ -16,6 +16,7 @@ from refit_worker.engine.delta.codec import (
     apply_delta,
     check_delta,
     encode_delta,
+    scatter_changes,
     worth_sending,
 )
 from refit_worker.engine.messages.integrity import tensors_digest
@@ -63,6 +64,21 @@ def _step(named: Named, share: float, step: int) -> Named:
     after = _clone(named)
     advance(after, step, share)
     return after
+
+
+def _changed_since(before: Named, after: Named) -> int:
+    return sum(
+        int(
+            (
+                b.reshape(-1).view(torch.uint8).view(-1, b.element_size())
+                != a.reshape(-1).view(torch.uint8).view(-1, b.element_size())
+            )
+            .any(dim=1)
+            .sum()
+        )
+        for b, a in ((before[n], after[n]) for n in before)
+        if b.numel()
+    )
 
 
 def _roundtrip(base: Named, after: Named) -> tuple[Named, str]:
@@ -187,6 +203,38 @@ def test_the_source_offers_whole_first_then_deltas_onto_what_it_sent() -> None:
     source.sent(1, list(state.items()), second)
     advance(state, 2)
     assert source.offer(list(state.items()), 2).header is None
+
+
+def test_deltas_in_a_row_each_apply_onto_the_last_one_sent() -> None:
+    # The source brings its copy up by the delta's own elements after each send: were it
+    # left behind by one element, the next delta would not reproduce the trainer's bits.
+    source, state = DeltaSource(rank=0), _model()
+    first = source.offer(list(state.items()), 0)
+    source.sent(0, list(state.items()), first)
+    served = _clone(state)
+    for refit in range(1, 5):
+        advance(state, refit, 0.02)
+        offer = source.offer(list(state.items()), refit)
+        assert offer.header is not None and offer.header.base_refit == refit - 1
+        # Exactly the elements that changed since the last send, not since an older one.
+        assert offer.delta is not None and offer.delta.changed == _changed_since(served, state)
+        spare = {n: torch.zeros_like(t) for n, t in served.items()}
+        apply_delta(
+            offer.header, offer.delta.data if offer.delta else torch.empty(0), served, spare
+        )
+        assert _equal_bits(spare, state)
+        source.sent(refit, list(state.items()), offer)
+        served = spare
+
+
+def test_scattered_changes_keep_the_bits_of_signed_zeros_and_nans() -> None:
+    nan = torch.tensor([0x7FC00001], dtype=torch.int32).view(torch.float32)  # a NaN payload
+    base = {"w": torch.tensor([0.0, 1.0, 2.0, 3.0]), "b": torch.ones(3, dtype=torch.bfloat16)}
+    after = {"w": torch.cat([torch.tensor([-0.0, 1.0]), nan, torch.tensor([3.0])]), "b": base["b"]}
+    delta = encode_delta(after, base, DeltaArena())
+    copy = _clone(base)
+    scatter_changes(delta, copy)
+    assert _equal_bits(copy, after) and delta.compared == {"w", "b"}
 
 
 def test_the_messages_carry_the_delta_and_the_wish_for_a_whole_refit() -> None:

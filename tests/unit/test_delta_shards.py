@@ -201,6 +201,7 @@ def test_replicas_that_drifted_apart_are_named() -> None:
         ((10, 6), Box((3, 0), (3, 6))),
         ((10, 6), Box((0, 2), (10, 2))),
         ((3, 7, 5), Box((1, 2, 1), (2, 4, 3))),
+        ((4, 3, 2), Box((1, 0, 0), (2, 3, 2))),  # whole rows: the offset-only path
         ((9,), Box((4,), (5,))),
         ((), Box((), ())),
     ],

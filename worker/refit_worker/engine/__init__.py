@@ -47,6 +47,7 @@ from .delta.codec import (
     base_bytes,
     blocks_algorithm,
     encode_delta,
+    scatter_changes,
     worth_sending,
 )
 from .messages.integrity import Algorithm, algorithm_for, tensors_digest
@@ -158,6 +159,7 @@ __all__ = [
     "preinit_nixl_agent",
     "pull",
     "resolve_nixl_backend_kwargs",
+    "scatter_changes",
     "state_blocks_digest",
     "targets_for_policy",
     "tensors_digest",

@@ -42,6 +42,7 @@ from refit_worker.engine import (
     encode_delta,
     encoded_here,
     hash_blocks,
+    scatter_changes,
     tensors_digest,
     worth_sending,
 )
@@ -243,14 +244,29 @@ class DeltaSource:
         else:
             self._whole_s = seconds
             self._since += 1
-        digest = offer.digest
         current = offer.local if offer.local is not None else _contiguous(items)
+        self._copy = self._brought_up(current, offer)
+        self._version = (refit, offer.digest)
+
+    def _brought_up(
+        self, current: dict[str, torch.Tensor], offer: Offer
+    ) -> dict[str, torch.Tensor]:
+        """The copy made equal to ``current``: after a delta, the tensors it compared
+        differ from the copy only where it says, so only those elements are written (a
+        full copy of the weights was a pass of its own per refit); the rest is copied."""
         copy = self._copy
         if copy is None or not _same_layout(current, copy):
             copy = {name: torch.empty_like(t) for name, t in current.items()}
+            delta = None
+        else:
+            delta = offer.delta if offer.header is not None else None
+        compared = delta.compared if delta is not None else frozenset()
         for name, tensor in current.items():
-            copy[name].copy_(tensor)
-        self._copy, self._version = copy, (refit, digest)
+            if name not in compared:
+                copy[name].copy_(tensor)
+        if delta is not None:
+            scatter_changes(delta, copy)
+        return copy
 
 
 def _own_box(source: ShardedSource, rank: int) -> Box:

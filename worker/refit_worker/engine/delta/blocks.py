@@ -18,6 +18,7 @@ whole tensors' digest: any byte that differs changes its block's hash.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import torch
@@ -88,6 +89,10 @@ def global_index(index: torch.Tensor, block: BlockRef) -> torch.Tensor:
     """Flat indices within ``block`` (row-major over its size) as flat indices of the
     global tensor (``int64``)."""
     rest = index.to(torch.int64)
+    if tuple(block.size[1:]) == tuple(block.shape[1:]):
+        # A block of whole rows (FSDP2's dim-0 shards): one contiguous run of the tensor,
+        # so an offset, not a division per dimension.
+        return rest + block.offset[0] * math.prod(block.shape[1:]) if block.shape else rest
     out = torch.zeros_like(rest)
     stride = 1
     for dim in range(len(block.shape) - 1, -1, -1):
