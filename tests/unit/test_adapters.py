@@ -1,0 +1,100 @@
+"""The adapter refit's contract: header, base check, names of versions, tensor checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from refit_worker.contract.adapters import (
+    AdapterHeader,
+    AdapterKnobs,
+    adapter_problems,
+    base_refusal,
+    checkpoint_digest,
+    header_json,
+    version_name,
+)
+
+HEADER = AdapterHeader(
+    name="job",
+    rank=4,
+    alpha=8.0,
+    target_modules=("q_proj", "v_proj"),
+    base="tiny-llama",
+    base_digest="0123456789abcdef0123456789abcdef",
+)
+Q = "base_model.model.model.layers.0.self_attn.q_proj"
+
+
+def test_the_same_base_digest_is_accepted() -> None:
+    assert base_refusal(HEADER, "anything", HEADER.base_digest) is None
+
+
+def test_another_base_is_refused_naming_both_digests_and_bases() -> None:
+    why = base_refusal(HEADER, "other-llama", "f" * 32)
+    assert why is not None
+    assert HEADER.base_digest in why and "f" * 32 in why
+    assert "'tiny-llama'" in why and "'other-llama'" in why
+
+
+def test_versions_carry_the_refit() -> None:
+    assert version_name("job", 0) == "job-v0"
+    assert version_name("job", 12) != version_name("job", 1)
+
+
+def test_header_round_trips_through_its_bytes_only() -> None:
+    assert header_json(list(HEADER.encode())) == HEADER
+    with pytest.raises(ValueError, match="not JSON"):
+        header_json(b"\x80\x04pickle")
+    with pytest.raises(ValidationError):
+        header_json(HEADER.encode().replace(b'"rank":4', b'"rank":0'))
+
+
+def test_peft_config_names_rank_alpha_and_targets() -> None:
+    config = HEADER.peft_config()
+    assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8.0, "LORA")
+    assert config["target_modules"] == ["q_proj", "v_proj"]
+
+
+def test_a_proper_adapter_has_no_problem() -> None:
+    shapes = {f"{Q}.lora_A.weight": (4, 64), f"{Q}.lora_B.weight": (128, 4)}
+    assert adapter_problems(HEADER, shapes) == []
+
+
+@pytest.mark.parametrize(
+    ("shapes", "expected"),
+    [
+        ({"model.embed_tokens.weight": (10, 4)}, "no PEFT LoRA tensor"),
+        ({f"{Q}.lora_A.weight": (4, 64)}, "lacks lora_B"),
+        ({f"{Q}.lora_A.weight": (8, 64), f"{Q}.lora_B.weight": (128, 8)}, "not of rank 4"),
+        (
+            {"m.k_proj.lora_A.weight": (4, 64), "m.k_proj.lora_B.weight": (64, 4)},
+            "not on a target module",
+        ),
+        ({}, "no LoRA tensor"),
+    ],
+)
+def test_what_is_not_the_described_adapter_is_named(
+    shapes: dict[str, tuple[int, ...]], expected: str
+) -> None:
+    problems = adapter_problems(HEADER, shapes)
+    assert any(expected in p for p in problems), problems
+
+
+def test_checkpoint_digest_follows_the_bytes(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"abc")
+    first = checkpoint_digest(tmp_path)
+    assert first == checkpoint_digest(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"abd")
+    assert checkpoint_digest(tmp_path) != first
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+        checkpoint_digest(tmp_path / "missing")
+
+
+def test_knobs_refuse_names_vllm_could_not_serve() -> None:
+    with pytest.raises(ValidationError):
+        AdapterKnobs(name="Bad_Name")
+    with pytest.raises(ValidationError):
+        AdapterKnobs(keep=0)
