@@ -89,7 +89,7 @@ def test_checkpoint_digest_follows_the_bytes(tmp_path: Path) -> None:
     assert first == checkpoint_digest(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"abd")
     assert checkpoint_digest(tmp_path) != first
-    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+    with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors"):
         checkpoint_digest(tmp_path / "missing")
 
 
@@ -98,3 +98,27 @@ def test_knobs_refuse_names_vllm_could_not_serve() -> None:
         AdapterKnobs(name="Bad_Name")
     with pytest.raises(ValidationError):
         AdapterKnobs(keep=0)
+
+
+def test_the_extra_name_is_the_staged_receivers() -> None:
+    from refit_worker.contract.adapters import ADAPTER_EXTRA, ADAPTER_EXTRA_NAME
+    from refit_worker.integrations.staged import EXTRA_PREFIX
+
+    assert EXTRA_PREFIX + ADAPTER_EXTRA == ADAPTER_EXTRA_NAME
+
+
+def test_adapter_items_append_the_header_and_refuse_other_tensors() -> None:
+    import torch
+
+    from refit_worker.contract.adapters import ADAPTER_EXTRA_NAME
+    from refit_worker.integrations.staged import split_extras
+    from refit_worker.policy.adapter_refit import NotAnAdapterError, adapter_items
+
+    state = [(f"{Q}.lora_A.weight", torch.ones(4, 64)), (f"{Q}.lora_B.weight", torch.zeros(128, 4))]
+    items = adapter_items(state, HEADER)
+    assert items[:2] == state and items[2][0] == ADAPTER_EXTRA_NAME
+    weights, extras = split_extras(dict(items))
+    assert set(weights) == {n for n, _ in state}
+    assert header_json(extras["adapter"].tolist()) == HEADER
+    with pytest.raises(NotAnAdapterError, match="no PEFT LoRA tensor"):
+        adapter_items([("model.norm.weight", torch.ones(64))], HEADER)
