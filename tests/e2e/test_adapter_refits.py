@@ -1,0 +1,122 @@
+"""Adapter refits between real sessions, without vLLM: a refit for another base model is
+refused before anything is loaded, naming both digests; one for the served base is
+loaded as ``<name>-v<refit>``.
+
+Real: a policy ``PolicySession`` and a rollout ``RolloutSession`` (inside a
+``StagedReceiver``, on its own thread) in one process, NIXL (UCX) between them, the
+file-backed rendezvous (the test opens the barrier, as the operator would), the integrity
+hashes.  In place of vLLM's loader: functions that record what they were asked to load
+(the engines tier loads into vLLM itself, tests/engines/test_vllm_lora.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from refit_worker.contract.adapters import AdapterHeader, AdapterKnobs
+from refit_worker.contract.config import RendezvousConfig, TransferConfig, WorkerConfig
+from refit_worker.integrations.staged import StagedReceiver
+from refit_worker.integrations.vllm import AdapterLanding, AdapterRefused
+from refit_worker.policy.policy_session import PolicySession
+from refit_worker.rendezvous import FileStore, Layout
+from refit_worker.rollout.rollout_session import RolloutSession
+
+SERVED = "0123456789abcdef" * 2
+OTHER = "fedcba9876543210" * 2
+Q = "base_model.model.model.layers.0.self_attn.q_proj"
+
+
+def _config(store: Path, role: str) -> WorkerConfig:
+    return WorkerConfig(
+        job="lora",
+        role=role,  # type: ignore[arg-type]
+        rank=0,
+        policy_world_size=1,
+        rollout_world_size=1,
+        pod_uid=str(uuid.uuid4()),
+        pod_name=f"lora-{role}-0",
+        transfer=TransferConfig(
+            bucket_size=64 << 10, timeout_seconds=20, refits=2, adapter=AdapterKnobs()
+        ),
+        rendezvous=RendezvousConfig(store="file", location=str(store)),
+        termination_message_path=str(store.parent / f"{role}.termination"),
+    )
+
+
+def _header(digest: str) -> AdapterHeader:
+    return AdapterHeader(
+        name="lora", rank=4, alpha=8.0, target_modules=("q_proj",), base="b", base_digest=digest
+    )
+
+
+def _run_pair(tmp_path: Path, digests: list[str]) -> dict[str, Any]:
+    """The policy sends refit k with base digest ``digests[k]``; the rollout lands each."""
+    store_dir = tmp_path / "rdzv"
+    store = FileStore(store_dir, Layout(1, 1, 1))
+    loaded: list[tuple[str, int]] = []
+    landing = AdapterLanding(
+        StagedReceiver(RolloutSession(_config(store_dir, "rollout"))),
+        adapter="lora",
+        keep=1,
+        base="served-base",
+        base_digest=SERVED,
+        load=lambda version, lora_id, directory: loaded.append((version, lora_id)),
+        unload=lambda lora_id: None,
+    )
+    policy = PolicySession(_config(store_dir, "policy"))
+    sent: dict[str, Any] = {}
+
+    def send() -> None:
+        try:
+            policy.connect()
+            for refit, digest in enumerate(digests):
+                state = {f"{Q}.lora_A.weight": torch.full((4, 64), float(refit + 1))}
+                state[f"{Q}.lora_B.weight"] = torch.ones(128, 4)
+                stats = asyncio.run(
+                    policy.send(state.items(), refit_id=refit, adapter=_header(digest))
+                )
+                sent[f"refit{refit}"] = stats.delivered
+        except Exception as exc:  # reported to the test
+            sent["error"] = f"{type(exc).__name__}: {exc}"
+
+    thread = threading.Thread(target=send, daemon=True)
+    outcome: dict[str, Any] = {"loaded": loaded, "sent": sent, "landed": [], "refused": []}
+    try:
+        landing.begin(0)
+        thread.start()
+        store.open_barrier(0, timeout=60)
+        for refit in range(len(digests)):
+            if refit:
+                landing.begin(refit)
+            try:
+                outcome["landed"].append(landing.land(60).version)
+                landing.commit()
+            except AdapterRefused as exc:
+                outcome["refused"].append(str(exc))
+        thread.join(60)
+    finally:
+        landing.receiver.close()
+        policy.close()
+    return outcome
+
+
+def test_an_adapter_for_another_base_is_refused_before_it_loads(tmp_path: Path) -> None:
+    outcome = _run_pair(tmp_path, [SERVED, OTHER])
+    assert outcome["landed"] == ["lora-v0"], outcome
+    assert outcome["loaded"] == [("lora-v0", 1)], "the refused refit reached the loader"
+    (refused,) = outcome["refused"]
+    assert SERVED in refused and OTHER in refused and "refit 1" in refused
+    assert "error" not in outcome["sent"], outcome["sent"]
+
+
+def test_the_served_base_loads_a_version_per_refit(tmp_path: Path) -> None:
+    outcome = _run_pair(tmp_path, [SERVED, SERVED])
+    assert outcome["landed"] == ["lora-v0", "lora-v1"], outcome
+    assert outcome["loaded"] == [("lora-v0", 1), ("lora-v1", 2)]
+    assert outcome["refused"] == []
