@@ -25,8 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 #: The extra (``refit.extra.<this>``) carrying an adapter refit's header as UTF-8 JSON.
 ADAPTER_EXTRA = "adapter"
-#: Its name in the refit (``refit_worker.integrations.staged.EXTRA_PREFIX`` + the above).
-ADAPTER_EXTRA_NAME = "refit.extra." + ADAPTER_EXTRA
+#: Names under this prefix ride along with a refit but are no weights (the same as
+#: ``refit_worker.integrations.staged.EXTRA_PREFIX``).
+EXTRAS = "refit.extra."
+#: The header's name in the refit.
+ADAPTER_EXTRA_NAME = EXTRAS + ADAPTER_EXTRA
 #: PEFT's LoRA tensor names: ``<module path>.lora_A.weight`` / ``.lora_B.weight``.
 _LORA_NAME = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
 

@@ -7,7 +7,12 @@ from collections.abc import Sequence
 
 import torch
 
-from refit_worker.contract.adapters import ADAPTER_EXTRA_NAME, AdapterHeader, adapter_problems
+from refit_worker.contract.adapters import (
+    ADAPTER_EXTRA_NAME,
+    EXTRAS,
+    AdapterHeader,
+    adapter_problems,
+)
 
 
 class NotAnAdapterError(ValueError):
@@ -17,10 +22,12 @@ class NotAnAdapterError(ValueError):
 def adapter_items(
     items: Sequence[tuple[str, torch.Tensor]], header: AdapterHeader
 ) -> list[tuple[str, torch.Tensor]]:
-    """``items`` (``get_peft_model_state_dict(model).items()``, DTensors under FSDP2) and
-    the header's extra; :class:`NotAnAdapterError` naming the problems when they are not
-    the adapter ``header`` describes (checked by global shapes: no gather)."""
-    problems = adapter_problems(header, {name: tuple(t.shape) for name, t in items})
+    """``items`` (``get_peft_model_state_dict(model).items()``, DTensors under FSDP2, and
+    any extras) and the header's extra; :class:`NotAnAdapterError` naming the problems
+    when they are not the adapter ``header`` describes (checked by global shapes: no
+    gather)."""
+    shapes = {name: tuple(t.shape) for name, t in items if not name.startswith(EXTRAS)}
+    problems = adapter_problems(header, shapes)
     if problems:
         raise NotAnAdapterError(
             f"not the LoRA adapter its header describes: {'; '.join(problems[:5])}"

@@ -24,12 +24,16 @@ class VllmAdapterRefit(VllmRefit):
         #: Version name -> vLLM LoRA id, oldest first, as the workers keep them loaded.
         self.loaded: dict[str, int] = {}
         self.default: str | None = None
+        #: The version landed and not yet committed (name, LoRA id): only a request that
+        #: names it gets it (the caller's check before the commit), never the default.
+        self.landing: tuple[str, int] | None = None
 
     def land(self, timeout_s: float | None = None) -> Any:  # an AdapterLanded as a dict
         """Load the begun adapter refit as a new version on every worker and read it back
         (not yet the default: :meth:`commit` makes it so)."""
         plain = dict(self._rpc("refit_land", timeout_s=timeout_s))
         plain.pop("stale_caches")  # none: vLLM keys cached KV blocks by the adapter too
+        self.landing = (plain["version"], plain["lora_id"])
         return plain
 
     def commit(self, verify_s: float = 0.0) -> dict[str, Any]:
@@ -38,7 +42,13 @@ class VllmAdapterRefit(VllmRefit):
         figures = dict(self._rpc("refit_commit", verify_s=verify_s))
         versions = self._rpc("refit_adapter_versions")
         self.loaded, self.default = dict(versions["loaded"]), versions["default"]
+        self.landing = None
         return {**figures, "adapter_version": self.default, "loaded": list(self.loaded)}
+
+    def reject(self, reason: str) -> None:
+        """Refuse the landed version (e.g. its tokens differ); the workers unload it."""
+        super().reject(reason)
+        self.landing = None
 
     def request(self, version: str | None = None) -> Any:
         """The ``LoRARequest`` serving ``version`` (None: the default), for ``generate``;
@@ -48,6 +58,8 @@ class VllmAdapterRefit(VllmRefit):
         name = self.default if version is None else version
         if name is None:
             raise AdapterVersionUnknown("no adapter version is committed yet")
+        if self.landing is not None and name == self.landing[0]:
+            return LoRARequest(name, self.landing[1], f"kube-refit:{name}")
         if name not in self.loaded:
             raise AdapterVersionUnknown(
                 f"adapter version {name!r} is not loaded (loaded: {sorted(self.loaded)}); "

@@ -200,6 +200,14 @@ class AdapterLanding:
         self.receiver.reject(why)
         raise error(f"adapter refit {refit} refused: {why}; nothing of it is served") from cause
 
+    def reject(self, reason: str) -> None:
+        """Refuse the landed version (the caller's check failed): it is unloaded, the
+        default stays the version committed before it."""
+        if self._landed is not None:
+            self._unload(self._landed.lora_id)
+            self._landed = None
+        self.receiver.reject(reason)
+
     def commit(self, verify_s: float = 0.0) -> CommittedFigures:
         """Commit the landed version: it becomes the default, and the versions beyond
         ``keep`` (oldest first) are unloaded."""

@@ -134,7 +134,11 @@ class RefitWorkerExtension:
 
     def refit_reject(self, reason: str) -> None:
         """Refuse the refit in flight (e.g. its tokens differ): it is not committed."""
-        self._refit_require().receiver.reject(reason)
+        landing = self._refit_require()
+        if isinstance(landing, AdapterLanding):  # also unloads the version it loaded
+            landing.reject(reason)
+        else:
+            landing.receiver.reject(reason)
 
     def refit_close(self) -> None:
         """Close the session (idempotent); the engine keeps serving what it has."""
