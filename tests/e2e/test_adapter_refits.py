@@ -21,10 +21,12 @@ import torch
 
 from refit_worker.contract.adapters import AdapterHeader, AdapterKnobs
 from refit_worker.contract.config import RendezvousConfig, TransferConfig, WorkerConfig
+from refit_worker.contract.roles import Role
+from refit_worker.contract.shards import Layout
 from refit_worker.integrations.staged import StagedReceiver
 from refit_worker.integrations.vllm import AdapterLanding, AdapterRefused
 from refit_worker.policy.policy_session import PolicySession
-from refit_worker.rendezvous import FileStore, Layout
+from refit_worker.rendezvous import FileStore
 from refit_worker.rollout.rollout_session import RolloutSession
 
 SERVED = "0123456789abcdef" * 2
@@ -32,10 +34,10 @@ OTHER = "fedcba9876543210" * 2
 Q = "base_model.model.model.layers.0.self_attn.q_proj"
 
 
-def _config(store: Path, role: str) -> WorkerConfig:
+def _config(store: Path, role: Role) -> WorkerConfig:
     return WorkerConfig(
         job="lora",
-        role=role,  # type: ignore[arg-type]
+        role=role,
         rank=0,
         policy_world_size=1,
         rollout_world_size=1,
@@ -120,3 +122,34 @@ def test_the_served_base_loads_a_version_per_refit(tmp_path: Path) -> None:
     assert outcome["landed"] == ["lora-v0", "lora-v1"], outcome
     assert outcome["loaded"] == [("lora-v0", 1), ("lora-v1", 2)]
     assert outcome["refused"] == []
+
+
+def test_the_adapter_bench_runs_and_reports_both_jobs() -> None:
+    """``bench/adapter_refit.py --quick`` runs both jobs and reports their bytes (no timing
+    is asserted: timings belong to the bench)."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(root / "bench" / "adapter_refit.py"),
+            "--quick",
+            "--runs",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=root,
+        check=True,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # rank 16 on 7 projections of 2 layers (hidden 256, intermediate 512), bf16, + header.
+    lora = 2 * 16 * 2 * (4 * (256 + 256) + 3 * (256 + 512))
+    assert lora <= result["adapter_bytes"] < lora + 1024, result
+    assert result["x_bytes"] == result["whole_bytes"] / result["adapter_bytes"] > 1
+    assert result["whole_s"] > 0 and result["adapter_s"] > 0 and "load" in result
