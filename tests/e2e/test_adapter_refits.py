@@ -102,6 +102,7 @@ def _run_pair(tmp_path: Path, digests: list[str]) -> dict[str, Any]:
             except AdapterRefused as exc:
                 outcome["refused"].append(str(exc))
         thread.join(60)
+        outcome["default"] = landing.versions.default
     finally:
         landing.receiver.close()
         policy.close()
@@ -115,13 +116,14 @@ def test_an_adapter_for_another_base_is_refused_before_it_loads(tmp_path: Path) 
     (refused,) = outcome["refused"]
     assert SERVED in refused and OTHER in refused and "refit 1" in refused
     assert "error" not in outcome["sent"], outcome["sent"]
+    assert outcome["default"] == "lora-v0"  # the version before it still answers
 
 
 def test_the_served_base_loads_a_version_per_refit(tmp_path: Path) -> None:
     outcome = _run_pair(tmp_path, [SERVED, SERVED])
     assert outcome["landed"] == ["lora-v0", "lora-v1"], outcome
     assert outcome["loaded"] == [("lora-v0", 1), ("lora-v1", 2)]
-    assert outcome["refused"] == []
+    assert outcome["refused"] == [] and outcome["default"] == "lora-v1"
 
 
 def test_the_adapter_bench_runs_and_reports_both_jobs() -> None:
