@@ -155,3 +155,78 @@ def test_the_adapter_bench_runs_and_reports_both_jobs() -> None:
     assert lora <= result["adapter_bytes"] < lora + 1024, result
     assert result["x_bytes"] == result["whole_bytes"] / result["adapter_bytes"] > 1
     assert result["whole_s"] > 0 and result["adapter_s"] > 0 and "load" in result
+
+
+def test_fsdp2_ranks_send_their_adapter_shards_without_a_gather(tmp_path: Path) -> None:
+    """Two FSDP2 policy ranks (real gloo group, ``fully_shard``, AdamW) send a sharded
+    adapter: each writes its own shards (only the plan's small collectives in the send),
+    and the adapter the rollout writes for vLLM is the full one, bit for bit."""
+    import contextlib
+    import json
+    import queue
+    import time
+
+    from safetensors.torch import load_file
+    from tests.support import adapter_procs
+    from tests.support.engine_procs import digest
+    from tests.support.sharded_procs import CTX
+
+    # The one refit plan's small collectives (tests/e2e/test_sharded_send.py): no gather.
+    plan = ["torch.distributed.all_gather", *["torch.distributed.broadcast"] * 2]
+
+    store_dir, pg = tmp_path / "rdzv", tmp_path / "pg"
+    written: list[dict[str, str]] = []
+
+    def load(version: str, lora_id: int, directory: Path) -> None:
+        tensors = load_file(str(directory / "adapter_model.safetensors"))
+        written.append({n: digest(t) for n, t in tensors.items()})
+
+    landing = AdapterLanding(
+        StagedReceiver(RolloutSession(adapter_procs.config(str(store_dir), "rollout", 0, 2))),
+        adapter="fsdp",
+        keep=1,
+        base="tiny",
+        base_digest=adapter_procs.HEADER["base_digest"],  # type: ignore[arg-type]
+        load=load,
+        unload=lambda lora_id: None,
+    )
+    out_q = CTX.Queue()
+    procs = [
+        CTX.Process(target=adapter_procs.policy_main, args=(str(store_dir), str(pg), r, out_q))
+        for r in range(2)
+    ]
+    reports: dict[int, dict[str, Any]] = {}
+    try:
+        landing.begin(0)
+        for proc in procs:
+            proc.start()
+        FileStore(store_dir, Layout(2, 1, 1)).open_barrier(0, timeout=120)
+        for refit in range(2):
+            if refit:
+                landing.begin(refit)
+            landing.land(120)
+            landing.commit()
+        deadline = time.monotonic() + 120
+        while len(reports) < 2 and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                report = json.loads(out_q.get(timeout=0.5))
+                reports[report["rank"]] = report
+    finally:
+        landing.receiver.close()
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    assert set(reports) == {0, 1}, reports
+    for report in reports.values():
+        assert "error" not in report and report["dtensors"], report
+        for calls in report["collectives"]:
+            assert sorted(calls) == plan, calls
+    want = reports[0]["refits"]
+    assert reports[1]["refits"] == want and want[0] != want[1], "AdamW moved the adapter"
+    assert written == want, "the adapter written for vLLM is not the trainer's"
+    # Each rank wrote its own shards: together the adapter (2 x (q: 4x64 + 64x4, v: 4x64 +
+    # 32x4) float32) and the header, once.
+    mine = [reports[r]["bytes"][0] for r in (0, 1)]
+    adapter = 2 * (4 * 64 + 64 * 4 + 4 * 64 + 32 * 4) * 4
+    assert min(mine) > 0 and adapter <= sum(mine) < adapter + 1024, mine
