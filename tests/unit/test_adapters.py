@@ -122,3 +122,15 @@ def test_adapter_items_append_the_header_and_refuse_other_tensors() -> None:
     assert header_json(extras["adapter"].tolist()) == HEADER
     with pytest.raises(NotAnAdapterError, match="no PEFT LoRA tensor"):
         adapter_items([("model.norm.weight", torch.ones(64))], HEADER)
+
+
+def test_vllm_must_hold_the_kept_versions_and_the_landing_one() -> None:
+    from types import SimpleNamespace
+
+    from refit_worker.integrations.vllm.adapter_landing import lora_capacity_problem
+
+    assert "enable_lora" in str(lora_capacity_problem(None, 1))
+    assert lora_capacity_problem(SimpleNamespace(max_cpu_loras=None, max_loras=2), 1) is None
+    assert lora_capacity_problem(SimpleNamespace(max_cpu_loras=3, max_loras=1), 2) is None
+    why = lora_capacity_problem(SimpleNamespace(max_cpu_loras=None, max_loras=1), 1)
+    assert why is not None and "max_cpu_loras is 1" in why and "keep=1" in why

@@ -249,6 +249,9 @@ def adapter_landing(receiver: StagedReceiver, config: WorkerConfig, worker: Any)
     knobs = config.transfer.adapter
     if knobs is None:
         raise ValueError("transfer.adapter is not set: this job's refits are whole weights")
+    problem = lora_capacity_problem(worker.vllm_config.lora_config, knobs.keep)
+    if problem is not None:
+        raise ValueError(problem)
     model = str(worker.vllm_config.model_config.model)
     if not Path(model).is_dir():
         raise ValueError(
@@ -263,3 +266,20 @@ def adapter_landing(receiver: StagedReceiver, config: WorkerConfig, worker: Any)
         base_digest=checkpoint_digest(model),
         **lora_calls(worker),
     )
+
+
+def lora_capacity_problem(lora_config: Any, keep: int) -> str | None:
+    """Why a vLLM engine with ``lora_config`` cannot serve adapter refits keeping ``keep``
+    versions (None: it can).  The versions kept and the one being checked before its
+    commit must all stay registered: past vLLM's ``max_cpu_loras`` its LRU cache would
+    silently evict one that a request may still name."""
+    if lora_config is None:
+        return "adapter refits need vLLM started with enable_lora=True (--enable-lora)"
+    capacity = int(lora_config.max_cpu_loras or lora_config.max_loras)
+    if capacity < keep + 1:
+        return (
+            f"transfer.adapter.keep={keep} needs vLLM to hold {keep + 1} adapters (the kept "
+            f"versions and the one landing), but max_cpu_loras is {capacity}: raise "
+            f"max_loras / max_cpu_loras to {keep + 1} or lower keep"
+        )
+    return None
