@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -134,3 +135,54 @@ def test_vllm_must_hold_the_kept_versions_and_the_landing_one() -> None:
     assert lora_capacity_problem(SimpleNamespace(max_cpu_loras=3, max_loras=1), 2) is None
     why = lora_capacity_problem(SimpleNamespace(max_cpu_loras=None, max_loras=1), 1)
     assert why is not None and "max_cpu_loras is 1" in why and "keep=1" in why
+
+
+def _served(slot_of: int, a: Any, b: Any, scaling: float) -> Any:
+    """A LoRA model manager's public face (as vLLM 0.32 lays it out) with a packed qkv
+    layer and a plain one, the adapter ``a``/``b`` on q_proj in slot ``slot_of``."""
+    from types import SimpleNamespace
+
+    import torch
+
+    layer = "model.layers.0.self_attn"
+    qkv = SimpleNamespace(
+        lora_a_stacked=tuple(torch.zeros(2, 1, 8, 64) for _ in range(3)),
+        lora_b_stacked=(
+            torch.zeros(2, 1, 128, 8),
+            torch.zeros(2, 1, 32, 8),
+            torch.zeros(2, 1, 32, 8),
+        ),
+    )
+    qkv.lora_a_stacked[0][slot_of, 0, :4, :] = a
+    qkv.lora_b_stacked[0][slot_of, 0, :, :4] = b * scaling
+    o = SimpleNamespace(
+        lora_a_stacked=torch.zeros(2, 1, 8, 128), lora_b_stacked=torch.zeros(2, 1, 64, 8)
+    )
+    return SimpleNamespace(
+        lora_index_to_id=[None, 7],
+        modules={f"{layer}.qkv_proj": qkv, f"{layer}.o_proj": o},
+        packed_modules={
+            f"{layer}.qkv_proj": [f"{layer}.{p}" for p in ("q_proj", "k_proj", "v_proj")]
+        },
+    )
+
+
+def test_the_read_back_finds_what_the_served_slots_hold_that_was_not_sent() -> None:
+    import torch
+
+    from refit_worker.integrations.vllm.served_lora import served_differences
+
+    header = HEADER.model_copy(update={"target_modules": ("q_proj",)})
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 64, generator=gen), torch.randn(128, 4, generator=gen)
+    sent = {f"{Q}.lora_A.weight": a, f"{Q}.lora_B.weight": b}
+    served = _served(1, a, b, header.alpha / header.rank)
+    assert served_differences(served, 7, header, sent) == []
+    assert served_differences(served, 3, header, sent) == ["LoRA 3 is not active in any slot"]
+    served.modules["model.layers.0.self_attn.qkv_proj"].lora_a_stacked[0][1, 0, 0, 0] += 1e-3
+    served.modules["model.layers.0.self_attn.o_proj"].lora_b_stacked[1, 0, 0, 0] = 1.0
+    problems = served_differences(served, 7, header, sent)
+    assert any("qkv_proj[0]: A differs" in p for p in problems), problems
+    assert any("o_proj[0]: holds LoRA weights" in p for p in problems), problems
+    unscaled = _served(1, a, b, 1.0)  # B without vLLM's alpha / rank: not what is served
+    assert any("B differs" in p for p in served_differences(unscaled, 7, header, sent))

@@ -6,9 +6,9 @@ adapter in each LoRA layer's stacked A/B buffers (vLLM 0.32 activates an adapter
 slot when it is added).  vLLM folds the scaling ``alpha / rank`` into B when it loads an
 adapter, so B is compared with ``B * scaling`` computed the same way; every other LoRA
 module of the served model must be zero in that slot (the adapter touches nothing else).
-The one private attribute read: the worker's LoRA manager's model manager
-(``lora_manager._adapter_manager``), which holds the slots; vLLM has no public reader.
-vLLM is imported only inside these functions.
+The slots are read from the model's LoRA model manager, which vLLM attaches to the model
+it wraps (``model.lora_manager``: ``lora_index_to_id``, ``modules``, ``packed_modules``);
+no private attribute.  vLLM is imported only inside these functions.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def lora_calls(worker: Any) -> dict[str, Any]:
     def read_back(
         lora_id: int, header: AdapterHeader, sent: Mapping[str, torch.Tensor]
     ) -> list[str]:
-        return served_differences(worker.model_runner.lora_manager, lora_id, header, sent)
+        manager = worker.model_runner.get_model().lora_manager
+        return served_differences(manager, lora_id, header, sent)
 
     tp = int(worker.vllm_config.parallel_config.tensor_parallel_size)
     return {"load": load, "unload": unload, "read_back": read_back if tp == 1 else None}
@@ -57,11 +58,11 @@ def _slices(manager: Any) -> dict[str, tuple[str, int]]:
 
 
 def served_differences(
-    lora_manager: Any, lora_id: int, header: AdapterHeader, sent: Mapping[str, torch.Tensor]
+    manager: Any, lora_id: int, header: AdapterHeader, sent: Mapping[str, torch.Tensor]
 ) -> list[str]:
     """How the LoRA layers serving ``lora_id`` differ from the adapter ``sent`` (empty:
-    equal, and zero wherever the adapter has no tensor)."""
-    manager = lora_manager._adapter_manager  # no public reader of slots
+    equal, and zero wherever the adapter has no tensor); ``manager``: vLLM's LoRA model
+    manager of the served model."""
     if lora_id not in manager.lora_index_to_id:
         return [f"LoRA {lora_id} is not active in any slot"]
     slot = manager.lora_index_to_id.index(lora_id)
