@@ -18,6 +18,7 @@ run where vLLM is absent too.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -144,7 +145,8 @@ class AdapterLanding:
         header = self._admit(staged)
         version, lora_id = version_name(header.name, staged.refit_id), lora_id_of(staged.refit_id)
         started = time.perf_counter()
-        directory = tmpfs_root() / f"kube-refit-{self.adapter}" / version
+        # One directory per process: workers of one host (tensor parallel) share the tmpfs.
+        directory = tmpfs_root() / f"kube-refit-{self.adapter}-{os.getpid()}"
         try:
             write_peft_adapter(directory, header, staged.weights)
             self._load(version, lora_id, directory)
