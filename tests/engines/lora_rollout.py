@@ -37,36 +37,18 @@ def say(step: str, **fields: Any) -> None:
     print(json.dumps({"step": step, **fields}), flush=True)
 
 
-def generate(llm: Any, request: Any) -> tuple[list[list[int]], list[list[float]], str | None]:
-    """Greedy tokens, their logprobs and the adapter that answered, for the fixed prompts."""
-    from vllm import SamplingParams
-
-    params = SamplingParams(
-        temperature=0.0, max_tokens=tiny_llama.NEW_TOKENS, ignore_eos=True, logprobs=0
-    )
-    prompts = [{"prompt_token_ids": list(p)} for p in tiny_llama.PROMPTS]
-    outputs = llm.generate(prompts, params, lora_request=request, use_tqdm=False)
-    tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    logprobs = [
-        [float(step[t].logprob) for step, t in zip(o.outputs[0].logprobs, toks, strict=True)]
-        for o, toks in zip(outputs, tokens, strict=True)
-    ]
-    served = outputs[0].lora_request.lora_name if outputs[0].lora_request else None
-    return tokens, logprobs, served
-
-
 def one_refit(llm: Any, refit: VllmAdapterRefit, adapter: str, k: int) -> None:
     refit.begin(k)
     landed = refit.land()
     started = time.perf_counter()
-    tokens, logprobs, served = generate(llm, refit.request(landed["version"]))
+    tokens, logprobs, served = tiny_llama.vllm_answers(llm, refit.request(landed["version"]))
     expected = landed["extras"]
     gap = archs.logprob_gap(logprobs, expected["expected_logprobs"])
     equal = tokens == expected["expected_tokens"] and gap <= LOGPROB_TOLERANCE
     if not equal:
         refit.reject(f"vLLM's tokens or logprobs differ from HF + PEFT's (gap {gap:.3g})")
     figures = refit.commit(time.perf_counter() - started) if equal else None
-    after, _, default_served = generate(llm, refit.request())
+    after, _, default_served = tiny_llama.vllm_answers(llm, refit.request())
     older: dict[str, str] = {}
     for old in range(k):
         try:
