@@ -28,6 +28,7 @@ import asyncio
 import json
 import logging
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -74,11 +75,19 @@ def expected_outputs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank 0's HF greedy tokens for these weights and each token's logprob, on every
     rank."""
-    shape = (len(tiny_llama.PROMPTS), tiny_llama.NEW_TOKENS)
-    tokens, logprobs = torch.zeros(shape, dtype=torch.int64), torch.zeros(shape)
+    reference = None
     if rank == 0:
         reference = tiny_llama.build_model(seed=0)
         reference.load_state_dict(dict(weights), strict=True)
+    return broadcast_reference(reference)
+
+
+def broadcast_reference(reference: torch.nn.Module | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The greedy tokens and their logprobs of rank 0's ``reference`` model (None on the
+    other ranks), on every rank (a tensor broadcast, no pickle)."""
+    shape = (len(tiny_llama.PROMPTS), tiny_llama.NEW_TOKENS)
+    tokens, logprobs = torch.zeros(shape, dtype=torch.int64), torch.zeros(shape)
+    if reference is not None:
         greedy = tiny_llama.hf_greedy(reference)
         tokens = torch.tensor(greedy, dtype=torch.int64)
         logprobs = torch.tensor(tiny_llama.hf_logprobs(reference, greedy))
@@ -151,13 +160,15 @@ def join_gang(config: WorkerConfig) -> None:
     )
 
 
-def main() -> int:
+def main(train: Callable[[WorkerConfig, RefitSession], None] = train_and_refit) -> int:
+    """Join the gang and run ``train`` over the pending refits (the LoRA example passes
+    its own, examples/rl-vllm-lora/lora_policy.py); the exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = WorkerConfig.from_env()
     join_gang(config)
     try:
         with RefitSession(config, stop_requested=stop_flag(config)) as session:
-            train_and_refit(config, session)
+            train(config, session)
     except Preempted as exc:
         log.info("preempted: %s", exc)
         return EXIT_PREEMPTED

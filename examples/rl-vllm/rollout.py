@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,16 +74,23 @@ def refit_once(llm: Any, refit: VllmRefit, refit_id: int) -> None:
     )
 
 
-def main() -> int:
+def main(
+    driver: Callable[[Any], VllmRefit] = VllmRefit,
+    step: Callable[[Any, Any, int], None] = refit_once,
+    **engine: Any,
+) -> int:
+    """Serve the tiny Llama and take every pending refit with ``step``; the exit code.
+    The LoRA example (examples/rl-vllm-lora/lora_rollout.py) passes its adapter driver, its
+    step and vLLM's LoRA arguments (``engine``)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = WorkerConfig.from_env()
     model_dir = tiny_llama.save_checkpoint(tiny_llama.build_model(seed=0), Path("model"))
-    llm = tiny_llama.start_llm(model_dir, worker_extension_cls=WORKER_EXTENSION)
-    refit = VllmRefit(llm)
+    llm = tiny_llama.start_llm(model_dir, worker_extension_cls=WORKER_EXTENSION, **engine)
+    refit = driver(llm)
     try:
         refit.connect()
         for refit_id in refit.pending():
-            refit_once(llm, refit, refit_id)
+            step(llm, refit, refit_id)
         refit.close()
     except Preempted as exc:
         log.info("preempted: %s", exc)

@@ -217,6 +217,25 @@ def vllm_greedy(llm: Any, prompts: Sequence[Sequence[int]] = PROMPTS) -> list[li
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
+def vllm_answers(
+    llm: Any, lora_request: Any = None
+) -> tuple[list[list[int]], list[list[float]], str | None]:
+    """vLLM's greedy tokens for :data:`PROMPTS`, each token's logprob, and the name of
+    the LoRA adapter that answered (None: the base), served with ``lora_request``."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=0)
+    prompts = [{"prompt_token_ids": list(p)} for p in PROMPTS]
+    outputs = llm.generate(prompts, params, lora_request=lora_request, use_tqdm=False)
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    logprobs = [
+        [float(step[t].logprob) for step, t in zip(o.outputs[0].logprobs, toks, strict=True)]
+        for o, toks in zip(outputs, tokens, strict=True)
+    ]
+    served = outputs[0].lora_request.lora_name if outputs[0].lora_request else None
+    return tokens, logprobs, served
+
+
 def shutdown_llm(llm: Any) -> None:
     """Shut the engine down explicitly (a spawned engine process can hang at exit else)."""
     llm.llm_engine.engine_core.shutdown()

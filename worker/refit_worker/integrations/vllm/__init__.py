@@ -38,6 +38,12 @@ from __future__ import annotations
 import contextlib
 import sys
 
+from refit_worker.integrations.vllm.adapter_driver import VllmAdapterRefit
+from refit_worker.integrations.vllm.adapter_landing import (
+    AdapterLanding,
+    AdapterRefused,
+    AdapterVersionUnknown,
+)
 from refit_worker.integrations.vllm.driver import (
     VllmBackendRefit,
     VllmRefit,
@@ -81,11 +87,15 @@ if "vllm" in sys.modules:  # inside a vLLM process: make the backend available
 __all__ = [
     "BACKEND",
     "WORKER_EXTENSION",
+    "AdapterLanding",
+    "AdapterRefused",
+    "AdapterVersionUnknown",
     "Landed",
     "LandingError",
     "LayoutRefused",
     "RefitLanding",
     "RefitWorkerExtension",
+    "VllmAdapterRefit",
     "VllmBackendRefit",
     "VllmRefit",
     "checkpoint_layout",

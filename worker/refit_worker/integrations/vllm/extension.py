@@ -21,6 +21,7 @@ import torch
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
 from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, stop_flag
+from refit_worker.integrations.vllm.adapter_landing import AdapterLanding, adapter_landing
 from refit_worker.integrations.vllm.landing import RefitLanding, served_checkpoint, vllm_landing
 from refit_worker.rollout.rollout_session import RolloutSession
 
@@ -44,7 +45,7 @@ def figures_plain(figures: CommittedFigures) -> dict[str, Any]:
 class RefitWorkerExtension:
     """kube-refit's refits on one vLLM worker; the driver is ``VllmRefit``."""
 
-    _refit: RefitLanding | None = None
+    _refit: RefitLanding | AdapterLanding | None = None
 
     def refit_connect(self, env: dict[str, str] | None = None) -> None:
         """Start a session for the rank in ``env`` (default: this process's ``REFIT_*``
@@ -54,6 +55,9 @@ class RefitWorkerExtension:
         config = WorkerConfig.from_env(env if env is not None else os.environ)
         session = RolloutSession(config, stop_requested=stop_flag(config))
         worker: Any = self
+        if config.transfer.adapter is not None:  # refits are LoRA adapters (docs/adapters.md)
+            self._refit = adapter_landing(StagedReceiver(session), config, worker)
+            return
         self._refit = RefitLanding(
             StagedReceiver(session),
             **served_checkpoint(worker.vllm_config.model_config.model),
@@ -121,9 +125,20 @@ class RefitWorkerExtension:
         state: dict[str, Any] = worker.weight_transfer_engine.state()
         return state
 
+    def refit_adapter_versions(self) -> dict[str, Any]:
+        """The adapter versions loaded (name -> vLLM LoRA id, oldest first) and the default."""
+        landing = self._refit_require()
+        if not isinstance(landing, AdapterLanding):
+            raise RuntimeError("this session's refits are whole weights, not adapters")
+        return {"loaded": dict(landing.versions.loaded), "default": landing.versions.default}
+
     def refit_reject(self, reason: str) -> None:
         """Refuse the refit in flight (e.g. its tokens differ): it is not committed."""
-        self._refit_require().receiver.reject(reason)
+        landing = self._refit_require()
+        if isinstance(landing, AdapterLanding):  # also unloads the version it loaded
+            landing.reject(reason)
+        else:
+            landing.receiver.reject(reason)
 
     def refit_close(self) -> None:
         """Close the session (idempotent); the engine keeps serving what it has."""
@@ -131,7 +146,7 @@ class RefitWorkerExtension:
             self._refit.receiver.close()
             self._refit = None
 
-    def _refit_require(self) -> RefitLanding:
+    def _refit_require(self) -> RefitLanding | AdapterLanding:
         if self._refit is None:
             raise RuntimeError("no refit session: call refit_connect() first")
         return self._refit
