@@ -143,6 +143,17 @@ CASES: dict[str, dict[str, Any]] = {
         "skip": "model.layers.1.self_attn.q_proj.weight",
         "reloaded": [[21, 21], [4, 21], [21, 21], [21, 21]],
     },
+    # Tensor parallelism 2 (vLLM's "mp" executor, one worker process per rank): each
+    # worker is a rollout rank that declares its part of every tensor from vLLM's own
+    # layers (q/k/v with GQA, gate/up, the padded vocabulary split 32 + 28 rows) and
+    # receives only that; its own read-back probes its parts (served-params).
+    "qwen2-tied-tp2": {
+        "arch": "qwen2-tied",
+        "path": "extension",
+        "refits": 3,
+        "claim": None,
+        "tp": 2,
+    },
 }
 
 
@@ -153,14 +164,20 @@ def _free_port() -> int:
 
 
 def _env(
-    store: Path, role: str, rank: int, refits: int, port: int, delta: str | None = None
+    store: Path,
+    role: str,
+    rank: int,
+    refits: int,
+    port: int,
+    delta: str | None = None,
+    rollouts: int = 1,
 ) -> dict[str, str]:
     return WorkerConfig(
         job="matrix",
         role=role,  # type: ignore[arg-type]
         rank=rank,
         policy_world_size=2,
-        rollout_world_size=1,
+        rollout_world_size=rollouts,
         epoch=0,
         pod_uid=str(uuid.uuid4()),
         pod_name=f"matrix-{role}-{rank}",
@@ -178,7 +195,8 @@ def _env(
 
 def _run(arch: str, case: dict[str, Any], python: Path, tmp: Path) -> dict[str, Any]:
     store_dir, refits, port = tmp / "rdzv", case["refits"], _free_port()
-    store = FileStore(store_dir, Layout(2, 1, 1))
+    tp = case.get("tp", 1)  # each tensor-parallel worker is a rollout rank
+    store = FileStore(store_dir, Layout(2, tp, 1))
     delta = case.get("delta")
     # A fault in the landing: one that fails the refit, or one in a subset landing that
     # the landing must heal by landing the refit whole.
@@ -192,7 +210,8 @@ def _run(arch: str, case: dict[str, Any], python: Path, tmp: Path) -> dict[str, 
                     "model_dir": str(tmp / "model"),
                     "path": case["path"],
                     "refits": refits,
-                    "env": _env(store_dir, "rollout", 0, refits, port, delta),
+                    "env": _env(store_dir, "rollout", 0, refits, port, delta, tp),
+                    "tp": tp,
                     "extension": FAULTY_EXTENSION if fault is not None else WORKER_EXTENSION,
                     "claim": case.get("claim", "tokens"),
                 }
@@ -222,7 +241,7 @@ def _run(arch: str, case: dict[str, Any], python: Path, tmp: Path) -> dict[str, 
             JsonProc(
                 [str(python), str(HERE / "arch_trainer.py")],
                 engine_env(
-                    **_env(store_dir, "policy", rank, refits, port, delta),
+                    **_env(store_dir, "policy", rank, refits, port, delta, tp),
                     ENGINE_TRAINER=trainer_opts,
                 ),
                 tmp / f"policy-{rank}.log",
@@ -247,6 +266,7 @@ def _run(arch: str, case: dict[str, Any], python: Path, tmp: Path) -> dict[str, 
             ],
             "losses": [[m["fixed_loss"] for m in p.seen if "loss" in m] for p in policies],
             "progress": store.snapshot(0).progress[("rollout", 0)],
+            "workers": [store.snapshot(0).progress[("rollout", r)] for r in range(tp)],
         }
     finally:
         for proc in [rollout, *policies]:
@@ -303,6 +323,8 @@ def test_vllm_serves_what_the_trainer_sent(name: str, engine_python: Path, tmp_p
     if "reloaded" in case:  # each delta landed only its modules (or whole, after a fault)
         assert [r["reloaded"] for r in refits] == case["reloaded"], refits
         assert [r["figures"]["reloaded"] for r in refits] == case["reloaded"], refits
+    if "tp" in case:
+        _assert_parts(case["tp"], found)
     if "fault_at" in case:
         (rejected,) = found["rejected"]
         assert rejected["refit"] == case["fault_at"]
@@ -315,6 +337,25 @@ def test_vllm_serves_what_the_trainer_sent(name: str, engine_python: Path, tmp_p
     else:
         assert found["end"]["step"] == "done" and found["exit"] == 0, found
         assert progress.state == "done", progress
+
+
+def _assert_parts(tp: int, found: dict[str, Any]) -> None:
+    """Each worker committed every refit at served-params and received about its share of
+    the split tensors plus the whole ones (norms), not the whole model."""
+    model, whole = found["started"]["model_bytes"], found["started"]["whole_bytes"]
+    for progress in found["workers"]:
+        assert progress.state == "done", progress
+        assert progress.verification == "served-params", progress
+    for got in found["refits"]:
+        sizes = [w["bytes"] for w in got["figures"]["workers"]]
+        assert len(sizes) == tp, got
+        share = (model - whole) / tp + whole
+        # Within 5%: the padded vocabulary splits 32 + 28 rows, and the refit's extras (the
+        # reference tokens and logprobs) ride along to each worker.
+        assert all(abs(size - share) < 0.05 * share for size in sizes), (sizes, model, whole)
+        assert sum(sizes) < model * 0.55 * tp, (sizes, model)
+        # The vocabulary's 60 rows (padded to 64) split 32 + 28: 4 rows of 256 floats apart.
+        assert sizes[0] - sizes[1] == 4 * 256 * 4, sizes
 
 
 def _assert_refused_at_once(case: dict[str, Any], found: dict[str, Any]) -> None:

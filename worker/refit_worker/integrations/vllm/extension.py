@@ -5,7 +5,8 @@ Mixed into vLLM's worker class by ``LLM(..., worker_extension_cls=WORKER_EXTENSI
 ``llm.collective_rpc`` (:class:`~refit_worker.integrations.vllm.driver.VllmRefit`).  Every
 argument and result is plain data (ints, floats, strings, lists), so it crosses vLLM's
 multiprocess RPC unchanged.  One session per worker: with tensor parallelism each worker
-is a rollout rank of its own and receives the full HF tensors, which vLLM's loader slices.
+is a rollout rank of its own (the environment's rank plus its tensor-parallel rank) and
+receives only its part of each tensor (:mod:`.worker_part`).
 
 What of vLLM this touches: ``Worker.reload_weights(weights_iterator=...)``,
 ``Worker.model_runner.get_model()``, ``Worker.vllm_config``.  No private attribute.
@@ -13,16 +14,14 @@ What of vLLM this touches: ``Worker.reload_weights(weights_iterator=...)``,
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
-from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
-from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, stop_flag
-from refit_worker.integrations.vllm.landing import RefitLanding, served_checkpoint, vllm_landing
-from refit_worker.rollout.rollout_session import RolloutSession
+from refit_worker.integrations.staged import CommittedFigures
+from refit_worker.integrations.vllm.landing import RefitLanding
+from refit_worker.integrations.vllm.worker_part import open_landing
 
 
 def figures_plain(figures: CommittedFigures) -> dict[str, Any]:
@@ -51,13 +50,9 @@ class RefitWorkerExtension:
         environment); it connects in the background at the first refit."""
         if self._refit is not None:
             raise RuntimeError("a refit session is already open: refit_close() it first")
-        config = WorkerConfig.from_env(env if env is not None else os.environ)
-        session = RolloutSession(config, stop_requested=stop_flag(config))
         worker: Any = self
-        self._refit = RefitLanding(
-            StagedReceiver(session),
-            **served_checkpoint(worker.vllm_config.model_config.model),
-            **vllm_landing(worker.vllm_config, worker.model_runner.get_model, self._refit_reload),
+        self._refit = open_landing(
+            worker.vllm_config, worker.model_runner.get_model, self._refit_reload, env
         )
 
     def _refit_reload(self, weights: dict[str, torch.Tensor]) -> None:
