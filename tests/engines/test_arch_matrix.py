@@ -38,6 +38,12 @@ landing.  The cases:
   test-only extension leaves out one of its tensors): the read-back must catch it, the
   refit be landed again whole and commit, and every later refit land whole.
 
+- ``qwen2-tied-tp2``: the tied model at ``tensor_parallel_size=2`` (vLLM's ``mp``
+  executor): each worker is a rollout rank that declares its part of every tensor from
+  vLLM's own layers and receives only that (the bytes per worker are asserted: half the
+  split tensors plus the norms, the padded vocabulary split 32 + 28 rows); each reads its
+  own parts back, and both ranks' status must say ``served-params``.
+
 Real: vLLM, FSDP2 on gloo, NIXL (UCX), the file-backed rendezvous (the test opens the
 barrier, as the operator would).  Emulated: only the planted fault.
 """
