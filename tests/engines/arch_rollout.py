@@ -128,12 +128,16 @@ def by_backend(llm: Any, env: dict[str, str], refits: int) -> None:
 
 
 def checkpoint_bytes(model_dir: Path) -> dict[str, int]:
-    """The checkpoint's bytes, and those of the tensors every worker holds whole (norms)."""
+    """The checkpoint's bytes, and those of the tensors every worker holds whole (norms,
+    the MoE routers)."""
     layout = checkpoint_layout(model_dir) or {}
     size = {n: 4 * math.prod(shape) for n, shape in layout.items()}  # float32
+    whole = [
+        n for n in size if "norm" in n or n.endswith(("mlp.gate.weight", "expert_gate.weight"))
+    ]
     return {
         "model_bytes": sum(size.values()),
-        "whole_bytes": sum(v for n, v in size.items() if "norm" in n),
+        "whole_bytes": sum(size[n] for n in whole),
     }
 
 

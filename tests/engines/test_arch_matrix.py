@@ -38,11 +38,12 @@ landing.  The cases:
   test-only extension leaves out one of its tensors): the read-back must catch it, the
   refit be landed again whole and commit, and every later refit land whole.
 
-- ``qwen2-tied-tp2``: the tied model at ``tensor_parallel_size=2`` (vLLM's ``mp``
-  executor): each worker is a rollout rank that declares its part of every tensor from
-  vLLM's own layers and receives only that (the bytes per worker are asserted: half the
-  split tensors plus the norms, the padded vocabulary split 32 + 28 rows); each reads its
-  own parts back, and both ranks' status must say ``served-params``.
+- ``qwen2-moe-tied-tp2``: a Qwen2-MoE with tied embeddings at ``tensor_parallel_size=2``
+  (vLLM's ``mp`` executor): each worker is a rollout rank that declares its part of every
+  tensor from vLLM's own layers and receives only that (the bytes per worker are
+  asserted: half the split tensors plus the whole ones, the padded vocabulary split
+  32 + 28 rows); each reads its own parts back, the experts through their kernel, and
+  both ranks' status must say ``served-params``.
 
 Real: vLLM, FSDP2 on gloo, NIXL (UCX), the file-backed rendezvous (the test opens the
 barrier, as the operator would).  Emulated: only the planted fault.
@@ -151,14 +152,22 @@ CASES: dict[str, dict[str, Any]] = {
     },
     # Tensor parallelism 2 (vLLM's "mp" executor, one worker process per rank): each
     # worker is a rollout rank that declares its part of every tensor from vLLM's own
-    # layers (q/k/v with GQA, gate/up, the padded vocabulary split 32 + 28 rows) and
-    # receives only that; its own read-back probes its parts (served-params).
-    "qwen2-tied-tp2": {
-        "arch": "qwen2-tied",
+    # layers (q/k/v with GQA and biases, the shared expert's gate/up, each expert's
+    # intermediate rows, the tied vocabulary of 60 rows padded to 64 split 32 + 28) and
+    # receives only that; its own read-back probes its parts, the experts through their
+    # kernel (served-params).  The experts go by the checkpoint's per-expert names: the
+    # parts are declared by those (transformers 5's fused names would come whole and be
+    # refused by the layout check).
+    "qwen2-moe-tied-tp2": {
+        "arch": "qwen2-moe-tied",
         "path": "extension",
         "refits": 3,
+        "per_expert_at": [0, 1, 2],
         "claim": None,
         "tp": 2,
+        "experts": ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"],
+        # 4 vocabulary rows of 128 floats between the two workers' parts.
+        "rows_apart_bytes": 4 * 128 * 4,
     },
 }
 
@@ -330,7 +339,7 @@ def test_vllm_serves_what_the_trainer_sent(name: str, engine_python: Path, tmp_p
         assert [r["reloaded"] for r in refits] == case["reloaded"], refits
         assert [r["figures"]["reloaded"] for r in refits] == case["reloaded"], refits
     if "tp" in case:
-        _assert_parts(case["tp"], found)
+        _assert_parts(case, found)
     if "fault_at" in case:
         (rejected,) = found["rejected"]
         assert rejected["refit"] == case["fault_at"]
@@ -345,9 +354,10 @@ def test_vllm_serves_what_the_trainer_sent(name: str, engine_python: Path, tmp_p
         assert progress.state == "done", progress
 
 
-def _assert_parts(tp: int, found: dict[str, Any]) -> None:
+def _assert_parts(case: dict[str, Any], found: dict[str, Any]) -> None:
     """Each worker committed every refit at served-params and received about its share of
-    the split tensors plus the whole ones (norms), not the whole model."""
+    the split tensors plus the whole ones (norms, routers), not the whole model."""
+    tp = case["tp"]
     model, whole = found["started"]["model_bytes"], found["started"]["whole_bytes"]
     for progress in found["workers"]:
         assert progress.state == "done", progress
@@ -360,8 +370,8 @@ def _assert_parts(tp: int, found: dict[str, Any]) -> None:
         # reference tokens and logprobs) ride along to each worker.
         assert all(abs(size - share) < 0.05 * share for size in sizes), (sizes, model, whole)
         assert sum(sizes) < model * 0.55 * tp, (sizes, model)
-        # The vocabulary's 60 rows (padded to 64) split 32 + 28: 4 rows of 256 floats apart.
-        assert sizes[0] - sizes[1] == 4 * 256 * 4, sizes
+        # The padded vocabulary splits unevenly: the first worker holds more rows.
+        assert sizes[0] - sizes[1] == case["rows_apart_bytes"], sizes
 
 
 def _assert_refused_at_once(case: dict[str, Any], found: dict[str, Any]) -> None:

@@ -89,3 +89,10 @@ def test_row_bias_whole_and_local_shape() -> None:
 def test_bad_descriptions_named(sharding: Sharding, served: Served, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         part_of("x.weight", served, sharding)
+
+
+def test_experts_split_by_their_intermediate_rows() -> None:
+    experts = Sharding("experts", 0, 1, 2, sizes=(64,))
+    gate = part_of("e.3.gate_proj.weight", Served("experts", "w13"), experts)
+    down = part_of("e.3.down_proj.weight", Served("experts", "w2"), experts)
+    assert (gate, down) == ((0, 32, 64), (1, 32, 64))

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry, SeedPointer
@@ -67,6 +67,8 @@ class Connection:
         self.stop_requested = stop_requested
         #: The part of the model this (rollout) rank holds, published with its metadata.
         self.target_layout = target_layout
+        #: That layout as this rank's metadata carries it (None: it carries none).
+        self.published_layout: dict[str, Any] | None = None
         self.agent_json = ""  # this rank's NIXL agent metadata, as published
         #: Where peers may seed from this (rollout) rank, published with the metadata.
         self.seed: SeedPointer | None = None
@@ -107,6 +109,7 @@ class Connection:
             self.config.transfer, signer=signer_of(self.config), verifier=verifier_of(self.config)
         )
         engine.set_target_weight_layout(self.target_layout)
+        self.published_layout = engine.get_target_weight_layout()
         try:
             self.agent_json = engine.prepare().model_dump_json()
             self.publish()

@@ -34,8 +34,8 @@ and
 Tensor-parallel workers hold parts: above one rank, ``weights`` are the parts this
 worker received (:mod:`.served_shards` declared them from vLLM's own layers), so the same
 checks read each layer's local part back through the worker's own kernels (a row-parallel
-layer's local product before its reduction, the local vocabulary rows); a layer whose
-part was not described, and fused experts, are ``unprobed``.
+layer's local product before its reduction, the local vocabulary rows, the fused
+experts' local intermediate rows); a layer whose part was not described is ``unprobed``.
 
 Runs inside a vLLM process; vLLM is imported inside its functions, not at module import.
 """
@@ -288,12 +288,12 @@ def _kind(module: torch.nn.Module) -> str | None:
         return "linear"
     if isinstance(module, VocabParallelEmbedding):
         return "embedding"
-    if _readable_experts(module):
+    if readable_experts(module):
         return "experts"
     return "plain" if getattr(module, "quant_method", None) is None else None
 
 
-def _readable_experts(module: Any) -> bool:
+def readable_experts(module: Any) -> bool:
     """Whether ``module`` is a fused-experts layer that :func:`_check_experts` reproduces:
     unquantized, modular kernel, gated SiLU, no biases, every expert local."""
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
@@ -357,13 +357,12 @@ def unreadable(
 ) -> list[str]:
     """The layers :func:`check_served` cannot read back (known before any refit).
 
-    Above one rank only the ``described`` layers (whose part this worker declared) are
-    read, and not fused experts (their parts are not declared yet)."""
+    Above one rank only the ``described`` layers (whose part this worker declared)."""
     layers = _layers(model)
     if tp_size == 1:
         return [n for n, m in layers if _kind(m) is None]
     known = frozenset(described)
-    return [n for n, m in layers if n not in known or _kind(m) in (None, "experts")]
+    return [n for n, m in layers if n not in known or _kind(m) is None]
 
 
 _CHECKS = {"linear": _check_linear, "embedding": _check_embedding, "plain": _check_plain}

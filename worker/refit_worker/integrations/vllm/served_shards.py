@@ -7,8 +7,11 @@ is split (``output_dim`` / ``input_dim``).  :func:`layer_shardings` turns those 
 pure description of :mod:`.tp_slices`; :func:`declaration` maps every checkpoint tensor
 onto its layer with the model's own name mapping and declares the part this worker holds.
 
-A layer of any other kind that holds parameters of its own and no quant method (norms) is
-held whole; anything else (fused experts, quantized layers) is not described: its
+Fused MoE experts without expert parallelism (unquantized, the kind the read-back
+reproduces) are split by each expert's intermediate rows: the checkpoint's per-expert
+tensors (``<layer>.<e>.gate_proj.weight`` ...) are declared part by part.  A layer of any
+other kind that holds parameters of its own and no quant method (norms) is held whole;
+anything else (quantized layers, expert-parallel experts) is not described: its
 tensors are sent whole and vLLM's loader takes its part, as before, and the read-back
 names it ``unprobed`` above one rank.
 
@@ -17,13 +20,14 @@ Runs inside a vLLM process; vLLM is imported inside its functions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from refit_worker.integrations.vllm.served import served_name, shard_index
+from refit_worker.integrations.vllm.served import readable_experts, served_name, shard_index
 from refit_worker.integrations.vllm.tp_slices import Part, Served, Sharding, declare
 
 
@@ -74,8 +78,29 @@ def sharding_of(module: torch.nn.Module) -> Sharding | None:
         return Sharding(
             "vocab", _dim(m, "output_dim", 0), int(m.tp_rank), int(m.tp_size), rows=rows
         )
+    if readable_experts(m):
+        config = m.moe_config
+        rank, size = int(config.tp_rank), int(config.moe_parallel_config.tp_size)
+        total = int(m.intermediate_size_per_partition) * size
+        return Sharding("experts", 0, rank, size, sizes=(total,))
     if isinstance(m, ReplicatedLinear) or getattr(m, "quant_method", None) is None:
         return Sharding("whole")
+    return None
+
+
+#: A checkpoint tensor of one expert under its layer: ``<e>.<proj>.weight``.
+_EXPERT = re.compile(r"(?P<expert>\d+)\.(?P<proj>[^.]+)\.weight")
+
+
+def _expert_served(name: str, experts: Mapping[str, tuple[str, Any]]) -> Served | None:
+    """Where a per-expert checkpoint tensor lands: its layer's fused ``w13`` / ``w2``."""
+    for layer, (module_name, module) in experts.items():
+        if not name.startswith(layer + "."):
+            continue
+        match = _EXPERT.fullmatch(name[len(layer) + 1 :])
+        if match is None:
+            return None
+        return Served(module_name, "w2" if match["proj"] == module.ckpt_down_proj_name else "w13")
     return None
 
 
@@ -96,8 +121,17 @@ def served_layers(model: torch.nn.Module, names: Iterable[str]) -> dict[str, Ser
     mapper = getattr(model, "hf_to_vllm_mapper", None)
     stacked = getattr(mapper, "orig_to_new_stacked", {})
     to_served = served_name(model)
+    experts = {  # fused-experts layers by the prefix of their checkpoint names
+        str(m.layer_name): (n, m)
+        for n, m in model.named_modules()
+        if hasattr(m, "ckpt_down_proj_name")
+    }
     out: dict[str, Served | None] = {}
     for name in names:
+        expert = _expert_served(name, experts)
+        if expert is not None:
+            out[name] = expert
+            continue
         param = to_served(name)
         if param is None or "." not in param:
             out[name] = None

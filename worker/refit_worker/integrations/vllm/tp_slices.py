@@ -7,7 +7,8 @@ bias whole), a vocabulary-parallel embedding or LM head along its rows (the voca
 padded first, so the last rank may hold fewer real rows), everything else whole.  The
 worker reads that from vLLM's own layer objects (:mod:`.served_shards`); here, from such a
 description, the declaration: checkpoint name -> ``(dim, start, stop)``, the rows or
-columns of the checkpoint tensor the worker serves.  A tensor that is held whole is not
+columns of the checkpoint tensor the worker serves (fused MoE experts without expert
+parallelism: each expert's intermediate rows, :func:`part_of`).  A tensor that is held whole is not
 declared (the sender sends it whole).
 
 Pure: a contract in pyproject.toml keeps vLLM and torch out, so it is tested on a made-up
@@ -17,12 +18,12 @@ description as well as used on the real model.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 #: ``(dim, start, stop)`` of a checkpoint tensor.
 Part = tuple[int, int, int]
-Kind = Literal["column", "row", "vocab", "whole"]
+Kind = Literal["column", "row", "vocab", "experts", "whole"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,9 @@ class Sharding:
     ``column``: ``sizes`` is the global output size of each stacked part in shard order
     and ``replicas`` how many ranks share each part (k/v heads fewer than ranks), 1 each
     when empty.  ``row``: ``sizes`` is the global input size.  ``vocab``: ``rows`` are
-    the real vocabulary rows this rank holds (padding excluded)."""
+    the real vocabulary rows this rank holds (padding excluded).  ``experts``: ``sizes``
+    is the global intermediate size; each expert's gate and up tensors are split along
+    their rows, its down tensor along its columns (``w2``)."""
 
     kind: Kind
     #: The dimension of the parameter that is split (vLLM's ``output_dim`` / ``input_dim``).
@@ -84,6 +87,12 @@ def part_of(name: str, served: Served, sharding: Sharding) -> Part | None:
         return None
     if sharding.kind == "column":
         return _column(sharding, served.part, name)
+    if sharding.kind == "experts":
+        # Per expert: gate / up are column-parallel (rows), down is row-parallel (columns).
+        split = Sharding("row", 1, sharding.tp_rank, sharding.tp_size, sharding.sizes)
+        if served.attr == "w2":
+            return _row(split, name)
+        return _column(replace(split, kind="column", dim=0), 0, name)
     if sharding.kind == "row":
         # The bias of a row-parallel layer is added once, after the reduction: held whole.
         return _row(sharding, name) if served.attr == "weight" else None
