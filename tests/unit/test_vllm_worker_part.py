@@ -28,6 +28,7 @@ def test_widen_puts_each_part_where_the_loader_narrows() -> None:
     assert torch.equal(wide["emb"].narrow(0, 4, 2), emb)
     assert torch.equal(wide["o"].narrow(1, 2, 2), o)
     assert wide["norm"] is norm  # held whole: handed on as it came
+    assert list(wide) == ["emb", "o", "norm"] and len(wide) == 3
 
 
 def _config(rank: int, rollouts: int) -> WorkerConfig:

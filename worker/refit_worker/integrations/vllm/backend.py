@@ -26,6 +26,7 @@ Imports vLLM (only ever loaded inside a vLLM worker).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,11 +82,11 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
         if self._landing is not None:
             raise RuntimeError("the kube-refit backend is already initialised")
 
-        def reload(weights: dict[str, torch.Tensor]) -> None:
+        def reload(weights: Mapping[str, torch.Tensor]) -> None:
             reload_weights(
                 self.vllm_config,
                 self.model,
-                weights_iterator=list(weights.items()),
+                weights_iterator=weights.items(),
                 weights_path=None,
                 is_checkpoint_format=True,
             )

@@ -14,6 +14,7 @@ What of vLLM this touches: ``Worker.reload_weights(weights_iterator=...)``,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -55,10 +56,11 @@ class RefitWorkerExtension:
             worker.vllm_config, worker.model_runner.get_model, self._refit_reload, env
         )
 
-    def _refit_reload(self, weights: dict[str, torch.Tensor]) -> None:
-        """vLLM's in-place reload by HF names (a test-only subclass plants faults here)."""
+    def _refit_reload(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """vLLM's in-place reload by HF names (a test-only subclass plants faults here);
+        the tensors are taken one by one (a tensor-parallel worker's are made so)."""
         worker: Any = self
-        worker.reload_weights(weights_iterator=list(weights.items()))
+        worker.reload_weights(weights_iterator=weights.items())
 
     def refit_pending(self) -> list[int]:
         """The refit ids this session still has to take (from where its gang resumes)."""

@@ -310,13 +310,13 @@ class RefitLanding:
 
 #: A tensor-parallel worker's received parts -> tensors vLLM's loader takes (the
 #: checkpoint's shapes, the part in place): :meth:`.worker_part.WorkerPart.widen`.
-Widen = Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]
+Widen = Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
 
 
 def vllm_landing(
     vllm_config: Any,
     get_model: Callable[[], Any],
-    reload: Callable[[dict[str, Any]], None],
+    reload: Callable[[Mapping[str, Any]], None],
     widen: Widen | None = None,
     described: Collection[str] = (),
 ) -> dict[str, Any]:
@@ -330,7 +330,7 @@ def vllm_landing(
 
     tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
 
-    def loader(weights: dict[str, torch.Tensor]) -> None:
+    def loader(weights: Mapping[str, torch.Tensor]) -> None:
         reload(widen(weights) if widen is not None else weights)
 
     def land(weights: dict[str, torch.Tensor], changed: frozenset[str] | None) -> Collection[str]:

@@ -14,7 +14,7 @@ read-back then checks each layer's local part through this worker's kernels.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,20 +51,35 @@ class WorkerPart:
         """``name -> shape`` of what this worker receives (the layout check's reference)."""
         return {n: local_shape(shape, self.held.parts.get(n)) for n, shape in self.full.items()}
 
-    def widen(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def widen(self, weights: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
         """Each received part at its place in a tensor of the checkpoint's shape, for
-        vLLM's loader (which reads only that part of it); whole tensors as they are."""
-        out = {}
-        for name, tensor in weights.items():
-            part = self.held.parts.get(name)
-            if part is None or name not in self.full:
-                out[name] = tensor
-                continue
-            dim, start, stop = part
-            full = torch.empty(self.full[name], dtype=tensor.dtype, device=tensor.device)
-            full.narrow(dim, start, stop - start).copy_(tensor)
-            out[name] = full
-        return out
+        vLLM's loader (which reads only that part of it); whole tensors as they are.
+        Lazy: each full-shaped tensor is made when the loader asks for it, so a landing
+        never holds the whole model in that shape at once."""
+        return _Widened(weights, self)
+
+
+class _Widened(Mapping[str, torch.Tensor]):
+    """:meth:`WorkerPart.widen`'s view: made per item, never kept."""
+
+    def __init__(self, weights: Mapping[str, torch.Tensor], part: WorkerPart) -> None:
+        self._weights, self._part = weights, part
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        tensor = self._weights[name]
+        part = self._part.held.parts.get(name)
+        if part is None or name not in self._part.full:
+            return tensor
+        dim, start, stop = part
+        full = torch.empty(self._part.full[name], dtype=tensor.dtype, device=tensor.device)
+        full.narrow(dim, start, stop - start).copy_(tensor)
+        return full
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._weights)
+
+    def __len__(self) -> int:
+        return len(self._weights)
 
 
 def worker_part(vllm_config: Any, model: torch.nn.Module, full: Layout | None) -> WorkerPart | None:
@@ -78,7 +93,7 @@ def worker_part(vllm_config: Any, model: torch.nn.Module, full: Layout | None) -
 def open_landing(
     vllm_config: Any,
     get_model: Callable[[], Any],
-    reload: Callable[[dict[str, Any]], None],
+    reload: Callable[[Mapping[str, Any]], None],
     env: Mapping[str, str] | None,
 ) -> RefitLanding:
     """The rollout session of this worker (its rank and part) and its landing in vLLM."""
