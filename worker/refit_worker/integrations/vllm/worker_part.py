@@ -101,13 +101,21 @@ def open_landing(
     checkpoint = served_checkpoint(vllm_config.model_config.model)
     part = worker_part(vllm_config, get_model(), checkpoint["served"])
     layout, widen, described = None, None, frozenset[str]()
+    if int(vllm_config.parallel_config.tensor_parallel_size) > 1:
+        # Its own rank even with nothing declared (a hub id: full tensors, as before).
+        config = _worker_rank(config, _tp_rank())
     if part is not None:
-        config = _worker_rank(config, part.held.tp_rank)
         checkpoint["served"], layout = part.local(), part.layout
         widen, described = part.widen, part.held.described
     parts = vllm_landing(vllm_config, get_model, reload, widen, described)
     session = RolloutSession(config, stop_requested=stop_flag(config), target_layout=layout)
     return RefitLanding(StagedReceiver(session), **checkpoint, **parts)
+
+
+def _tp_rank() -> int:
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    return int(get_tensor_model_parallel_rank())
 
 
 def _worker_rank(config: WorkerConfig, tp_rank: int) -> WorkerConfig:
