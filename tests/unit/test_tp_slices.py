@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from refit_worker.integrations.vllm.tp_slices import (
     Served,
     Sharding,
+    check_layer,
     declare,
     local_shape,
     part_of,
@@ -96,3 +99,13 @@ def test_experts_split_by_their_intermediate_rows() -> None:
     gate = part_of("e.3.gate_proj.weight", Served("experts", "w13"), experts)
     down = part_of("e.3.down_proj.weight", Served("experts", "w2"), experts)
     assert (gate, down) == ((0, 32, 64), (1, 32, 64))
+
+
+def test_parts_must_fill_what_vllm_holds() -> None:
+    qkv = Sharding("column", 0, 1, 2, sizes=(256, 64, 64), local=192)
+    check_layer("qkv", qkv)  # 128 + 32 + 32
+    check_layer("emb", Sharding("vocab", 0, 1, 2, rows=(32, 60), local=32))  # padded
+    with pytest.raises(ValueError, match=r"'qkv': its column parts take 192 .* vLLM holds 160"):
+        check_layer("qkv", replace(qkv, local=160))
+    with pytest.raises(ValueError, match="row parts take 128"):
+        declare(SERVED, {**layers(1), "o": Sharding("row", 1, 1, 2, sizes=(256,), local=64)})

@@ -42,6 +42,7 @@ def _column(module: Any) -> Sharding:
 
     rank, size = int(module.tp_rank), int(module.tp_size)
     dim = _dim(module, "output_dim", 0)
+    local = sum(int(s) for s in module.output_partition_sizes)
     if isinstance(module, QKVParallelLinear):
         kv = int(module.total_num_kv_heads)
         replicas = int(module.num_kv_head_replicas)
@@ -50,9 +51,11 @@ def _column(module: Any) -> Sharding:
             kv * int(module.head_size),
             kv * int(module.v_head_size),
         )
-        return Sharding("column", dim, rank, size, sizes=sizes, replicas=(1, replicas, replicas))
+        return Sharding(
+            "column", dim, rank, size, sizes=sizes, replicas=(1, replicas, replicas), local=local
+        )
     sizes = tuple(int(s) for s in getattr(module, "output_sizes", None) or [module.output_size])
-    return Sharding("column", dim, rank, size, sizes=sizes)
+    return Sharding("column", dim, rank, size, sizes=sizes, local=local)
 
 
 def sharding_of(module: torch.nn.Module) -> Sharding | None:
@@ -68,8 +71,9 @@ def sharding_of(module: torch.nn.Module) -> Sharding | None:
     if isinstance(m, ColumnParallelLinear):
         return _column(m)
     if isinstance(m, RowParallelLinear):
-        dim = _dim(m, "input_dim", 1)
-        return Sharding("row", dim, int(m.tp_rank), int(m.tp_size), sizes=(int(m.input_size),))
+        dim, local = _dim(m, "input_dim", 1), int(m.input_size_per_partition)
+        sizes = (int(m.input_size),)
+        return Sharding("row", dim, int(m.tp_rank), int(m.tp_size), sizes=sizes, local=local)
     if isinstance(m, VocabParallelEmbedding):
         rows = (
             int(m.shard_indices.org_vocab_start_index),
@@ -81,8 +85,8 @@ def sharding_of(module: torch.nn.Module) -> Sharding | None:
     if readable_experts(m):
         config = m.moe_config
         rank, size = int(config.tp_rank), int(config.moe_parallel_config.tp_size)
-        total = int(m.intermediate_size_per_partition) * size
-        return Sharding("experts", 0, rank, size, sizes=(total,))
+        local = int(m.intermediate_size_per_partition)
+        return Sharding("experts", 0, rank, size, sizes=(local * size,), local=local)
     if isinstance(m, ReplicatedLinear) or getattr(m, "quant_method", None) is None:
         return Sharding("whole")
     return None

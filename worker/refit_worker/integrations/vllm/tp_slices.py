@@ -45,6 +45,9 @@ class Sharding:
     sizes: tuple[int, ...] = ()
     replicas: tuple[int, ...] = ()
     rows: tuple[int, int] = (0, 0)
+    #: vLLM's own size of this rank's part along ``dim`` (its ``*_per_partition``), which
+    #: the parts must add up to (0: not known, not checked).
+    local: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,11 +103,39 @@ def part_of(name: str, served: Served, sharding: Sharding) -> Part | None:
     return (sharding.dim, start, stop)
 
 
+def _held(sharding: Sharding, layer: str) -> int:
+    """How much of ``dim`` this rank's parts take, by the description's arithmetic."""
+    if sharding.kind == "column":
+        parts = range(len(sharding.sizes))
+        return sum(_column(sharding, p, layer)[2] - _column(sharding, p, layer)[1] for p in parts)
+    if sharding.kind == "vocab":
+        return sharding.rows[1] - sharding.rows[0]
+    _, start, stop = _row(replace(sharding, kind="row"), layer)
+    return stop - start
+
+
+def check_layer(layer: str, sharding: Sharding) -> None:
+    """Raise unless the parts the description implies fill what vLLM allocated on this
+    rank (a padded vocabulary: at most that)."""
+    if sharding.local <= 0 or sharding.tp_size == 1 or sharding.kind == "whole":
+        return
+    held = _held(sharding, layer)
+    fits = held <= sharding.local if sharding.kind == "vocab" else held == sharding.local
+    if not fits:
+        raise ValueError(
+            f"layer {layer!r}: its {sharding.kind} parts take {held} along dimension "
+            f"{sharding.dim}, vLLM holds {sharding.local} on rank {sharding.tp_rank}: the "
+            "description does not match the engine's sharding"
+        )
+
+
 def declare(served: Mapping[str, Served | None], layers: Mapping[str, Sharding]) -> dict[str, Part]:
     """Checkpoint name -> the part this rank holds, for every tensor held in part.
 
     ``served``: each checkpoint tensor's layer (None: the engine does not serve it, or it
     lands where no sharding is known: sent whole, and vLLM's loader takes its part)."""
+    for layer, sharding in layers.items():
+        check_layer(layer, sharding)
     declared: dict[str, Part] = {}
     for name, where in served.items():
         if where is None or where.layer not in layers:
@@ -123,4 +154,4 @@ def local_shape(shape: tuple[int, ...], part: Part | None) -> tuple[int, ...]:
     return (*shape[:dim], stop - start, *shape[dim + 1 :])
 
 
-__all__ = ["Part", "Served", "Sharding", "declare", "local_shape", "part_of"]
+__all__ = ["Part", "Served", "Sharding", "check_layer", "declare", "local_shape", "part_of"]
