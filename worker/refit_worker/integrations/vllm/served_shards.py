@@ -79,9 +79,8 @@ def sharding_of(module: torch.nn.Module) -> Sharding | None:
             int(m.shard_indices.org_vocab_start_index),
             int(m.shard_indices.org_vocab_end_index),
         )
-        return Sharding(
-            "vocab", _dim(m, "output_dim", 0), int(m.tp_rank), int(m.tp_size), rows=rows
-        )
+        dim, local = _dim(m, "output_dim", 0), int(m.num_embeddings_per_partition)
+        return Sharding("vocab", dim, int(m.tp_rank), int(m.tp_size), rows=rows, local=local)
     if readable_experts(m):
         config = m.moe_config
         rank, size = int(config.tp_rank), int(config.moe_parallel_config.tp_size)
