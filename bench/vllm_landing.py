@@ -109,10 +109,8 @@ def _env(store: Path, role: str, refits: int, bucket: int) -> dict[str, str]:
     ).to_env()
 
 
-def drive(args: argparse.Namespace) -> int:
-    from refit_worker.rendezvous import FileStore, Layout
-
-    started = time.monotonic()
+def engine_python() -> Path:
+    """The vLLM environment's Python (made or reused by ``tests/engines/install.sh``)."""
     venv = subprocess.run(
         ["bash", str(ROOT / "tests" / "engines" / "install.sh")],
         capture_output=True,
@@ -120,40 +118,60 @@ def drive(args: argparse.Namespace) -> int:
         check=False,
     )
     if venv.returncode != 0:
-        print(f"vllm_landing: the vLLM environment failed to install:\n{venv.stderr}")
-        return 1
-    python = Path(venv.stdout.strip().splitlines()[-1]) / "bin" / "python"
+        raise RuntimeError(f"the vLLM environment failed to install:\n{venv.stderr}")
+    return Path(venv.stdout.strip().splitlines()[-1]) / "bin" / "python"
+
+
+def run_pair(
+    python: Path,
+    opts: dict[str, Any],
+    envs: dict[str, dict[str, str]],
+    scripts: dict[str, str],
+    tmp: Path,
+    rollouts: int = 1,
+) -> list[dict[str, Any]]:
+    """Start the rollout and the policy (``scripts``, ``--role``), open the barrier, and
+    return the figures the rollout printed last; raises with its log when it failed."""
+    from refit_worker.rendezvous import FileStore, Layout
+
+    base = {**os.environ, "PYTHONPATH": str(ROOT / "worker"), "BENCH_OPTS": json.dumps(opts)}
+    base.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind")
+    procs = {}
+    for role in ("rollout", "policy"):
+        procs[role] = subprocess.Popen(
+            [str(python), scripts[role], "--role", role],
+            env={**base, **envs[role]},
+            stdout=subprocess.PIPE,
+            stderr=open(tmp / f"{role}.log", "w"),  # noqa: SIM115
+            text=True,
+        )
+    FileStore(tmp / "rdzv", Layout(1, rollouts, 1)).open_barrier(0, timeout=900)
+    out, _ = procs["rollout"].communicate(timeout=1800)
+    procs["policy"].wait(timeout=120)
+    if procs["rollout"].returncode != 0:
+        raise RuntimeError((tmp / "rollout.log").read_text()[-4000:])
+    figures: list[dict[str, Any]] = json.loads(out.strip().splitlines()[-1])["figures"]
+    return figures
+
+
+def drive(args: argparse.Namespace) -> int:
+    started = time.monotonic()
     refits = args.warmup + args.runs
     opts = {k: getattr(args, k) for k in ("hidden", "intermediate", "layers", "vocab")}
-    with tempfile.TemporaryDirectory(prefix="vllm-landing-") as tmp:
-        store = Path(tmp) / "rdzv"
-        opts["dir"] = tmp
-        base = dict(os.environ)
-        base.update(
-            PYTHONPATH=str(ROOT / "worker"),
-            BENCH_OPTS=json.dumps(opts),
-            VLLM_ENABLE_V1_MULTIPROCESSING="0",
-            VLLM_CPU_OMP_THREADS_BIND="nobind",
-        )
-        procs = {}
-        for role in ("rollout", "policy"):
-            env = {**base, **_env(store, role, refits, args.bucket_mib << 20)}
-            procs[role] = subprocess.Popen(
-                [str(python), __file__, "--role", role],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=open(Path(tmp) / f"{role}.log", "w"),  # noqa: SIM115
-                text=True,
-            )
-        FileStore(store, Layout(1, 1, 1)).open_barrier(0, timeout=900)
-        out, _ = procs["rollout"].communicate(timeout=1800)
-        procs["policy"].wait(timeout=120)
-        if procs["rollout"].returncode != 0:
-            print((Path(tmp) / "rollout.log").read_text()[-4000:])
-            return 1
-    figures = json.loads(out.strip().splitlines()[-1])["figures"][args.warmup :]
-    report(figures, args, time.monotonic() - started)
+    try:
+        python = engine_python()
+        with tempfile.TemporaryDirectory(prefix="vllm-landing-") as tmp:
+            opts["dir"] = tmp
+            envs = {r: _env(Path(tmp) / "rdzv", r, refits, args.bucket_mib << 20) for r in ROLES}
+            figures = run_pair(python, opts, envs, dict.fromkeys(ROLES, __file__), Path(tmp))
+    except RuntimeError as exc:
+        print(f"vllm_landing: {exc}")
+        return 1
+    report(figures[args.warmup :], args, time.monotonic() - started)
     return 0
+
+
+ROLES = ("rollout", "policy")
 
 
 def report(figures: list[dict[str, Any]], args: argparse.Namespace, elapsed: float) -> None:
@@ -198,8 +216,9 @@ def _row(label: str, transfer: float, landing: float, check: float) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str, roles: tuple[str, ...]) -> argparse.ArgumentParser:
+    """The bench's options (the model's size, the refits), shared with ``vllm_tp.py``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--runs", type=int, default=3, help="timed refits (median of these)")
     parser.add_argument("--warmup", type=int, default=1, help="refits before the timed ones")
     parser.add_argument("--hidden", type=int, default=512)
@@ -208,7 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--bucket-mib", type=int, default=16)
     parser.add_argument("--json", action="store_true", help="a JSON line after the table")
-    parser.add_argument("--role", choices=("policy", "rollout"), help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=roles, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments(__doc__, ("policy", "rollout"))
     args = parser.parse_args(argv)
     if args.runs < 1 or args.warmup < 0:
         parser.error("--runs must be >= 1 and --warmup >= 0")

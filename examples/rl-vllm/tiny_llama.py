@@ -189,10 +189,11 @@ def start_llm(model_dir: Path, dtype: str = "float32", **kwargs: Any) -> Any:
     vllm_env()
     from vllm import LLM
 
+    # In-process worker unless the caller asks otherwise (tensor parallelism: "mp").
+    kwargs.setdefault("distributed_executor_backend", "uni")
     return LLM(
         model=str(model_dir),
         dtype=dtype,
-        distributed_executor_backend="uni",
         kv_cache_memory_bytes=8 << 20,
         max_model_len=128,
         max_num_seqs=len(PROMPTS),

@@ -60,6 +60,22 @@ def test_expert_and_tensor_parallel_layout_sends_only_wanted_parts() -> None:
     assert "[16, 8]" in run.reports[("rollout", 1)]["refits"][0]["layers.0.attn.q_proj.weight"]
 
 
+def test_declared_uneven_slices_send_each_rank_only_its_rows() -> None:
+    # Per-name parts as a vLLM worker declares them: uneven splits (257 embedding rows as
+    # 129 + 128, 301 columns as 150 + 151) that no equal tp_dims split can say.
+    emb, big = "embed.weight", "big.weight"
+    layouts = {
+        "0": {"tp_rank": 0, "tp_size": 2, "slices": {emb: [0, 0, 129], big: [1, 0, 150]}},
+        "1": {"tp_rank": 1, "tp_size": 2, "slices": {emb: [0, 129, 257], big: [1, 150, 301]}},
+    }
+    job = Job(train=2, rollout=2, refits=1, layouts=layouts)
+    run = run_job(job)
+    assert_all_ok(run, job)  # every byte equal to the sender's rows, per rank
+    first, second = (run.reports[("rollout", r)]["refits"][0] for r in (0, 1))
+    assert "[129, 64]" in first[emb] and "[128, 64]" in second[emb]
+    assert "[300, 150]" in first[big] and "[300, 151]" in second[big]
+
+
 def test_release_after_refit_sets_up_again_on_prepare() -> None:
     job = Job(train=1, rollout=2, refits=2, release_cycles=True)
     assert_all_ok(run_job(job), job)

@@ -28,6 +28,7 @@ not serve a mixed model; the operator replaces it).  Real: vLLM, NIXL, the rende
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -48,6 +49,7 @@ from refit_worker.integrations.vllm import (
     LandingError,
     VllmBackendRefit,
     VllmRefit,
+    checkpoint_layout,
     register_backend,
     weight_versions,
 )
@@ -125,6 +127,20 @@ def by_backend(llm: Any, env: dict[str, str], refits: int) -> None:
     backend.close()
 
 
+def checkpoint_bytes(model_dir: Path) -> dict[str, int]:
+    """The checkpoint's bytes, and those of the tensors every worker holds whole (norms,
+    the MoE routers)."""
+    layout = checkpoint_layout(model_dir) or {}
+    size = {n: 4 * math.prod(shape) for n, shape in layout.items()}  # float32
+    whole = [
+        n for n in size if "norm" in n or n.endswith(("mlp.gate.weight", "expert_gate.weight"))
+    ]
+    return {
+        "model_bytes": sum(size.values()),
+        "whole_bytes": sum(size[n] for n in whole),
+    }
+
+
 def main() -> None:
     opts = json.loads(os.environ["ENGINE_ROLLOUT"])
     model_dir = Path(opts["model_dir"])
@@ -135,10 +151,19 @@ def main() -> None:
     # The backend only where it is used: a multiprocess engine's workers find it only
     # through the plugin entry point of an installed kube-refit (not this checkout's).
     backend = {"weight_transfer_config": {"backend": BACKEND}} if opts["path"] == "backend" else {}
+    # Tensor parallelism: one vLLM worker process per rank ("mp"), each a rollout rank.
+    tp = int(opts.get("tp", 1))
+    if tp > 1:
+        backend |= {"tensor_parallel_size": tp, "distributed_executor_backend": "mp"}
     llm = tiny_llama.start_llm(model_dir, worker_extension_cls=opts["extension"], **backend)
     # The first requests fill the prefix cache with KV blocks of the initial weights.
     tokens, _, _ = archs.vllm_reference(llm)
-    say("started", seconds=time.perf_counter() - started, tokens=tokens)
+    say(
+        "started",
+        seconds=time.perf_counter() - started,
+        tokens=tokens,
+        **checkpoint_bytes(model_dir),
+    )
     try:
         if opts["path"] == "extension":
             by_extension(llm, opts["env"], opts.get("claim", "tokens"))

@@ -9,6 +9,7 @@ a 2-core machine, chosen for what it exercises in vLLM's loader:
 - ``qwen2-moe``: Qwen2-MoE, 4 experts, top-2, a shared expert with its gate.  transformers
   5 holds the experts fused (``experts.gate_up_proj`` ``[E, 2I, H]``); its checkpoint
   stores them per expert.
+- ``qwen2-moe-tied``: the same with tied word embeddings (the tensor-parallel case);
 - ``mixtral``: Mixtral, 4 experts, top-2, no shared expert.  Besides fusing the experts,
   transformers 5 renames its MoE block: ``mlp.experts.gate_up_proj`` and ``mlp.gate`` in
   memory are ``block_sparse_moe.experts.<e>.w1/w3.weight`` and ``block_sparse_moe.gate``
@@ -86,6 +87,14 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
         },
     ),
 }
+# The tensor-parallel case's model: the MoE with its embeddings tied, so that one engine
+# start covers q/k/v (GQA, biases), gate/up, the experts, a router, and the tied,
+# padded vocabulary split unevenly over the ranks.
+ARCHS["qwen2-moe-tied"] = (
+    ARCHS["qwen2-moe"][0],
+    ARCHS["qwen2-moe"][1],
+    {**ARCHS["qwen2-moe"][2], "tie_word_embeddings": True},
+)
 
 
 def build_model(arch: str, seed: int, dtype: str = "float32") -> Any:

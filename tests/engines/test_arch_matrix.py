@@ -38,6 +38,13 @@ landing.  The cases:
   test-only extension leaves out one of its tensors): the read-back must catch it, the
   refit be landed again whole and commit, and every later refit land whole.
 
+- ``qwen2-moe-tied-tp2``: a Qwen2-MoE with tied embeddings at ``tensor_parallel_size=2``
+  (vLLM's ``mp`` executor): each worker is a rollout rank that declares its part of every
+  tensor from vLLM's own layers and receives only that (the bytes per worker are
+  asserted: half the split tensors plus the whole ones, the padded vocabulary split
+  32 + 28 rows); each reads its own parts back, the experts through their kernel, and
+  both ranks' status must say ``served-params``.
+
 Real: vLLM, FSDP2 on gloo, NIXL (UCX), the file-backed rendezvous (the test opens the
 barrier, as the operator would).  Emulated: only the planted fault.
 """
@@ -143,6 +150,25 @@ CASES: dict[str, dict[str, Any]] = {
         "skip": "model.layers.1.self_attn.q_proj.weight",
         "reloaded": [[21, 21], [4, 21], [21, 21], [21, 21]],
     },
+    # Tensor parallelism 2 (vLLM's "mp" executor, one worker process per rank): each
+    # worker is a rollout rank that declares its part of every tensor from vLLM's own
+    # layers (q/k/v with GQA and biases, the shared expert's gate/up, each expert's
+    # intermediate rows, the tied vocabulary of 60 rows padded to 64 split 32 + 28) and
+    # receives only that; its own read-back probes its parts, the experts through their
+    # kernel (served-params).  The experts go by the checkpoint's per-expert names: the
+    # parts are declared by those (transformers 5's fused names would come whole and be
+    # refused by the layout check).
+    "qwen2-moe-tied-tp2": {
+        "arch": "qwen2-moe-tied",
+        "path": "extension",
+        "refits": 3,
+        "per_expert_at": [0, 1, 2],
+        "claim": None,
+        "tp": 2,
+        "experts": ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"],
+        # 4 vocabulary rows of 128 floats between the two workers' parts.
+        "rows_apart_bytes": 4 * 128 * 4,
+    },
 }
 
 
@@ -153,14 +179,20 @@ def _free_port() -> int:
 
 
 def _env(
-    store: Path, role: str, rank: int, refits: int, port: int, delta: str | None = None
+    store: Path,
+    role: str,
+    rank: int,
+    refits: int,
+    port: int,
+    delta: str | None = None,
+    rollouts: int = 1,
 ) -> dict[str, str]:
     return WorkerConfig(
         job="matrix",
         role=role,  # type: ignore[arg-type]
         rank=rank,
         policy_world_size=2,
-        rollout_world_size=1,
+        rollout_world_size=rollouts,
         epoch=0,
         pod_uid=str(uuid.uuid4()),
         pod_name=f"matrix-{role}-{rank}",
@@ -178,7 +210,8 @@ def _env(
 
 def _run(arch: str, case: dict[str, Any], python: Path, tmp: Path) -> dict[str, Any]:
     store_dir, refits, port = tmp / "rdzv", case["refits"], _free_port()
-    store = FileStore(store_dir, Layout(2, 1, 1))
+    tp = case.get("tp", 1)  # each tensor-parallel worker is a rollout rank
+    store = FileStore(store_dir, Layout(2, tp, 1))
     delta = case.get("delta")
     # A fault in the landing: one that fails the refit, or one in a subset landing that
     # the landing must heal by landing the refit whole.
@@ -192,7 +225,8 @@ def _run(arch: str, case: dict[str, Any], python: Path, tmp: Path) -> dict[str, 
                     "model_dir": str(tmp / "model"),
                     "path": case["path"],
                     "refits": refits,
-                    "env": _env(store_dir, "rollout", 0, refits, port, delta),
+                    "env": _env(store_dir, "rollout", 0, refits, port, delta, tp),
+                    "tp": tp,
                     "extension": FAULTY_EXTENSION if fault is not None else WORKER_EXTENSION,
                     "claim": case.get("claim", "tokens"),
                 }
@@ -222,7 +256,7 @@ def _run(arch: str, case: dict[str, Any], python: Path, tmp: Path) -> dict[str, 
             JsonProc(
                 [str(python), str(HERE / "arch_trainer.py")],
                 engine_env(
-                    **_env(store_dir, "policy", rank, refits, port, delta),
+                    **_env(store_dir, "policy", rank, refits, port, delta, tp),
                     ENGINE_TRAINER=trainer_opts,
                 ),
                 tmp / f"policy-{rank}.log",
@@ -247,6 +281,7 @@ def _run(arch: str, case: dict[str, Any], python: Path, tmp: Path) -> dict[str, 
             ],
             "losses": [[m["fixed_loss"] for m in p.seen if "loss" in m] for p in policies],
             "progress": store.snapshot(0).progress[("rollout", 0)],
+            "workers": [store.snapshot(0).progress[("rollout", r)] for r in range(tp)],
         }
     finally:
         for proc in [rollout, *policies]:
@@ -303,6 +338,8 @@ def test_vllm_serves_what_the_trainer_sent(name: str, engine_python: Path, tmp_p
     if "reloaded" in case:  # each delta landed only its modules (or whole, after a fault)
         assert [r["reloaded"] for r in refits] == case["reloaded"], refits
         assert [r["figures"]["reloaded"] for r in refits] == case["reloaded"], refits
+    if "tp" in case:
+        _assert_parts(case, found)
     if "fault_at" in case:
         (rejected,) = found["rejected"]
         assert rejected["refit"] == case["fault_at"]
@@ -315,6 +352,26 @@ def test_vllm_serves_what_the_trainer_sent(name: str, engine_python: Path, tmp_p
     else:
         assert found["end"]["step"] == "done" and found["exit"] == 0, found
         assert progress.state == "done", progress
+
+
+def _assert_parts(case: dict[str, Any], found: dict[str, Any]) -> None:
+    """Each worker committed every refit at served-params and received about its share of
+    the split tensors plus the whole ones (norms, routers), not the whole model."""
+    tp = case["tp"]
+    model, whole = found["started"]["model_bytes"], found["started"]["whole_bytes"]
+    for progress in found["workers"]:
+        assert progress.state == "done", progress
+        assert progress.verification == "served-params", progress
+    for got in found["refits"]:
+        sizes = [w["bytes"] for w in got["figures"]["workers"]]
+        assert len(sizes) == tp, got
+        share = (model - whole) / tp + whole
+        # Within 5%: the padded vocabulary splits 32 + 28 rows, and the refit's extras (the
+        # reference tokens and logprobs) ride along to each worker.
+        assert all(abs(size - share) < 0.05 * share for size in sizes), (sizes, model, whole)
+        assert sum(sizes) < model * 0.55 * tp, (sizes, model)
+        # The padded vocabulary splits unevenly: the first worker holds more rows.
+        assert sizes[0] - sizes[1] == case["rows_apart_bytes"], sizes
 
 
 def _assert_refused_at_once(case: dict[str, Any], found: dict[str, Any]) -> None:

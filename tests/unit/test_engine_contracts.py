@@ -114,6 +114,14 @@ def test_control_messages_round_trip_and_reject_others() -> None:
         ),
         ({"tp_rank": 1, "tp_size": 2, "tp_dims": {"q_proj": 0}}, "a.norm.weight", (8,), WHOLE),
         ({"expert_pattern": r"moe_(?P<expert>\d+)_", "expert_ids": [3]}, "moe_4_w", (1,), None),
+        # Declared per name: an uneven part (a padded vocabulary's last rank) wins over tp_dims.
+        (
+            {"tp_rank": 1, "tp_size": 2, "tp_dims": {"emb": 0}, "slices": {"emb": (0, 32, 60)}},
+            "emb",
+            (60, 8),
+            Slice(0, 32, 28),
+        ),
+        ({"tp_rank": 1, "tp_size": 2, "slices": {"emb": (0, 32, 60)}}, "norm", (8,), WHOLE),
     ],
 )
 def test_layout_table(layout, name, shape, want) -> None:
@@ -128,6 +136,7 @@ def test_layout_table(layout, name, shape, want) -> None:
         ({"expert_pattern": r"experts\.(\d+)"}, "needs a named group"),
         ({"expert_pattern": "("}, "is not a regex"),
         ({"tp_dims": {"x": -1}}, "must be a dimension >= 0"),
+        ({"slices": {"x": (0, 5, 4)}}, r"slices\['x'\] = \(0, 5, 4\) needs"),
     ],
 )
 def test_bad_layouts(layout, match) -> None:
@@ -139,6 +148,12 @@ def test_uneven_tp_split_named() -> None:
     layout = TargetWeightLayout(tp_size=3, tp_dims={"q": 0})
     with pytest.raises(ValueError, match=r"'q' dimension 0 \(size 8\) does not split into 3"):
         select_slice("q", (8,), layout)
+
+
+def test_declared_slice_outside_the_tensor_named() -> None:
+    layout = TargetWeightLayout(tp_rank=1, tp_size=2, slices={"emb": (0, 32, 64)})
+    with pytest.raises(ValueError, match=r"'emb' with shape \(60, 8\) has no part \[32, 64\)"):
+        select_slice("emb", (60, 8), layout)
 
 
 def test_resolve_backend_kwargs() -> None:
@@ -181,3 +196,6 @@ async def test_engine_refuses_to_send_before_init() -> None:
     assert engine.get_target_weight_layout() is None
     engine.set_target_weight_layout(TargetWeightLayout(expert_ids=(1,)))
     assert engine.get_target_weight_layout() is None  # only with shard_expert_weights=True
+    # A declaration of tensor-parallel slices always travels: the rank holds only those.
+    engine.set_target_weight_layout(TargetWeightLayout(tp_size=2, slices={"w": (0, 0, 2)}))
+    assert engine.get_target_weight_layout()["slices"] == {"w": [0, 0, 2]}

@@ -73,6 +73,27 @@ def test_the_peers_with_the_newest_commit_come_first_and_self_is_left_out() -> N
     assert found[0].region_metadata == b"m"
 
 
+def test_only_a_peer_holding_the_same_part_is_a_source() -> None:
+    # Tensor-parallel workers 0 and 1 hold other rows of tensors of the same shapes.
+    part = {"tp_rank": 1, "tp_size": 2, "slices": {"w": [0, 4, 8]}}
+    other = {**part, "tp_rank": 0, "slices": {"w": [0, 0, 4]}}
+    barrier = _barrier("new", "u1", "u2")
+    meta = {
+        ("rollout", r): _meta(r, u).model_copy(
+            update={
+                "agent": NixlAgentMetadata(
+                    agent_name="a", agent_metadata=b"x", layout=lay
+                ).model_dump_json()
+            }
+        )
+        for r, u, lay in [(1, "u1", other), (2, "u2", part)]
+    }
+    progress = {("rollout", r): _progress(r, u, 6) for r, u in [(1, "u1"), (2, "u2")]}
+    found = seed_sources(barrier, meta, progress, me=0, min_refit=3, layout=part)
+    assert [s.label for s in found] == ["rollout-2"]
+    assert seed_sources(barrier, meta, progress, me=0, min_refit=3) == []
+
+
 @pytest.mark.parametrize(
     ("why", "meta", "progress", "barrier_uid"),
     [

@@ -185,7 +185,10 @@ class NIXLCheckpointEngine(CheckpointEngine):
         self._layout = layout
 
     def get_target_weight_layout(self) -> dict[str, Any] | None:
-        if not self.shard_expert_weights or self._layout is None:
+        if self._layout is None:
+            return None
+        # Experts are filtered on request; declared tensor-parallel slices always travel.
+        if not self.shard_expert_weights and not self._layout.slices:
             return None
         return self._layout.as_dict()
 

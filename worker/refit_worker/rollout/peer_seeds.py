@@ -164,6 +164,7 @@ class PeerSeeds:
             progress,
             me=self.rank,
             min_refit=min_refit,
+            layout=self.connection.published_layout,
         )
         # Live members first; the pod this one replaces last (it may be gone already).
         if self._predecessor is not None and self._predecessor[0] > min_refit:

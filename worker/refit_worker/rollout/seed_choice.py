@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from refit_worker.contract.entries import (
     BarrierEntry,
@@ -46,8 +47,13 @@ def seed_sources(
     *,
     me: int,
     min_refit: int,
+    layout: Mapping[str, Any] | None = None,
 ) -> list[SeedSource]:
-    """The peers rollout rank ``me`` may seed from, best first (see the module docstring)."""
+    """The peers rollout rank ``me`` may seed from, best first (see the module docstring).
+
+    Only peers that declared the same part of the model as ``layout`` (this rank's
+    published target layout): a tensor-parallel worker seeds from a worker of its own
+    tensor-parallel rank, never from one that holds other rows of the same shapes."""
     found: list[tuple[int, int, SeedSource]] = []
     for rank, (uid, generation) in members(barrier).items():
         entry, report = meta.get(("rollout", rank)), progress.get(("rollout", rank))
@@ -58,7 +64,7 @@ def seed_sources(
         if report.state not in ("running", "done") or report.refits_completed <= min_refit:
             continue
         source = _source(label(rank), entry)
-        if source is not None:
+        if source is not None and source.agent.layout == layout:
             found.append((-report.refits_completed, rank, source))
     return [source for _, _, source in sorted(found, key=lambda f: (f[0], f[1]))]
 

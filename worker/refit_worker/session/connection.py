@@ -15,12 +15,12 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import BarrierEntry, SeedPointer
 from refit_worker.contract.failures import RefusedConfigError
-from refit_worker.engine import NIXLCheckpointEngine
+from refit_worker.engine import NIXLCheckpointEngine, TargetWeightLayout
 from refit_worker.rendezvous import (
     Member,
     Preempted,
@@ -54,6 +54,7 @@ class Connection:
         *,
         store: RendezvousStore | None = None,
         stop_requested: Callable[[], bool] = lambda: False,
+        target_layout: TargetWeightLayout | None = None,
     ) -> None:
         if config.transfer.release_after_refit:
             raise RefusedConfigError(
@@ -64,6 +65,10 @@ class Connection:
         self.member = Member.from_config(config)
         self.store = store if store is not None else open_store(config)
         self.stop_requested = stop_requested
+        #: The part of the model this (rollout) rank holds, published with its metadata.
+        self.target_layout = target_layout
+        #: That layout as this rank's metadata carries it (None: it carries none).
+        self.published_layout: dict[str, Any] | None = None
         self.agent_json = ""  # this rank's NIXL agent metadata, as published
         #: Where peers may seed from this (rollout) rank, published with the metadata.
         self.seed: SeedPointer | None = None
@@ -103,6 +108,8 @@ class Connection:
         engine = NIXLCheckpointEngine.from_config(
             self.config.transfer, signer=signer_of(self.config), verifier=verifier_of(self.config)
         )
+        engine.set_target_weight_layout(self.target_layout)
+        self.published_layout = engine.get_target_weight_layout()
         try:
             self.agent_json = engine.prepare().model_dump_json()
             self.publish()

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Self
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.failures import RefusedConfigError
 from refit_worker.contract.roles import Role
+from refit_worker.engine import TargetWeightLayout
 from refit_worker.rendezvous import Member, RendezvousStore
 from refit_worker.session.connection import Connection
 from refit_worker.session.following import PeerSet
@@ -59,9 +60,12 @@ class RefitSession:
         *,
         store: RendezvousStore | None = None,
         stop_requested: Callable[[], bool] | None = None,
+        target_layout: TargetWeightLayout | None = None,
     ) -> None:
         stop = stop_requested if stop_requested is not None else (lambda: False)
-        self.connection = Connection(config, store=store, stop_requested=stop)
+        self.connection = Connection(
+            config, store=store, stop_requested=stop, target_layout=target_layout
+        )
         self._init_role()
 
     def _init_role(self) -> None:

@@ -7,7 +7,11 @@ Names are matched by configurable regular expressions, so nothing is tied to one
 * ``expert_pattern`` must have a named group ``expert``; a tensor whose name matches is sent
   only when that expert id is in ``expert_ids`` (``None`` means every expert);
 * ``tp_dims`` maps a name pattern to the dimension that tensor parallelism splits; a match
-  is cut into ``tp_size`` equal parts along that dimension and part ``tp_rank`` is sent.
+  is cut into ``tp_size`` equal parts along that dimension and part ``tp_rank`` is sent;
+* ``slices`` names, tensor by tensor, the ``(dim, start, stop)`` a rank holds: what an
+  engine declares from its own sharding (uneven parts such as a padded vocabulary's last
+  rank, q/k/v heads replicated over ranks), which no equal split can say.  It wins over
+  ``tp_dims``; a name in neither is sent whole (replicated).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+#: ``(dim, start, stop)`` of a tensor.
+Part = tuple[int, int, int]
 DEFAULT_EXPERT_PATTERN = r"\.experts\.(?P<expert>\d+)\."
 
 
@@ -31,6 +37,8 @@ class TargetWeightLayout(BaseModel):
     tp_rank: int = Field(0, ge=0)
     tp_size: int = Field(1, ge=1)
     tp_dims: dict[str, int] = Field(default_factory=dict)
+    #: Tensor name -> ``(dim, start, stop)``: the part of it this rank holds.
+    slices: dict[str, Part] = Field(default_factory=dict)
 
     @field_validator("expert_pattern")
     @classmethod
@@ -53,6 +61,17 @@ class TargetWeightLayout(BaseModel):
                 raise ValueError(f"tp_dims pattern {pattern!r} is not a regex: {exc}") from exc
             if dim < 0:
                 raise ValueError(f"tp_dims[{pattern!r}] must be a dimension >= 0, got {dim}")
+        return value
+
+    @field_validator("slices")
+    @classmethod
+    def _slice_bounds(cls, value: dict[str, Part]) -> dict[str, Part]:
+        for name, (dim, start, stop) in value.items():
+            if dim < 0 or not 0 <= start <= stop:
+                raise ValueError(
+                    f"slices[{name!r}] = ({dim}, {start}, {stop}) needs dim >= 0 and "
+                    "0 <= start <= stop"
+                )
         return value
 
     @model_validator(mode="after")
@@ -78,6 +97,16 @@ class Slice:
 WHOLE = Slice(dim=0, start=0, length=-1)
 
 
+def _declared(name: str, shape: tuple[int, ...], part: Part) -> Slice:
+    dim, start, stop = part
+    if dim >= len(shape) or stop > shape[dim]:
+        raise ValueError(
+            f"tensor {name!r} with shape {shape} has no part [{start}, {stop}) on dimension "
+            f"{dim}: the receiver declared a slice of another shape"
+        )
+    return Slice(dim=dim, start=start, length=stop - start)
+
+
 def select_slice(
     name: str, shape: tuple[int, ...], layout: TargetWeightLayout | None
 ) -> Slice | None:
@@ -87,6 +116,8 @@ def select_slice(
     match = re.search(layout.expert_pattern, name)
     if match and layout.expert_ids is not None and int(match["expert"]) not in layout.expert_ids:
         return None
+    if name in layout.slices:
+        return _declared(name, shape, layout.slices[name])
     if layout.tp_size == 1:
         return WHOLE
     for pattern, dim in layout.tp_dims.items():

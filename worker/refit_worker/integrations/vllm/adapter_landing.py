@@ -40,7 +40,12 @@ from refit_worker.contract.adapters import (
 )
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
-from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, StagedRefit
+from refit_worker.integrations.staged import (
+    CommittedFigures,
+    StagedReceiver,
+    StagedRefit,
+    stop_flag,
+)
 from refit_worker.integrations.vllm.landing import LandingError, LayoutRefused
 
 #: ``load(version, lora_id, directory)``: vLLM loads the PEFT adapter in ``directory``.
@@ -241,6 +246,22 @@ def write_peft_adapter(
     (directory / "adapter_config.json").write_text(json.dumps(header.peft_config()))
     tensors = {n: t.detach().contiguous() for n, t in weights.items()}
     save_file(tensors, str(directory / "adapter_model.safetensors"))
+
+
+def open_adapter_landing(worker: Any, config: WorkerConfig) -> AdapterLanding:
+    """The rollout session of an adapter job on this vLLM ``worker``, and its landing."""
+    from refit_worker.rollout.rollout_session import RolloutSession
+
+    tp_size = int(worker.vllm_config.parallel_config.tensor_parallel_size)
+    if tp_size > 1:
+        # Each TP worker would take the whole adapter under one rank, and the LoRA
+        # read-back is per worker only at TP 1: refused rather than half served.
+        raise ValueError(
+            f"adapter refits (transfer.adapter) run at tensor_parallel_size 1 only; this "
+            f"vLLM has {tp_size}"
+        )
+    session = RolloutSession(config, stop_requested=stop_flag(config))
+    return adapter_landing(StagedReceiver(session), config, worker)
 
 
 def adapter_landing(receiver: StagedReceiver, config: WorkerConfig, worker: Any) -> AdapterLanding:

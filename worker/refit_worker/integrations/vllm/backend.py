@@ -26,7 +26,7 @@ Imports vLLM (only ever loaded inside a vLLM worker).
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,12 +38,11 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
-from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
 from refit_worker.contract.failures import exit_code_for, one_line
-from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, stop_flag
-from refit_worker.integrations.vllm.landing import RefitLanding, served_checkpoint, vllm_landing
-from refit_worker.rollout.rollout_session import RolloutSession
+from refit_worker.integrations.staged import CommittedFigures
+from refit_worker.integrations.vllm.landing import RefitLanding
+from refit_worker.integrations.vllm.worker_part import open_landing
 
 
 @dataclass
@@ -82,21 +81,17 @@ class RefitWeightTransferEngine(WeightTransferEngine[RefitInitInfo, RefitUpdateI
     def init_transfer_engine(self, init_info: RefitInitInfo) -> None:
         if self._landing is not None:
             raise RuntimeError("the kube-refit backend is already initialised")
-        config = WorkerConfig.from_env(init_info.env if init_info.env else os.environ)
-        session = RolloutSession(config, stop_requested=stop_flag(config))
 
-        def reload(weights: dict[str, torch.Tensor]) -> None:
+        def reload(weights: Mapping[str, torch.Tensor]) -> None:
             reload_weights(
                 self.vllm_config,
                 self.model,
-                weights_iterator=list(weights.items()),
+                weights_iterator=weights.items(),
                 weights_path=None,
                 is_checkpoint_format=True,
             )
 
-        parts = vllm_landing(self.vllm_config, lambda: self.model, reload)
-        served = served_checkpoint(self.model_config.model)
-        self._landing = RefitLanding(StagedReceiver(session), **served, **parts)
+        self._landing = open_landing(self.vllm_config, lambda: self.model, reload, init_info.env)
         self._info = init_info
         self._prefetch()
 

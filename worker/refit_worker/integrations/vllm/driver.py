@@ -49,13 +49,19 @@ class VllmRefit:
     """Drives :class:`~refit_worker.integrations.vllm.extension.RefitWorkerExtension` on
     every worker of ``llm`` (a ``vllm.LLM`` built with ``worker_extension_cls``).
 
-    Calls return the first worker's answer (every worker answers alike for its rank)."""
+    Calls return the first worker's answer (every worker answers alike for its rank),
+    except where the workers differ: with tensor parallelism each worker is a rollout rank
+    of its own, so :meth:`ready` waits for all, :meth:`land` reports the layers any worker
+    could not read back, and :meth:`commit` lists each worker's figures (``workers``)."""
 
     def __init__(self, llm: Any) -> None:
         self.llm = llm
 
     def _rpc(self, method: str, **kwargs: Any) -> Any:
-        return self.llm.collective_rpc(method, kwargs=kwargs)[0]
+        return self._all(method, **kwargs)[0]
+
+    def _all(self, method: str, **kwargs: Any) -> list[Any]:
+        return list(self.llm.collective_rpc(method, kwargs=kwargs))
 
     def connect(self, env: Mapping[str, str] | None = None) -> None:
         self._rpc("refit_connect", env=dict(env) if env is not None else None)
@@ -67,12 +73,15 @@ class VllmRefit:
         self._rpc("refit_begin", refit_id=refit_id, verified_as=verified_as)
 
     def ready(self) -> bool:
-        return bool(self._rpc("refit_ready"))
+        return all(self._all("refit_ready"))
 
     def land(self, timeout_s: float | None = None) -> Landed:
         """Land the begun refit on every worker, clear the engine's caches, and label what
         it now serves ``refit-<k>@landing`` until the commit (extras as plain lists)."""
-        plain = dict(self._rpc("refit_land", timeout_s=timeout_s))
+        answers = [dict(answer) for answer in self._all("refit_land", timeout_s=timeout_s)]
+        plain = answers[0]
+        # The weakest over the workers: a layer unprobed on any of them is unprobed.
+        plain["unprobed"] = sorted({n for answer in answers for n in answer["unprobed"]})
         stale = plain.pop("stale_caches")
         if stale:
             clear_caches(self.llm)
@@ -84,7 +93,8 @@ class VllmRefit:
 
     def commit(self, verify_s: float = 0.0) -> dict[str, Any]:
         """Commit the landed refit; the engine's weight version becomes its label."""
-        figures = dict(self._rpc("refit_commit", verify_s=verify_s))
+        workers = [dict(answer) for answer in self._all("refit_commit", verify_s=verify_s)]
+        figures = {**workers[0], "workers": workers}
         if figures["weight_version"] is not None:
             self.llm.update_weight_version(figures["weight_version"])
         return figures

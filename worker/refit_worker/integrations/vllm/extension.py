@@ -5,7 +5,8 @@ Mixed into vLLM's worker class by ``LLM(..., worker_extension_cls=WORKER_EXTENSI
 ``llm.collective_rpc`` (:class:`~refit_worker.integrations.vllm.driver.VllmRefit`).  Every
 argument and result is plain data (ints, floats, strings, lists), so it crosses vLLM's
 multiprocess RPC unchanged.  One session per worker: with tensor parallelism each worker
-is a rollout rank of its own and receives the full HF tensors, which vLLM's loader slices.
+is a rollout rank of its own (the environment's rank plus its tensor-parallel rank) and
+receives only its part of each tensor (:mod:`.worker_part`).
 
 What of vLLM this touches: ``Worker.reload_weights(weights_iterator=...)``,
 ``Worker.model_runner.get_model()``, ``Worker.vllm_config``.  No private attribute.
@@ -14,16 +15,17 @@ What of vLLM this touches: ``Worker.reload_weights(weights_iterator=...)``,
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from refit_worker.contract.config import WorkerConfig
 from refit_worker.contract.entries import Verification
-from refit_worker.integrations.staged import CommittedFigures, StagedReceiver, stop_flag
-from refit_worker.integrations.vllm.adapter_landing import AdapterLanding, adapter_landing
-from refit_worker.integrations.vllm.landing import RefitLanding, served_checkpoint, vllm_landing
-from refit_worker.rollout.rollout_session import RolloutSession
+from refit_worker.integrations.staged import CommittedFigures
+from refit_worker.integrations.vllm.adapter_landing import AdapterLanding, open_adapter_landing
+from refit_worker.integrations.vllm.landing import RefitLanding
+from refit_worker.integrations.vllm.worker_part import open_landing
 
 
 def figures_plain(figures: CommittedFigures) -> dict[str, Any]:
@@ -52,22 +54,20 @@ class RefitWorkerExtension:
         environment); it connects in the background at the first refit."""
         if self._refit is not None:
             raise RuntimeError("a refit session is already open: refit_close() it first")
-        config = WorkerConfig.from_env(env if env is not None else os.environ)
-        session = RolloutSession(config, stop_requested=stop_flag(config))
         worker: Any = self
+        config = WorkerConfig.from_env(env if env else os.environ)
         if config.transfer.adapter is not None:  # refits are LoRA adapters (docs/adapters.md)
-            self._refit = adapter_landing(StagedReceiver(session), config, worker)
+            self._refit = open_adapter_landing(worker, config)
             return
-        self._refit = RefitLanding(
-            StagedReceiver(session),
-            **served_checkpoint(worker.vllm_config.model_config.model),
-            **vllm_landing(worker.vllm_config, worker.model_runner.get_model, self._refit_reload),
+        self._refit = open_landing(
+            worker.vllm_config, worker.model_runner.get_model, self._refit_reload, env
         )
 
-    def _refit_reload(self, weights: dict[str, torch.Tensor]) -> None:
-        """vLLM's in-place reload by HF names (a test-only subclass plants faults here)."""
+    def _refit_reload(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """vLLM's in-place reload by HF names (a test-only subclass plants faults here);
+        the tensors are taken one by one (a tensor-parallel worker's are made so)."""
         worker: Any = self
-        worker.reload_weights(weights_iterator=list(weights.items()))
+        worker.reload_weights(weights_iterator=weights.items())
 
     def refit_pending(self) -> list[int]:
         """The refit ids this session still has to take (from where its gang resumes)."""

@@ -308,33 +308,47 @@ class RefitLanding:
         return figures
 
 
+#: A tensor-parallel worker's received parts -> tensors vLLM's loader takes (the
+#: checkpoint's shapes, the part in place): :meth:`.worker_part.WorkerPart.widen`.
+Widen = Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
+
+
 def vllm_landing(
-    vllm_config: Any, get_model: Callable[[], Any], reload: Callable[[dict[str, Any]], None]
+    vllm_config: Any,
+    get_model: Callable[[], Any],
+    reload: Callable[[Mapping[str, Any]], None],
+    widen: Widen | None = None,
+    described: Collection[str] = (),
 ) -> dict[str, Any]:
     """The ``land``, ``check``, ``complete`` and ``caches`` of a :class:`RefitLanding`
     inside vLLM: ``reload`` (vLLM's in-place reload) of every tensor or of the modules a
     delta's changes feed, then the one-time processing it leaves stale redone for what it
-    rebuilt; the check reads every layer of ``get_model()`` back."""
+    rebuilt; the check reads every layer of ``get_model()`` back.  A tensor-parallel
+    worker receives parts: ``widen`` makes them what the loader takes, and the check reads
+    the ``described`` layers' parts back."""
     from refit_worker.integrations.vllm import served
 
     tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
 
+    def loader(weights: Mapping[str, torch.Tensor]) -> None:
+        reload(widen(weights) if widen is not None else weights)
+
     def land(weights: dict[str, torch.Tensor], changed: frozenset[str] | None) -> Collection[str]:
         model = get_model()
         if changed is None:
-            reload(weights)
+            loader(weights)
             served.redo_processing(model)
             return weights.keys()
         subset = served.landing_for(model, weights.keys(), changed)
         if subset.names:
-            reload({n: t for n, t in weights.items() if n in subset.names})
+            loader({n: t for n, t in weights.items() if n in subset.names})
             served.redo_processing(model, subset.modules)
         return subset.names
 
     def check(weights: Mapping[str, torch.Tensor]) -> ServedReport:
-        return served.check_served(get_model(), weights, tp_size)
+        return served.check_served(get_model(), weights, tp_size, described)
 
-    complete = not served.unreadable(get_model(), tp_size)
+    complete = not served.unreadable(get_model(), tp_size, described)
     return {"land": land, "check": check, "complete": complete, "caches": caches_of(vllm_config)}
 
 

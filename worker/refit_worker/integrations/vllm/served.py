@@ -31,8 +31,11 @@ and
   other layer with a quant method) is named in ``unprobed``: the level stays below
   ``served-params`` unless nothing is.
 
-Tensor-parallel ranks hold slices: the check covers ``tp_size == 1`` only (callers pass
-the size; above 1 every layer is ``unprobed``).
+Tensor-parallel workers hold parts: above one rank, ``weights`` are the parts this
+worker received (:mod:`.served_shards` declared them from vLLM's own layers), so the same
+checks read each layer's local part back through the worker's own kernels (a row-parallel
+layer's local product before its reduction, the local vocabulary rows, the fused
+experts' local intermediate rows); a layer whose part was not described is ``unprobed``.
 
 Runs inside a vLLM process; vLLM is imported inside its functions, not at module import.
 """
@@ -135,7 +138,8 @@ def landing_for(
     return landing_set(names, changed, served_name(model), modules)
 
 
-def _shard_key(hf_name: str, stacked: Mapping[str, tuple[str, Any]]) -> int:
+def shard_index(hf_name: str, stacked: Mapping[str, tuple[str, Any]]) -> int:
+    """Which part of its stacked parameter ``hf_name`` is (0 when it is not stacked)."""
     shard = None
     for substr, (_, shard_id) in stacked.items():
         if substr in hf_name:
@@ -182,7 +186,7 @@ def expected_params(model: torch.nn.Module, weights: Mapping[str, torch.Tensor])
     for hf_name, tensor in weights.items():
         name = to_served(hf_name)
         if name is not None:
-            parts.setdefault(name, []).append((_shard_key(hf_name, stacked), tensor))
+            parts.setdefault(name, []).append((shard_index(hf_name, stacked), tensor))
     return ExpectedParams(
         {name: [t for _, t in sorted(got, key=lambda kt: kt[0])] for name, got in parts.items()}
     )
@@ -284,12 +288,12 @@ def _kind(module: torch.nn.Module) -> str | None:
         return "linear"
     if isinstance(module, VocabParallelEmbedding):
         return "embedding"
-    if _readable_experts(module):
+    if readable_experts(module):
         return "experts"
     return "plain" if getattr(module, "quant_method", None) is None else None
 
 
-def _readable_experts(module: Any) -> bool:
+def readable_experts(module: Any) -> bool:
     """Whether ``module`` is a fused-experts layer that :func:`_check_experts` reproduces:
     unquantized, modular kernel, gated SiLU, no biases, every expert local."""
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
@@ -348,12 +352,17 @@ def _layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     ]
 
 
-def unreadable(model: torch.nn.Module, tp_size: int = 1) -> list[str]:
-    """The layers :func:`check_served` cannot read back (known before any refit)."""
+def unreadable(
+    model: torch.nn.Module, tp_size: int = 1, described: Collection[str] = ()
+) -> list[str]:
+    """The layers :func:`check_served` cannot read back (known before any refit).
+
+    Above one rank only the ``described`` layers (whose part this worker declared)."""
     layers = _layers(model)
-    if tp_size != 1:
-        return [n for n, _ in layers]
-    return [n for n, m in layers if _kind(m) is None]
+    if tp_size == 1:
+        return [n for n, m in layers if _kind(m) is None]
+    known = frozenset(described)
+    return [n for n, m in layers if n not in known or _kind(m) is None]
 
 
 _CHECKS = {"linear": _check_linear, "embedding": _check_embedding, "plain": _check_plain}
@@ -361,18 +370,20 @@ _CHECKS = {"linear": _check_linear, "embedding": _check_embedding, "plain": _che
 
 @torch.no_grad()
 def check_served(
-    model: torch.nn.Module, weights: Mapping[str, torch.Tensor], tp_size: int = 1
+    model: torch.nn.Module,
+    weights: Mapping[str, torch.Tensor],
+    tp_size: int = 1,
+    described: Collection[str] = (),
 ) -> ServedReport:
-    """Read every served layer back against ``weights`` (HF names, as landed)."""
+    """Read every served layer back against ``weights`` (HF names; above one rank, the
+    parts this worker holds)."""
     report = ServedReport()
-    if tp_size != 1:
-        report.unprobed = unreadable(model, tp_size)
-        return report
+    skipped = frozenset(unreadable(model, tp_size, described))
     expected = expected_params(model, weights)
     owner = {id(p): n for n, p in model.named_parameters()}
     for name, module in _layers(model):
         kind = _kind(module)
-        if kind is None:
+        if kind is None or name in skipped:
             report.unprobed.append(name)
             continue
         report.probed.append(name)
