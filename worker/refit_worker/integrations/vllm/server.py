@@ -127,6 +127,10 @@ class VllmServer:
             raw = response.read()
         return json.loads(raw) if raw else None
 
+    def post(self, path: str, body: Mapping[str, Any]) -> Any:
+        """``POST path`` with a JSON body; the JSON answer (``HTTPError`` on a refusal)."""
+        return self._call("POST", path, body)
+
     def _rpc(self, method: str) -> Any:
         """One worker extension method through ``/collective_rpc``: the first worker's
         result (each TP worker holds the same refit state)."""
