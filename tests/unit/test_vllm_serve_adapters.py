@@ -42,8 +42,8 @@ def test_vllm_serve_options_must_hold_the_kept_versions_and_the_landing_one(
 
 @pytest.fixture
 def fake_vllm() -> Iterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
-    """A loopback HTTP server answering the two LoRA endpoints as vLLM does: 200, or 404
-    with an error body for unloading a name it does not hold."""
+    """A loopback HTTP server answering the two LoRA endpoints as vLLM 0.32 does: 200 with
+    a plain-text line, or 404 with a JSON error for unloading a name it does not hold."""
     seen: list[tuple[str, dict[str, Any]]] = []
     held: set[str] = set()
 
@@ -60,6 +60,7 @@ def fake_vllm() -> Iterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
             (held.add if self.path == "/v1/load_lora_adapter" else held.discard)(name)
             self.send_response(200)
             self.end_headers()
+            self.wfile.write(f"Success: LoRA adapter '{name}' done.".encode())  # plain text
 
         def log_message(self, *args: object) -> None:
             pass
