@@ -4,15 +4,12 @@ and how a refusal reads), and the refusal before any server starts (no vLLM here
 
 from __future__ import annotations
 
-import json
-import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
+from tests.support.lora_server import Seen, lora_server
 
 from refit_worker.contract.adapters import AdapterKnobs
 from refit_worker.contract.config import RendezvousConfig, TransferConfig, WorkerConfig
@@ -41,42 +38,13 @@ def test_vllm_serve_options_must_hold_the_kept_versions_and_the_landing_one(
 
 
 @pytest.fixture
-def fake_vllm() -> Iterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
-    """A loopback HTTP server answering the two LoRA endpoints as vLLM 0.32 does: 200 with
-    a plain-text line, or 404 with a JSON error for unloading a name it does not hold."""
-    seen: list[tuple[str, dict[str, Any]]] = []
-    held: set[str] = set()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append((self.path, body))
-            name = body["lora_name"]
-            if self.path == "/v1/unload_lora_adapter" and name not in held:
-                self.send_response(404)
-                self.end_headers()
-                self.wfile.write(json.dumps({"message": f"adapter '{name}' not found"}).encode())
-                return
-            (held.add if self.path == "/v1/load_lora_adapter" else held.discard)(name)
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(f"Success: LoRA adapter '{name}' done.".encode())  # plain text
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", seen
-    finally:
-        httpd.shutdown()
-        thread.join(5)
+def fake_vllm() -> Iterator[tuple[str, Seen]]:
+    with lora_server() as found:
+        yield found
 
 
 def test_versions_are_registered_and_unregistered_by_name(
-    fake_vllm: tuple[str, list[tuple[str, dict[str, Any]]]], tmp_path: Path
+    fake_vllm: tuple[str, Seen], tmp_path: Path
 ) -> None:
     url, seen = fake_vllm
     loras = ServerLoras(VllmServer(url, call_timeout_s=5), "math")
