@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from refit_worker.contract.adapters import AdapterHeader, AdapterKnobs
@@ -230,3 +231,70 @@ def test_fsdp2_ranks_send_their_adapter_shards_without_a_gather(tmp_path: Path) 
     mine = [reports[r]["bytes"][0] for r in (0, 1)]
     adapter = 2 * (4 * 64 + 64 * 4 + 4 * 64 + 32 * 4) * 4
     assert min(mine) > 0 and adapter <= sum(mine) < adapter + 1024, mine
+
+
+def test_refit_vllm_serve_registers_each_version_and_refuses_another_base(
+    tmp_path: Path,
+) -> None:
+    """refit-vllm-serve's adapter side between real sessions over NIXL, vLLM's LoRA
+    endpoints played by a loopback HTTP server: refit 0 is registered and made the
+    default; refit 1, for another base, is refused before any call reaches the server;
+    the session ends with refit 0 still the one registered."""
+    from safetensors.torch import save_file
+    from tests.support.lora_server import lora_server
+
+    from refit_worker.contract.adapters import checkpoint_digest
+    from refit_worker.integrations.vllm.serve_adapters import (
+        serve_adapter_refits,
+        served_adapter_landing,
+    )
+    from refit_worker.integrations.vllm.server import VllmServer
+
+    model = tmp_path / "model"
+    model.mkdir()
+    save_file({"w": torch.zeros(4)}, str(model / "model.safetensors"))
+    served = checkpoint_digest(model)
+    store_dir = tmp_path / "rdzv"
+    policy = PolicySession(_config(store_dir, "policy"))
+    sent: dict[str, Any] = {}
+
+    def send() -> None:
+        try:
+            policy.connect()
+            for refit, digest in enumerate([served, OTHER]):
+                state = {f"{Q}.lora_A.weight": torch.full((4, 64), float(refit + 1))}
+                state[f"{Q}.lora_B.weight"] = torch.ones(128, 4)
+                asyncio.run(policy.send(state.items(), refit_id=refit, adapter=_header(digest)))
+        except Exception as exc:  # reported to the test
+            sent["error"] = f"{type(exc).__name__}: {exc}"
+
+    committed: list[dict[str, Any]] = []
+    thread = threading.Thread(target=send, daemon=True)
+    with lora_server() as (url, seen):
+        landing = served_adapter_landing(
+            VllmServer(url, call_timeout_s=10),
+            _config(store_dir, "rollout"),
+            str(model),
+            stop=lambda: False,
+        )
+        thread.start()
+        opener = threading.Thread(
+            target=lambda: FileStore(store_dir, Layout(1, 1, 1)).open_barrier(0, timeout=60),
+            daemon=True,
+        )
+        opener.start()
+        try:
+            with pytest.raises(AdapterRefused) as caught:
+                serve_adapter_refits(landing, on_committed=committed.append)
+        finally:
+            policy.close()
+        thread.join(60)
+        opener.join(60)
+    assert [c["default"] for c in committed] == ["lora-v0"] and committed[0]["loaded"] == [
+        "lora-v0"
+    ]
+    assert [path for path, _ in seen] == ["/v1/load_lora_adapter"], seen
+    assert seen[0][1]["lora_name"] == "lora-v0"
+    refused = str(caught.value)
+    assert served in refused and OTHER in refused and "refit 1" in refused
+    assert "error" not in sent, sent

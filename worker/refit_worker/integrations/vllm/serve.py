@@ -23,11 +23,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from refit_worker.contract.config import WorkerConfig
-from refit_worker.contract.exits import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_PREEMPTED
-from refit_worker.contract.failures import one_line
+from refit_worker.contract.exits import EXIT_BAD_CONFIG, EXIT_PREEMPTED
+from refit_worker.contract.failures import exit_code_for, one_line
 from refit_worker.integrations.vllm import BACKEND, WORKER_EXTENSION
+from refit_worker.integrations.vllm.serve_adapters import (
+    RUNTIME_LORA_ENV,
+    serve_adapter_refits,
+    serve_lora_problem,
+    served_adapter_landing,
+)
 from refit_worker.integrations.vllm.server import (
     DEV_MODE_ENV,
     ServedLanding,
@@ -134,6 +141,18 @@ def report(landing: ServedLanding) -> None:
     )
 
 
+def report_adapter(committed: dict[str, Any]) -> None:
+    """One JSON line per committed adapter version: the default a router sends requests
+    to (``"model": <default>``) and the versions still registered."""
+    print(json.dumps({"adapter": committed}), flush=True)
+    log.info(
+        "adapter refit %d committed: %s is the default (loaded %s)",
+        committed["refit_id"],
+        committed["default"],
+        committed["loaded"],
+    )
+
+
 def drive(
     args: argparse.Namespace,
     config: WorkerConfig,
@@ -146,15 +165,20 @@ def drive(
     )
     waited = server.wait_ready(args.ready_timeout, alive=lambda: proc.poll() is None)
     log.info("vllm serve answers at %s after %.1f s", server.base_url, waited)
-    server.init()
-    landings = serve_refits(
-        server,
-        transfer_timeout_s=config.transfer.timeout_seconds,
-        stop=stopping,
-        on_landed=report,
-    )
-    server.shutdown()
-    log.info("every refit served (%d landed here)", len(landings))
+    if config.transfer.adapter is not None:  # adapters: registered through /v1/*_lora_adapter
+        landing = served_adapter_landing(server, config, args.serve_args[0], stopping)
+        versions = serve_adapter_refits(landing, on_committed=report_adapter)
+        log.info("every adapter refit served (%d versions registered here)", len(versions))
+    else:
+        server.init()
+        landings = serve_refits(
+            server,
+            transfer_timeout_s=config.transfer.timeout_seconds,
+            stop=stopping,
+            on_landed=report,
+        )
+        server.shutdown()
+        log.info("every refit served (%d landed here)", len(landings))
     if args.linger:
         log.info("serving %.0f s more (--linger)", args.linger)
         deadline = time.monotonic() + args.linger
@@ -177,10 +201,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for sig in config.preemption_signal:
         signal.signal(sig, on_signal)
+    env = {**os.environ, **DEV_MODE_ENV}
+    if config.transfer.adapter is not None:
+        problem = serve_lora_problem(args.serve_args[1:], config.transfer.adapter.keep)
+        if problem is not None:  # refused before the server starts
+            log.error("%s", problem)
+            write_termination_message(problem, config.termination_message_path)
+            return EXIT_BAD_CONFIG
+        env.update(RUNTIME_LORA_ENV)
     # Its own process group: the job's signal reaches this driver, which stops the server.
-    proc = subprocess.Popen(
-        server_command(args), env={**os.environ, **DEV_MODE_ENV}, start_new_session=True
-    )
+    proc = subprocess.Popen(server_command(args), env=env, start_new_session=True)
     try:
         drive(args, config, proc, lambda: stopping["signal"])
         return 0
@@ -190,7 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_PREEMPTED
         write_termination_message(one_line(exc), config.termination_message_path)
         log.error("the rollout failed: %s", one_line(exc))
-        return exc.exit_code if isinstance(exc, ServerRefitError) else EXIT_FAILED
+        # an adapter for another base (AdapterRefused) fails the job: no replacement cures it
+        return exc.exit_code if isinstance(exc, ServerRefitError) else exit_code_for(exc)
     finally:
         _stop(proc)
 

@@ -114,6 +114,7 @@ class VllmServer:
         body: Mapping[str, Any] | None = None,
         *,
         timeout_s: float | None = None,
+        as_json: bool = True,
     ) -> Any:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
@@ -125,7 +126,15 @@ class VllmServer:
         limit = self.call_timeout_s if timeout_s is None else timeout_s
         with urllib.request.urlopen(request, timeout=limit) as response:
             raw = response.read()
+        if not as_json:
+            return raw.decode(errors="replace")
         return json.loads(raw) if raw else None
+
+    def post(self, path: str, body: Mapping[str, Any]) -> str:
+        """``POST path`` with a JSON body; the answer as text (vLLM's LoRA endpoints answer
+        plain text), ``HTTPError`` on a refusal."""
+        text: str = self._call("POST", path, body, as_json=False)
+        return text
 
     def _rpc(self, method: str) -> Any:
         """One worker extension method through ``/collective_rpc``: the first worker's
